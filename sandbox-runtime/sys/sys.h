@@ -1,0 +1,37 @@
+// The thin syscall layer: helpers that capture errno at the call and name
+// the operation and the object, so every message says what failed on what.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "sys/status.h"
+
+namespace sg::sys {
+
+// "op object: strerror(errno)" as an internal Error. Call right after the
+// failing syscall, before anything else can clobber errno.
+Error errno_error(std::string_view op, std::string_view object);
+Error errno_error(std::string_view op, std::string_view object, int err);
+
+// Whole-file helpers (small control files: cgroup knobs, /proc entries).
+Result<std::string> read_file(const std::string& path, size_t limit = 1 << 20);
+Status write_file(const std::string& path, std::string_view data);
+// Writes to a temp file beside path, fsyncs and renames over path.
+Status write_file_atomic(const std::string& path, std::string_view data);
+
+// mkdir -p; ok if it exists.
+Status make_dirs(const std::string& path, unsigned mode = 0755);
+// rm -rf that stays on one filesystem and never follows symlinks.
+Status remove_tree(const std::string& path);
+bool path_exists(const std::string& path);
+
+// Monotonic clock in nanoseconds and wall clock in unix seconds.
+uint64_t monotonic_ns();
+int64_t unix_seconds();
+
+// n random bytes from the kernel (getrandom), hex-encoded lowercase.
+std::string random_hex(size_t n_bytes);
+
+}  // namespace sg::sys

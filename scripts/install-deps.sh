@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs every build and run dependency of sandgate from Debian's archive.
+# Idempotent: packages already present are skipped, so a second run is fast.
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake ninja-build pkg-config ccache git
+  libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liburing-dev
+  libsqlite3-dev sqlite3 doctest-dev
+  debootstrap iproute2 util-linux curl ca-certificates
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root (or sudo) to install: ${missing[*]}" >&2; exit 1; }
+  SUDO=sudo
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2

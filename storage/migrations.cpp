@@ -1,0 +1,113 @@
+// The schema history. Never edit a released migration: add a new one.
+#include "storage/migrations.h"
+
+namespace sg::storage {
+
+const std::vector<Migration>& migrations() {
+  static const std::vector<Migration> kList = {
+      {1, "initial",
+       R"sql(
+CREATE TABLE tenants (
+  id            TEXT PRIMARY KEY,
+  name          TEXT NOT NULL UNIQUE,
+  created_at    INTEGER NOT NULL,
+  max_sandboxes INTEGER NOT NULL,
+  max_memory_mb INTEGER NOT NULL,
+  disabled      INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE api_keys (
+  id         TEXT PRIMARY KEY,
+  tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+  key_hash   TEXT NOT NULL UNIQUE,
+  key_prefix TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  revoked_at INTEGER
+);
+CREATE INDEX api_keys_tenant ON api_keys(tenant_id);
+CREATE TABLE templates (
+  id           TEXT PRIMARY KEY,
+  name         TEXT NOT NULL UNIQUE,
+  tenant_id    TEXT REFERENCES tenants(id),
+  status       TEXT NOT NULL,
+  rootfs_path  TEXT NOT NULL,
+  cpu_count    INTEGER NOT NULL,
+  memory_mb    INTEGER NOT NULL,
+  disk_size_mb INTEGER NOT NULL,
+  created_at   INTEGER NOT NULL,
+  updated_at   INTEGER NOT NULL
+);
+CREATE TABLE sandboxes (
+  seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+  id             TEXT NOT NULL UNIQUE,
+  tenant_id      TEXT NOT NULL REFERENCES tenants(id),
+  template_id    TEXT NOT NULL REFERENCES templates(id),
+  alias          TEXT,
+  state          TEXT NOT NULL,
+  backend        TEXT NOT NULL,
+  metadata       TEXT NOT NULL,
+  env_vars       TEXT NOT NULL,
+  envd_token     TEXT NOT NULL,
+  envd_version   TEXT NOT NULL,
+  cpu_count      INTEGER NOT NULL,
+  memory_mb      INTEGER NOT NULL,
+  disk_size_mb   INTEGER NOT NULL,
+  timeout_s      INTEGER NOT NULL,
+  started_at     INTEGER NOT NULL,
+  end_at         INTEGER NOT NULL,
+  on_timeout     TEXT NOT NULL,
+  auto_resume    INTEGER NOT NULL,
+  allow_internet INTEGER,
+  init_pid       INTEGER,
+  ended_at       INTEGER,
+  end_reason     TEXT
+);
+CREATE INDEX sandboxes_tenant_state ON sandboxes(tenant_id, state);
+CREATE INDEX sandboxes_state_end ON sandboxes(state, end_at);
+CREATE TABLE events (
+  seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+  at         INTEGER NOT NULL,
+  tenant_id  TEXT,
+  sandbox_id TEXT,
+  kind       TEXT NOT NULL,
+  detail     TEXT NOT NULL
+);
+CREATE INDEX events_sandbox ON events(sandbox_id);
+)sql"},
+  };
+  return kList;
+}
+
+Result<int> schema_version(Db& db) {
+  auto tx = db.lock();
+  Result<Stmt> st = tx.prepare("PRAGMA user_version");
+  if (!st) return st.error();
+  Result<bool> row = st->step();
+  if (!row) return row.error();
+  return static_cast<int>(st->int64(0));
+}
+
+Result<int> migrate(Db& db, const std::vector<Migration>& list) {
+  Result<int> cur = schema_version(db);
+  if (!cur) return cur.error();
+  int version = *cur;
+  int newest = list.empty() ? 0 : list.back().version;
+  if (version > newest)
+    return internal_error("database " + db.path() + " has schema version " + std::to_string(version) +
+                          ", newer than this sandgate knows (" + std::to_string(newest) +
+                          "): upgrade sandgate instead of downgrading the database");
+  for (const Migration& m : list) {
+    if (m.version <= version) continue;
+    if (m.version != version + 1)
+      return internal_error("migration list has a gap before version " + std::to_string(m.version));
+    auto tx = db.transaction();
+    if (Status s = tx.begin_status(); !s) return s.error();
+    if (Status s = tx.exec(m.sql); !s)
+      return s.error().with_context("migration " + std::to_string(m.version) + " (" + m.name + ")");
+    if (Status s = tx.exec("PRAGMA user_version = " + std::to_string(m.version)); !s) return s.error();
+    if (Status s = tx.commit(); !s) return s.error();
+    version = m.version;
+  }
+  return version;
+}
+
+}  // namespace sg::storage

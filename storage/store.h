@@ -1,0 +1,161 @@
+// Store: the repository layer over the SQLite schema (docs/schema.md).
+//
+// Every method is one short transaction. All of them block on SQLite and run
+// on worker threads, never on io threads. Rows are plain structs; JSON
+// columns (metadata, env_vars) are carried as serialised text.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "storage/db.h"
+#include "sys/status.h"
+
+namespace sg::storage {
+
+struct TenantRow {
+  std::string id;
+  std::string name;
+  int64_t created_at = 0;
+  int64_t max_sandboxes = 0;
+  int64_t max_memory_mb = 0;
+  bool disabled = false;
+};
+
+struct ApiKeyRow {
+  std::string id;
+  std::string tenant_id;
+  std::string key_hash;    // hex SHA-256 of the whole key; the key itself is never stored
+  std::string key_prefix;  // first characters, to tell keys apart in listings
+  int64_t created_at = 0;
+  std::optional<int64_t> revoked_at;
+};
+
+struct TemplateRow {
+  std::string id;
+  std::string name;
+  std::optional<std::string> tenant_id;  // nullopt: public to every tenant
+  std::string status;                    // "building", "ready", "failed"
+  std::string rootfs_path;
+  int64_t cpu_count = 2;
+  int64_t memory_mb = 512;
+  int64_t disk_size_mb = 1024;
+  int64_t created_at = 0;
+  int64_t updated_at = 0;
+};
+
+// Sandbox states. creating -> running <-> paused; any -> killed | lost | failed.
+inline constexpr const char* kStateCreating = "creating";
+inline constexpr const char* kStateRunning = "running";
+inline constexpr const char* kStatePaused = "paused";
+inline constexpr const char* kStateKilled = "killed";  // deleted by a client or timed out
+inline constexpr const char* kStateLost = "lost";      // its processes died (crash, sandgate restart)
+inline constexpr const char* kStateFailed = "failed";  // create did not complete
+
+struct SandboxRow {
+  int64_t seq = 0;
+  std::string id;
+  std::string tenant_id;
+  std::string template_id;
+  std::optional<std::string> alias;
+  std::string state;
+  std::string backend;
+  std::string metadata = "{}";
+  std::string env_vars = "{}";
+  std::string envd_token;
+  std::string envd_version;
+  int64_t cpu_count = 0;
+  int64_t memory_mb = 0;
+  int64_t disk_size_mb = 0;
+  int64_t timeout_s = 0;
+  int64_t started_at = 0;
+  int64_t end_at = 0;
+  std::string on_timeout = "kill";  // "kill" or "pause"
+  bool auto_resume = false;
+  std::optional<bool> allow_internet;
+  std::optional<int64_t> init_pid;
+  std::optional<int64_t> ended_at;
+  std::optional<std::string> end_reason;
+};
+
+struct EventRow {
+  int64_t seq = 0;
+  int64_t at = 0;
+  std::optional<std::string> tenant_id;
+  std::optional<std::string> sandbox_id;
+  std::string kind;
+  std::string detail;
+};
+
+struct SandboxQuery {
+  std::string tenant_id;
+  std::vector<std::string> states;  // empty: running and paused
+  // Every pair must be present in the sandbox's metadata.
+  std::vector<std::pair<std::string, std::string>> metadata;
+  std::optional<std::string> template_id;
+  std::optional<int64_t> started_after;  // unix seconds
+  int64_t after_seq = 0;            // pagination cursor (exclusive)
+  bool descending = false;
+  int64_t limit = 100;
+};
+
+class Store {
+ public:
+  // Opens the database, applies migrations.
+  static Result<std::unique_ptr<Store>> open(const std::string& path);
+  Db& db() { return *db_; }
+
+  // Tenants and keys.
+  Status insert_tenant(const TenantRow& t);
+  Result<std::optional<TenantRow>> find_tenant_by_name(const std::string& name);
+  Result<std::optional<TenantRow>> find_tenant(const std::string& id);
+  Result<std::vector<TenantRow>> list_tenants();
+  Status set_tenant_limits(const std::string& id, int64_t max_sandboxes, int64_t max_memory_mb);
+  Status insert_key(const ApiKeyRow& k);
+  // The tenant owning an unrevoked key with this hash, if its tenant is enabled.
+  Result<std::optional<TenantRow>> tenant_for_key_hash(const std::string& key_hash);
+  Result<std::vector<ApiKeyRow>> list_keys(const std::string& tenant_id);
+  // Revokes one key (by id); returns false when no unrevoked key had that id.
+  Result<bool> revoke_key(const std::string& key_id, int64_t now);
+  // Revokes all keys of a tenant and disables it; returns keys revoked.
+  Result<int64_t> revoke_tenant(const std::string& tenant_id, int64_t now);
+
+  // Templates.
+  Status upsert_template(const TemplateRow& t);
+  // By id or by name, visible to the tenant (public or its own).
+  Result<std::optional<TemplateRow>> find_template(const std::string& tenant_id, const std::string& ref);
+  Status set_template_status(const std::string& id, const std::string& status, int64_t now);
+
+  // Sandboxes.
+  // Inserts the row (state "creating") if the tenant stays within
+  // max_sandboxes live sandboxes and max_memory_mb of their memory; else a
+  // kQuota error naming the limit. Atomic with respect to other inserts.
+  Status insert_sandbox_within_quota(const SandboxRow& row, int64_t max_sandboxes, int64_t max_memory_mb);
+  // A sandbox of this tenant in any state, or nullopt.
+  Result<std::optional<SandboxRow>> get_sandbox(const std::string& tenant_id, const std::string& id);
+  Result<std::vector<SandboxRow>> list_sandboxes(const SandboxQuery& q);
+  // Every sandbox in creating, running or paused, all tenants (recovery).
+  Result<std::vector<SandboxRow>> list_live();
+  // running sandboxes whose end_at <= now.
+  Result<std::vector<SandboxRow>> list_expired(int64_t now);
+  // Compare-and-set of the state: true when the row was in one of `from`.
+  Result<bool> transition(const std::string& id, const std::vector<std::string>& from, const std::string& to);
+  Status set_running(const std::string& id, int64_t init_pid, const std::string& envd_version);
+  Status set_end_at(const std::string& id, int64_t end_at);
+  // Moves to a final state (killed, lost, failed) with a reason; false when already final.
+  Result<bool> finish(const std::string& id, const std::string& state, const std::string& reason, int64_t now);
+
+  // Events.
+  Status add_event(const std::optional<std::string>& tenant_id, const std::optional<std::string>& sandbox_id,
+                   const std::string& kind, const std::string& detail, int64_t now);
+  Result<std::vector<EventRow>> events_for_sandbox(const std::string& sandbox_id);
+
+ private:
+  explicit Store(std::unique_ptr<Db> db) : db_(std::move(db)) {}
+  std::unique_ptr<Db> db_;
+};
+
+}  // namespace sg::storage
