@@ -1,0 +1,466 @@
+// Control-plane routes and their JSON mapping (docs/api.md).
+#include "api-e2b/control_plane.h"
+
+#include <ctime>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "sys/log.h"
+
+namespace sg::api {
+
+using http::HttpRequest;
+using http::HttpResponse;
+using json = nlohmann::json;
+
+int status_for(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::kInvalid: return 400;
+    case ErrorKind::kUnauthorized: return 401;
+    case ErrorKind::kNotFound: return 404;
+    case ErrorKind::kConflict: return 409;
+    case ErrorKind::kQuota: return 429;
+    case ErrorKind::kUnavailable: return 503;
+    case ErrorKind::kTimeout: return 504;
+    case ErrorKind::kInternal: return 500;
+  }
+  return 500;
+}
+
+HttpResponse error_response(const Error& e) {
+  HttpResponse r = http::json_error(status_for(e), e.message());
+  if (e.kind() == ErrorKind::kQuota) r.header("Retry-After", "1");
+  if (e.kind() == ErrorKind::kUnavailable) r.header("Retry-After", "5");
+  return r;
+}
+
+bool decode_metadata_query(const std::string& once, std::vector<std::pair<std::string, std::string>>& out) {
+  out.clear();
+  std::string_view rest(once);
+  while (!rest.empty()) {
+    size_t amp = rest.find('&');
+    std::string_view part = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+    if (part.empty()) continue;
+    size_t eq = part.find('=');
+    if (eq == std::string_view::npos) return false;
+    std::string k, v;
+    if (!http::percent_decode(part.substr(0, eq), k) || !http::percent_decode(part.substr(eq + 1), v)) return false;
+    out.emplace_back(std::move(k), std::move(v));
+  }
+  return true;
+}
+
+namespace {
+
+std::string rfc3339(int64_t unix_s) {
+  time_t t = static_cast<time_t>(unix_s);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+json parse_metadata(const std::string& s) {
+  json j = json::parse(s, nullptr, false);
+  return j.is_object() ? j : json::object();
+}
+
+// Path segments: "/sandboxes/abc/pause" -> {"sandboxes","abc","pause"}.
+std::vector<std::string> segments(const std::string& path) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i < path.size()) {
+    if (path[i] == '/') {
+      ++i;
+      continue;
+    }
+    size_t j = path.find('/', i);
+    if (j == std::string::npos) j = path.size();
+    out.push_back(path.substr(i, j - i));
+    i = j;
+  }
+  return out;
+}
+
+// Parses a JSON object body. An empty body is an empty object when
+// empty_ok. Errors are client errors with the reason.
+Result<json> parse_body(const HttpRequest& req, bool empty_ok) {
+  std::string ct = req.header("content-type");
+  if (!req.body.empty() && !ct.empty() && ct.find("application/json") == std::string::npos)
+    return invalid_error("unsupported content type '" + ct + "': send application/json");
+  if (req.body.empty()) {
+    if (empty_ok) return json::object();
+    return invalid_error("request body is empty: a JSON object is required");
+  }
+  json j = json::parse(req.body, nullptr, false);
+  if (j.is_discarded()) return invalid_error("request body is not valid JSON");
+  if (!j.is_object()) return invalid_error("request body must be a JSON object");
+  return j;
+}
+
+Status only_fields(const json& j, const std::set<std::string>& allowed) {
+  for (auto it = j.begin(); it != j.end(); ++it)
+    if (!allowed.count(it.key())) return invalid_error("unknown field '" + it.key() + "' in request body");
+  return Status::Ok();
+}
+
+Result<std::optional<int64_t>> opt_int(const json& j, const char* name, int64_t lo, int64_t hi) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::optional<int64_t>();
+  if (!it->is_number_integer() && !it->is_number_unsigned())
+    return invalid_error(std::string("field '") + name + "' must be an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi))
+    return invalid_error(std::string("field '") + name + "' must be between " + std::to_string(lo) + " and " +
+                         std::to_string(hi));
+  int64_t v = it->get<int64_t>();
+  if (v < lo || v > hi)
+    return invalid_error(std::string("field '") + name + "' must be between " + std::to_string(lo) + " and " +
+                         std::to_string(hi));
+  return std::optional<int64_t>(v);
+}
+
+Result<std::optional<bool>> opt_bool(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::optional<bool>();
+  if (!it->is_boolean()) return invalid_error(std::string("field '") + name + "' must be a boolean");
+  return std::optional<bool>(it->get<bool>());
+}
+
+Result<std::map<std::string, std::string>> opt_string_map(const json& j, const char* name, size_t max_entries,
+                                                          size_t max_len) {
+  std::map<std::string, std::string> out;
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return out;
+  if (!it->is_object()) return invalid_error(std::string("field '") + name + "' must be an object of strings");
+  if (it->size() > max_entries)
+    return invalid_error(std::string("field '") + name + "' has more than " + std::to_string(max_entries) +
+                         " entries");
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    if (!e->is_string())
+      return invalid_error(std::string("field '") + name + "." + e.key() + "' must be a string");
+    if (e.key().empty() || e.key().size() > max_len || e->get_ref<const std::string&>().size() > max_len)
+      return invalid_error(std::string("field '") + name + "' has an empty or over-long key or value (limit " +
+                           std::to_string(max_len) + " bytes)");
+    out[e.key()] = e->get<std::string>();
+  }
+  return out;
+}
+
+constexpr int64_t kMaxTimeout = 24 * 3600;
+
+Result<CreateParams> parse_create(const json& j, bool v2) {
+  std::set<std::string> allowed = {"templateID", "timeout", "metadata", "envVars", "mcp", "network", "iam",
+                                   "autoPause", "autoPauseMemory", "autoResume", "allow_internet_access",
+                                   "volumeMounts"};
+  if (!v2) allowed.insert("secure");
+  if (Status s = only_fields(j, allowed); !s) return s.error();
+  CreateParams p;
+  auto tpl = j.find("templateID");
+  if (tpl == j.end() || !tpl->is_string() || tpl->get_ref<const std::string&>().empty())
+    return invalid_error("field 'templateID' is required and must be a non-empty string");
+  p.template_ref = tpl->get<std::string>();
+  if (p.template_ref.size() > 256) return invalid_error("field 'templateID' is longer than 256 characters");
+  // Spec defaults: 300 s on v2, 15 s on v1 (the SDKs always send it).
+  auto timeout = opt_int(j, "timeout", 0, kMaxTimeout);
+  if (!timeout) return timeout.error();
+  p.timeout_s = timeout->value_or(v2 ? 300 : 15);
+  auto md = opt_string_map(j, "metadata", 64, 1024);
+  if (!md) return md.error();
+  p.metadata = std::move(*md);
+  auto env = opt_string_map(j, "envVars", 256, 32 * 1024);
+  if (!env) return env.error();
+  p.env_vars = std::move(*env);
+  for (const auto& [k, v] : p.env_vars)
+    if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos || v.find('\0') != std::string::npos)
+      return invalid_error("field 'envVars' has an invalid name '" + k + "'");
+  auto pause = opt_bool(j, "autoPause");
+  if (!pause) return pause.error();
+  p.on_timeout_pause = pause->value_or(false);
+  auto pause_mem = opt_bool(j, "autoPauseMemory");
+  if (!pause_mem) return pause_mem.error();
+  auto secure = opt_bool(j, "secure");
+  if (!secure) return secure.error();
+  auto internet = opt_bool(j, "allow_internet_access");
+  if (!internet) return internet.error();
+  p.allow_internet = *internet;
+  if (auto ar = j.find("autoResume"); ar != j.end() && !ar->is_null()) {
+    if (!ar->is_object()) return invalid_error("field 'autoResume' must be an object {\"enabled\": bool}");
+    if (Status s = only_fields(*ar, {"enabled"}); !s) return s.error().with_context("autoResume");
+    auto en = opt_bool(*ar, "enabled");
+    if (!en) return en.error();
+    p.auto_resume = en->value_or(false);
+  }
+  if (auto m = j.find("mcp"); m != j.end() && !m->is_null()) {
+    if (!m->is_object()) return invalid_error("field 'mcp' must be an object or null");
+    if (!m->empty()) return invalid_error("field 'mcp': the MCP gateway is not supported by this server");
+  }
+  if (auto v = j.find("volumeMounts"); v != j.end() && !v->is_null()) {
+    if (!v->is_array()) return invalid_error("field 'volumeMounts' must be an array");
+    if (!v->empty()) return invalid_error("field 'volumeMounts': volume mounts are not supported by this server");
+  }
+  if (auto i = j.find("iam"); i != j.end() && !i->is_null()) {
+    if (!i->is_object()) return invalid_error("field 'iam' must be an object");
+    if (!i->empty() && !(i->size() == 1 && i->contains("tokens") && (*i)["tokens"].empty()))
+      return invalid_error("field 'iam': IAM tokens are not supported by this server");
+  }
+  if (auto n = j.find("network"); n != j.end() && !n->is_null()) {
+    if (!n->is_object()) return invalid_error("field 'network' must be an object");
+    if (Status s = only_fields(*n, {"allowOut", "denyOut", "allowPublicTraffic", "maskRequestHost", "httpsPorts",
+                                    "rules", "egressProxy"});
+        !s)
+      return s.error().with_context("network");
+    for (const char* list : {"allowOut", "denyOut", "httpsPorts"}) {
+      auto l = n->find(list);
+      if (l != n->end() && !l->is_null() && !l->is_array())
+        return invalid_error(std::string("field 'network.") + list + "' must be an array");
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+ControlPlane::ControlPlane(tenancy::Tenants& tenants, SandboxService& sandboxes, tenancy::RateLimiter& requests,
+                           tenancy::RateLimiter& creates, ControlPlaneConfig cfg)
+    : tenants_(tenants), sandboxes_(sandboxes), requests_(requests), creates_(creates), cfg_(std::move(cfg)) {}
+
+bool ControlPlane::owns(const HttpRequest& req) {
+  const std::string& p = req.path;
+  auto starts = [&](const char* pre) { return p.rfind(pre, 0) == 0; };
+  return p == "/sandboxes" || starts("/sandboxes/") || p == "/v2/sandboxes" || starts("/v2/sandboxes/") ||
+         p == "/health";
+}
+
+HttpResponse ControlPlane::handle(const HttpRequest& req) {
+  std::vector<std::string> seg = segments(req.path);
+  const std::string& m = req.method;
+  if (seg.size() == 1 && seg[0] == "health") {
+    if (m != "GET" && m != "HEAD") return http::json_error(405, "method " + m + " not allowed on /health");
+    return http::no_content(200);
+  }
+
+  // Authentication, then the tenant's request budget.
+  std::string key = req.header("x-api-key");
+  if (key.empty()) return http::json_error(401, "missing API key: set the X-API-KEY header");
+  Result<storage::TenantRow> tenant = tenants_.authenticate(key);
+  if (!tenant) return error_response(tenant.error());
+  if (int64_t wait = requests_.acquire(tenant->id); wait > 0) {
+    HttpResponse r = http::json_error(429, "rate limit exceeded: too many requests for this team; retry later");
+    r.header("Retry-After", std::to_string(wait));
+    return r;
+  }
+  const std::string& tid = tenant->id;
+
+  auto sandbox_json = [&](const storage::SandboxRow& r) {
+    json j = {{"sandboxID", r.id},
+              {"templateID", r.template_id},
+              {"clientID", cfg_.client_id},
+              {"envdVersion", r.envd_version},
+              {"envdAccessToken", r.envd_token},
+              {"trafficAccessToken", nullptr},
+              {"domain", cfg_.domain ? json(*cfg_.domain) : json(nullptr)}};
+    if (r.alias) j["alias"] = *r.alias;
+    return j;
+  };
+  auto listed_json = [&](const storage::SandboxRow& r) {
+    json j = {{"sandboxID", r.id},
+              {"templateID", r.template_id},
+              {"clientID", cfg_.client_id},
+              {"startedAt", rfc3339(r.started_at)},
+              {"endAt", rfc3339(r.end_at)},
+              {"cpuCount", r.cpu_count},
+              {"memoryMB", r.memory_mb},
+              {"diskSizeMB", r.disk_size_mb},
+              {"envdVersion", r.envd_version},
+              {"state", r.state},
+              {"metadata", parse_metadata(r.metadata)}};
+    if (r.alias) j["alias"] = *r.alias;
+    return j;
+  };
+
+  bool v2 = !seg.empty() && seg[0] == "v2";
+  size_t base = v2 ? 1 : 0;
+  if (seg.size() <= base || seg[base] != "sandboxes") return http::json_error(404, "no route for " + req.path);
+  size_t n = seg.size() - base;  // segments from "sandboxes" on
+
+  // /sandboxes, /v2/sandboxes
+  if (n == 1) {
+    if (m == "POST") {
+      if (int64_t wait = creates_.acquire(tid); wait > 0) {
+        HttpResponse r = http::json_error(429, "rate limit exceeded: too many sandbox creates; retry later");
+        r.header("Retry-After", std::to_string(wait));
+        return r;
+      }
+      Result<json> body = parse_body(req, false);
+      if (!body) return error_response(body.error());
+      Result<CreateParams> p = parse_create(*body, v2);
+      if (!p) return error_response(p.error());
+      Result<storage::SandboxRow> row = sandboxes_.create(*tenant, *p);
+      if (!row) return error_response(row.error());
+      return http::json_body(201, dump(sandbox_json(*row)));
+    }
+    if (m == "GET") {
+      std::vector<std::pair<std::string, std::string>> q;
+      if (!http::parse_query(req.query, q)) return http::json_error(400, "malformed query string");
+      storage::SandboxQuery sq;
+      sq.tenant_id = tid;
+      sq.limit = 100;
+      if (!v2) sq.states = {storage::kStateRunning};
+      for (const auto& [k, v] : q) {
+        if (k == "metadata") {
+          std::vector<std::pair<std::string, std::string>> md;
+          if (!decode_metadata_query(v, md)) return http::json_error(400, "malformed metadata filter '" + v + "'");
+          sq.metadata.insert(sq.metadata.end(), md.begin(), md.end());
+        } else if (k == "state" && v2) {
+          sq.states.clear();
+          std::string_view rest(v);
+          while (!rest.empty()) {
+            size_t c = rest.find(',');
+            std::string s(rest.substr(0, c));
+            rest = c == std::string_view::npos ? std::string_view() : rest.substr(c + 1);
+            if (s != storage::kStateRunning && s != storage::kStatePaused)
+              return http::json_error(400, "invalid state filter '" + s + "': use running and/or paused");
+            sq.states.push_back(s);
+          }
+        } else if (k == "limit" && v2) {
+          char* end = nullptr;
+          long long l = std::strtoll(v.c_str(), &end, 10);
+          if (v.empty() || *end || l < 1 || l > 100)
+            return http::json_error(400, "invalid limit '" + v + "': use an integer from 1 to 100");
+          sq.limit = l;
+        } else if (k == "nextToken" && v2 && !v.empty()) {
+          char* end = nullptr;
+          long long s = std::strtoll(v.c_str(), &end, 10);
+          if (*end || s <= 0) return http::json_error(400, "invalid nextToken '" + v + "'");
+          sq.after_seq = s;
+        } else if (k == "order" && v2) {
+          if (v != "asc" && v != "desc") return http::json_error(400, "invalid order '" + v + "': use asc or desc");
+          sq.descending = v == "desc";
+        } else if (k == "template" && v2 && !v.empty()) {
+          sq.template_id = v;
+        }
+      }
+      int64_t want = sq.limit;
+      sq.limit = want + 1;
+      Result<std::vector<storage::SandboxRow>> rows = sandboxes_.list(sq);
+      if (!rows) return error_response(rows.error());
+      HttpResponse r;
+      bool more = static_cast<int64_t>(rows->size()) > want;
+      if (more) rows->resize(static_cast<size_t>(want));
+      json arr = json::array();
+      for (const auto& row : *rows) arr.push_back(listed_json(row));
+      r = http::json_body(200, dump(arr));
+      if (v2 && more) r.header("X-Next-Token", std::to_string(rows->back().seq));
+      return r;
+    }
+    return http::json_error(405, "method " + m + " not allowed on " + req.path);
+  }
+
+  const std::string& id = seg[base + 1];
+  if (id.empty() || id.size() > 64) return http::json_error(404, "sandbox \"" + id + "\" not found");
+
+  // /sandboxes/{id}
+  if (n == 2 && !v2) {
+    if (m == "GET") {
+      Result<storage::SandboxRow> row = sandboxes_.get(tid, id);
+      if (!row) return error_response(row.error());
+      json j = listed_json(*row);
+      j["envdAccessToken"] = row->envd_token;
+      j["domain"] = cfg_.domain ? json(*cfg_.domain) : json(nullptr);
+      j["allowInternetAccess"] = row->allow_internet ? json(*row->allow_internet) : json(nullptr);
+      j["lifecycle"] = {{"onTimeout", row->on_timeout}, {"autoResume", row->auto_resume}};
+      return http::json_body(200, dump(j));
+    }
+    if (m == "DELETE") {
+      if (Status s = sandboxes_.kill(tid, id); !s) return error_response(s.error());
+      return http::no_content(204);
+    }
+    return http::json_error(405, "method " + m + " not allowed on " + req.path);
+  }
+
+  if (n == 3) {
+    const std::string& action = seg[base + 2];
+    if (action == "connect" && m == "POST") {
+      Result<json> body = parse_body(req, true);
+      if (!body) return error_response(body.error());
+      if (Status s = only_fields(*body, {"timeout", "memory"}); !s) return error_response(s.error());
+      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      if (!timeout) return error_response(timeout.error());
+      if (auto mem = opt_bool(*body, "memory"); !mem) return error_response(mem.error());
+      Result<SandboxService::Connected> c = sandboxes_.connect(tid, id, timeout->value_or(300));
+      if (!c) return error_response(c.error());
+      return http::json_body(c->resumed ? 201 : 200, dump(sandbox_json(c->row)));
+    }
+    if (v2) return http::json_error(404, "no route for " + req.path);
+    if (action == "resume" && m == "POST") {
+      // Deprecated in E2B's API (connect resumes); kept for old clients.
+      Result<json> body = parse_body(req, true);
+      if (!body) return error_response(body.error());
+      if (Status s = only_fields(*body, {"timeout", "autoPause"}); !s) return error_response(s.error());
+      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      if (!timeout) return error_response(timeout.error());
+      Result<storage::SandboxRow> row = sandboxes_.get(tid, id);
+      if (!row) return error_response(row.error());
+      if (row->state != storage::kStatePaused)
+        return http::json_error(409, "sandbox \"" + id + "\" is already running");
+      Result<SandboxService::Connected> c = sandboxes_.connect(tid, id, timeout->value_or(15));
+      if (!c) return error_response(c.error());
+      return http::json_body(201, dump(sandbox_json(c->row)));
+    }
+    if (action == "pause" && m == "POST") {
+      Result<json> body = parse_body(req, true);
+      if (!body) return error_response(body.error());
+      if (Status s = only_fields(*body, {"memory"}); !s) return error_response(s.error());
+      if (auto mem = opt_bool(*body, "memory"); !mem) return error_response(mem.error());
+      if (Status s = sandboxes_.pause(tid, id); !s) return error_response(s.error());
+      return http::no_content(204);
+    }
+    if (action == "timeout" && m == "POST") {
+      Result<json> body = parse_body(req, false);
+      if (!body) return error_response(body.error());
+      if (Status s = only_fields(*body, {"timeout"}); !s) return error_response(s.error());
+      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      if (!timeout) return error_response(timeout.error());
+      if (!*timeout) return http::json_error(400, "field 'timeout' is required");
+      if (Status s = sandboxes_.set_timeout(tid, id, **timeout); !s) return error_response(s.error());
+      return http::no_content(204);
+    }
+    if (action == "metrics" && m == "GET") {
+      std::vector<std::pair<std::string, std::string>> q;
+      if (!http::parse_query(req.query, q)) return http::json_error(400, "malformed query string");
+      std::optional<int64_t> start, end;
+      for (const auto& [k, v] : q) {
+        if (k != "start" && k != "end") continue;
+        char* e = nullptr;
+        long long x = std::strtoll(v.c_str(), &e, 10);
+        if (v.empty() || *e || x < 0) return http::json_error(400, "invalid " + k + " '" + v + "': use unix seconds");
+        (k == "start" ? start : end) = x;
+      }
+      Result<std::vector<MetricSample>> ms = sandboxes_.metrics(tid, id, start, end);
+      if (!ms) return error_response(ms.error());
+      Result<storage::SandboxRow> row = sandboxes_.get(tid, id);
+      int64_t cpus = row ? row->cpu_count : 0;
+      json arr = json::array();
+      for (const MetricSample& s : *ms)
+        arr.push_back({{"timestamp", rfc3339(s.unix_s)},
+                       {"timestampUnix", s.unix_s},
+                       {"cpuCount", cpus},
+                       {"cpuUsedPct", s.cpu_used_pct},
+                       {"memUsed", s.usage.mem_used_bytes},
+                       {"memTotal", s.usage.mem_limit_bytes},
+                       {"memCache", s.usage.mem_cache_bytes},
+                       {"diskUsed", s.usage.disk_used_bytes},
+                       {"diskTotal", row ? static_cast<uint64_t>(row->disk_size_mb) << 20 : 0}});
+      return http::json_body(200, dump(arr));
+    }
+    return http::json_error(404, "no route for " + m + " " + req.path);
+  }
+  return http::json_error(404, "no route for " + m + " " + req.path);
+}
+
+}  // namespace sg::api

@@ -1,0 +1,362 @@
+// SandboxService implementation.
+#include "api-e2b/sandboxes.h"
+
+#include <sys/random.h>
+
+#include <nlohmann/json.hpp>
+
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::api {
+
+using storage::SandboxRow;
+
+std::string new_sandbox_id() {
+  static const char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+  unsigned char raw[20];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  std::string id;
+  // 256 % 36 != 0: the bias (at most 1/256 per character) is irrelevant for ids.
+  for (unsigned char c : raw) id += kAlphabet[c % 36];
+  return id;
+}
+
+SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock)
+    : store_(store), rt_(rt), cfg_(cfg), clock_(std::move(clock)) {}
+
+SandboxService::~SandboxService() = default;
+
+void SandboxService::event(const std::string& tenant_id, const std::string& id, const std::string& kind,
+                           const std::string& detail) {
+  nlohmann::json d = {{"message", detail}};
+  if (Status s = store_.add_event(tenant_id, id, kind, d.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                                  clock_());
+      !s)
+    LOG_WARN("record event " << kind << " for sandbox " << id << ": " << s.error().message());
+}
+
+Status SandboxService::recover() {
+  Result<std::vector<SandboxRow>> rows = store_.list_live();
+  if (!rows) return rows.error();
+  for (const SandboxRow& r : *rows) {
+    const char* reason = "sandgate restarted: process-backend sandboxes do not survive a restart of sandgate";
+    Result<bool> done = store_.finish(r.id, storage::kStateLost, reason, clock_());
+    if (!done) return done.error();
+    event(r.tenant_id, r.id, "lost", reason);
+    LOG_INFO("sandbox " << r.id << " (tenant " << r.tenant_id << ") marked lost: its processes are gone");
+  }
+  return rt_.cleanup_stale();
+}
+
+std::shared_ptr<SandboxService::Live> SandboxService::find_live(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = live_.find(id);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+size_t SandboxService::live_count() {
+  std::lock_guard<std::mutex> g(mu_);
+  return live_.size();
+}
+
+static Error not_found(const std::string& id) { return not_found_error("sandbox \"" + id + "\" not found"); }
+
+Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
+  if (p.timeout_s < 0 || p.timeout_s > cfg_.max_timeout_s)
+    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
+  if (!tpl) return tpl.error();
+  if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
+  const storage::TemplateRow& t = **tpl;
+  if (t.status != "ready")
+    return Error(ErrorKind::kUnavailable, "template '" + t.name + "' is " + t.status + ", not ready; retry shortly");
+
+  SandboxRow row;
+  row.id = new_sandbox_id();
+  row.tenant_id = tenant.id;
+  row.template_id = t.id;
+  row.alias = t.name;
+  row.state = storage::kStateCreating;
+  row.backend = rt_.name();
+  row.metadata = nlohmann::json(p.metadata).dump();
+  row.env_vars = nlohmann::json(p.env_vars).dump();
+  row.envd_token = sys::random_hex(16);
+  row.envd_version = "";
+  row.cpu_count = t.cpu_count;
+  row.memory_mb = t.memory_mb;
+  row.disk_size_mb = t.disk_size_mb;
+  row.timeout_s = p.timeout_s;
+  row.started_at = clock_();
+  row.end_at = row.started_at + p.timeout_s;
+  row.on_timeout = p.on_timeout_pause ? "pause" : "kill";
+  row.auto_resume = p.auto_resume;
+  row.allow_internet = p.allow_internet;
+  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
+    return s.error();
+
+  runtime::SandboxSpec spec;
+  spec.id = row.id;
+  spec.rootfs = t.rootfs_path;
+  spec.cpu_count = static_cast<uint32_t>(t.cpu_count);
+  spec.memory_mb = static_cast<uint64_t>(t.memory_mb);
+  spec.max_pids = cfg_.max_pids;
+  for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
+  spec.envd_access_token = row.envd_token;
+  spec.ready_timeout = cfg_.ready_timeout;
+  uint64_t t0 = sys::monotonic_ns();
+  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
+  if (!sb) {
+    (void)store_.finish(row.id, storage::kStateFailed, sb.error().message(), clock_());
+    event(tenant.id, row.id, "create_failed", sb.error().message());
+    LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
+    return sb.error();
+  }
+  auto live = std::make_shared<Live>();
+  live->sb = std::move(*sb);
+  live->tenant_id = tenant.id;
+  live->started_at = row.started_at;
+  live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
+  row.envd_version = "0.6.13";
+  row.init_pid = live->sb->init_pid();
+  if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
+    (void)live->sb->kill();
+    (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
+    return s.error();
+  }
+  row.state = storage::kStateRunning;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    live_[row.id] = live;
+  }
+  double ms = static_cast<double>(sys::monotonic_ns() - t0) / 1e6;
+  event(tenant.id, row.id, "created", "template " + t.name + ", ready in " + std::to_string(ms) + " ms");
+  LOG_INFO("sandbox " << row.id << " created for tenant " << tenant.name << " from " << t.name << " in " << ms
+                      << " ms");
+  return row;
+}
+
+Result<SandboxRow> SandboxService::get(const std::string& tenant_id, const std::string& id) {
+  Result<std::optional<SandboxRow>> r = store_.get_sandbox(tenant_id, id);
+  if (!r) return r.error();
+  if (!*r || ((*r)->state != storage::kStateRunning && (*r)->state != storage::kStatePaused)) return not_found(id);
+  return **r;
+}
+
+Status SandboxService::kill_locked(Live& live, const std::string& id, const std::string& tenant_id,
+                                   const std::string& state, const std::string& reason) {
+  Result<bool> done = store_.finish(id, state, reason, clock_());
+  if (!done) return done.error();
+  Status st;
+  if (live.sb) {
+    st = live.sb->kill();
+    live.sb.reset();
+  }
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    live_.erase(id);
+  }
+  if (*done) event(tenant_id, id, state, reason);
+  if (!st) LOG_ERROR("kill sandbox " << id << ": " << st.error().message());
+  return st;
+}
+
+Status SandboxService::kill(const std::string& tenant_id, const std::string& id) {
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) {
+    // A row without a handle: its processes are already gone.
+    Result<bool> done = store_.finish(id, storage::kStateKilled, "killed by client", clock_());
+    if (!done) return done.error();
+    return *done ? Status::Ok() : Status(not_found(id));
+  }
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  return kill_locked(*live, id, tenant_id, storage::kStateKilled, "killed by client");
+}
+
+Status SandboxService::pause(const std::string& tenant_id, const std::string& id) {
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
+  if (!moved) return moved.error();
+  if (!*moved) return conflict_error("sandbox \"" + id + "\" is already paused");
+  if (Status s = live->sb->pause(); !s) {
+    (void)store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
+    return s.error().with_context("pause sandbox " + id);
+  }
+  event(tenant_id, id, "paused", "paused by client");
+  return Status::Ok();
+}
+
+Result<SandboxService::Connected> SandboxService::connect(const std::string& tenant_id, const std::string& id,
+                                                          int64_t timeout_s) {
+  if (timeout_s < 0 || timeout_s > cfg_.max_timeout_s)
+    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  Connected out;
+  Result<bool> moved = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
+  if (!moved) return moved.error();
+  int64_t now = clock_();
+  if (*moved) {
+    if (Status s = live->sb->resume(); !s) {
+      (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
+      return s.error().with_context("resume sandbox " + id);
+    }
+    out.resumed = true;
+    // A resumed sandbox gets a fresh timeout from now.
+    if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
+    event(tenant_id, id, "resumed", "resumed by connect");
+  } else if (row->end_at < now + timeout_s) {
+    if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
+  }
+  Result<SandboxRow> fresh = get(tenant_id, id);
+  if (!fresh) return fresh.error();
+  out.row = std::move(*fresh);
+  return out;
+}
+
+Status SandboxService::set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s) {
+  if (timeout_s < 0 || timeout_s > cfg_.max_timeout_s)
+    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  return store_.set_end_at(id, clock_() + timeout_s);
+}
+
+Result<MetricSample> SandboxService::sample(Live& live) {
+  Result<runtime::Usage> u = live.sb->usage();
+  if (!u) return u.error();
+  uint64_t mono = sys::monotonic_ns();
+  MetricSample m;
+  m.unix_s = clock_();
+  m.cpu_usage_ns = u->cpu_usage_ns;
+  m.usage = *u;
+  std::lock_guard<std::mutex> g(live.samples_mu);
+  uint64_t prev_cpu = live.last_cpu_ns, prev_mono = live.last_mono_ns;
+  if (prev_mono == 0) {
+    // First reading: average over the sandbox's life so far.
+    prev_mono = mono - static_cast<uint64_t>(std::max<int64_t>(1, m.unix_s - live.started_at)) * 1000000000ull;
+    prev_cpu = 0;
+  }
+  // Percent of the sandbox's own CPUs, as E2B reports it.
+  double cpus = live.cpu_count;
+  double wall = static_cast<double>(mono - prev_mono);
+  if (wall > 0 && u->cpu_usage_ns >= prev_cpu)
+    m.cpu_used_pct = 100.0 * static_cast<double>(u->cpu_usage_ns - prev_cpu) / wall / cpus;
+  live.last_cpu_ns = u->cpu_usage_ns;
+  live.last_mono_ns = mono;
+  return m;
+}
+
+Result<std::vector<MetricSample>> SandboxService::metrics(const std::string& tenant_id, const std::string& id,
+                                                          std::optional<int64_t> start, std::optional<int64_t> end) {
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::vector<MetricSample> out;
+  {
+    std::lock_guard<std::mutex> g(live->samples_mu);
+    for (const MetricSample& m : live->samples)
+      if ((!start || m.unix_s >= *start) && (!end || m.unix_s <= *end)) out.push_back(m);
+  }
+  int64_t now = clock_();
+  if ((!start || now >= *start) && (!end || now <= *end)) {
+    std::lock_guard<std::mutex> g(live->op_mu);
+    if (live->sb) {
+      Result<MetricSample> m = sample(*live);
+      if (!m) return m.error().with_context("metrics of sandbox " + id);
+      out.push_back(*m);
+    }
+  }
+  return out;
+}
+
+void SandboxService::tick() {
+  int64_t now = clock_();
+  // 1. Timeouts.
+  Result<std::vector<SandboxRow>> expired = store_.list_expired(now);
+  if (!expired) {
+    LOG_WARN("timeout sweep: " << expired.error().message());
+  } else {
+    for (const SandboxRow& r : *expired) {
+      std::shared_ptr<Live> live = find_live(r.id);
+      if (!live) {
+        (void)store_.finish(r.id, storage::kStateKilled, "timeout", now);
+        continue;
+      }
+      std::lock_guard<std::mutex> g(live->op_mu);
+      if (!live->sb) continue;
+      if (r.on_timeout == "pause") {
+        Result<bool> moved = store_.transition(r.id, {storage::kStateRunning}, storage::kStatePaused);
+        if (moved && *moved) {
+          if (Status s = live->sb->pause(); !s) {
+            LOG_ERROR("pause sandbox " << r.id << " at timeout: " << s.error().message());
+            (void)kill_locked(*live, r.id, r.tenant_id, storage::kStateKilled, "timeout (pause failed)");
+          } else {
+            event(r.tenant_id, r.id, "paused", "timeout reached, lifecycle onTimeout=pause");
+          }
+        }
+      } else {
+        (void)kill_locked(*live, r.id, r.tenant_id, storage::kStateKilled, "timeout reached");
+        LOG_INFO("sandbox " << r.id << " killed: timeout reached");
+      }
+    }
+  }
+  // 2. Liveness, and 3. metric samples every 5 s.
+  std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    all.assign(live_.begin(), live_.end());
+  }
+  bool take_samples = now - last_sample_s_ >= 5;
+  if (take_samples) last_sample_s_ = now;
+  for (auto& [id, live] : all) {
+    std::lock_guard<std::mutex> g(live->op_mu);
+    if (!live->sb) continue;
+    if (!live->sb->alive()) {
+      LOG_WARN("sandbox " << id << " died: its PID 1 exited");
+      (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost, "the sandbox's processes exited");
+      continue;
+    }
+    if (take_samples) {
+      Result<MetricSample> m = sample(*live);
+      if (m) {
+        std::lock_guard<std::mutex> sg(live->samples_mu);
+        live->samples.push_back(*m);
+        while (live->samples.size() > 720) live->samples.pop_front();
+      }
+    }
+  }
+}
+
+void SandboxService::shutdown() {
+  std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    all.assign(live_.begin(), live_.end());
+  }
+  for (auto& [id, live] : all) {
+    std::lock_guard<std::mutex> g(live->op_mu);
+    if (live->sb)
+      (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost,
+                        "sandgate stopped: process-backend sandboxes end with it");
+  }
+}
+
+}  // namespace sg::api

@@ -1,0 +1,131 @@
+// SandboxService: the sandbox lifecycle behind the control plane.
+//
+// It owns the live runtime handles and keeps SQLite and the runtime in step:
+// every state change is a compare-and-set on the row (storage::Store::
+// transition/finish) made while holding that sandbox's operation lock, so
+// concurrent kill/pause/connect on one sandbox serialise and two sandboxes
+// never wait for each other. All methods block (SQLite, runtime) and run on
+// worker threads. Errors are sg::Error with the kind the HTTP layer maps.
+//
+// Lifecycle (states as stored):
+//   creating -> running            create() after the agent reports ready
+//   creating -> failed             the runtime could not start it
+//   running  -> paused             pause(), or timeout with on_timeout=pause
+//   paused   -> running            connect() (resume)
+//   running|paused -> killed       kill(), or timeout with on_timeout=kill
+//   running|paused -> lost         its processes died, or sandgate restarted
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "sandbox-runtime/runtime.h"
+#include "storage/store.h"
+
+namespace sg::api {
+
+struct CreateParams {
+  std::string template_ref;
+  int64_t timeout_s = 300;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> env_vars;
+  bool on_timeout_pause = false;  // autoPause
+  bool auto_resume = false;
+  std::optional<bool> allow_internet;
+};
+
+struct MetricSample {
+  int64_t unix_s = 0;
+  uint64_t cpu_usage_ns = 0;
+  double cpu_used_pct = 0;
+  runtime::Usage usage;
+};
+
+struct ServiceConfig {
+  int64_t max_timeout_s = 24 * 3600;
+  std::chrono::milliseconds ready_timeout{15000};
+  uint32_t max_pids = 1024;
+};
+
+class SandboxService {
+ public:
+  using Clock = std::function<int64_t()>;  // unix seconds
+  SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock);
+  ~SandboxService();
+
+  // Start-up recovery: rows left creating/running/paused by a previous run
+  // are marked lost (the process backend's sandboxes die with sandgate),
+  // then the runtime removes their leftovers.
+  Status recover();
+
+  Result<storage::SandboxRow> create(const storage::TenantRow& tenant, const CreateParams& p);
+  // A running or paused sandbox of the tenant; kNotFound otherwise (also
+  // for other tenants' ids).
+  Result<storage::SandboxRow> get(const std::string& tenant_id, const std::string& id);
+  Result<std::vector<storage::SandboxRow>> list(const storage::SandboxQuery& q) { return store_.list_sandboxes(q); }
+  Status kill(const std::string& tenant_id, const std::string& id);
+  // kConflict when already paused.
+  Status pause(const std::string& tenant_id, const std::string& id);
+  // Resumes a paused sandbox (resumed=true) and extends its timeout to at
+  // least now + timeout_s.
+  struct Connected {
+    storage::SandboxRow row;
+    bool resumed = false;
+  };
+  Result<Connected> connect(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
+  Status set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
+  // Samples in [start, end] (unix seconds) plus, when the sandbox runs, a
+  // reading taken now.
+  Result<std::vector<MetricSample>> metrics(const std::string& tenant_id, const std::string& id,
+                                            std::optional<int64_t> start, std::optional<int64_t> end);
+
+  // Periodic sweep: enforce end_at, notice sandboxes whose processes died,
+  // record metric samples. Called from a worker thread every second.
+  void tick();
+  // Kills every live sandbox (shutdown).
+  void shutdown();
+
+  size_t live_count();
+
+ private:
+  struct Live {
+    std::mutex op_mu;  // serialises lifecycle operations on this sandbox
+    std::unique_ptr<runtime::Sandbox> sb;  // GUARDED_BY(op_mu); null once killed
+    std::string tenant_id;
+    int64_t started_at = 0;
+    uint32_t cpu_count = 1;
+    std::mutex samples_mu;
+    std::deque<MetricSample> samples;  // GUARDED_BY(samples_mu)
+    uint64_t last_cpu_ns = 0;           // GUARDED_BY(samples_mu)
+    uint64_t last_mono_ns = 0;          // GUARDED_BY(samples_mu)
+  };
+
+  std::shared_ptr<Live> find_live(const std::string& id);
+  Status kill_locked(Live& live, const std::string& id, const std::string& tenant_id, const std::string& state,
+                     const std::string& reason);
+  Result<MetricSample> sample(Live& live);
+  void event(const std::string& tenant_id, const std::string& id, const std::string& kind,
+             const std::string& detail);
+
+  storage::Store& store_;
+  runtime::Runtime& rt_;
+  const ServiceConfig cfg_;
+  Clock clock_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Live>> live_;  // GUARDED_BY(mu_)
+  int64_t last_sample_s_ = 0;                                     // touched by tick() only
+};
+
+// A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.
+std::string new_sandbox_id();
+
+}  // namespace sg::api

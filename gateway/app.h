@@ -1,0 +1,45 @@
+// App: the sandgate server process, wired from its parts.
+//
+// Owns, in order of construction: the Store (SQLite), the Runtime, the
+// template registry entries, the tenancy services, the SandboxService, the
+// ControlPlane and the HttpServer. Threads (docs/design.md, "Threads"): the
+// io threads of the HttpServer, its worker pool (all SQLite and runtime
+// work), and the process runtime's spawner thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "sys/status.h"
+
+namespace sg::gateway {
+
+struct AppConfig {
+  std::string data_dir;       // sandgate.db, sandbox state, local key
+  std::string templates_dir;  // template root filesystems (default data_dir/templates)
+  std::string listen_address = "127.0.0.1";
+  uint16_t port = 3000;       // 0: ephemeral
+  std::string runtime = "auto";  // auto | process | kvm
+  std::string agent_path;        // default: sandgate-agent beside the sandgate binary
+  std::string cgroup_parent = "sandgate";
+  std::string port_file;         // if set, the bound port is written here once listening
+  std::string public_url;        // what the banner prints; default http://ADDRESS:PORT
+  int64_t tick_ms = 1000;
+  int64_t read_timeout_ms = 30000;
+  size_t body_limit = 1 << 20;
+  double requests_per_s = 200;  // per tenant
+  double creates_per_s = 20;    // per tenant
+  int64_t local_max_sandboxes = 50;
+  int64_t local_max_memory_mb = 64 * 1024;
+  int worker_threads = 8;
+  bool local_tenant = true;  // create tenant "local" and print its key
+};
+
+// Runs until SIGINT or SIGTERM. Returns the process exit code.
+int serve(const AppConfig& cfg);
+
+// Ensures the base template exists under templates_dir (building it with
+// progress on stderr if missing). Returns its rootfs path.
+Result<std::string> ensure_base_template(const std::string& templates_dir);
+
+}  // namespace sg::gateway

@@ -1,0 +1,305 @@
+// Command-line parsing and the admin commands over the same SQLite file the
+// server uses (WAL lets them run while it serves).
+#include "gateway/cli.h"
+
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <functional>
+#include <map>
+#include <set>
+
+#include "gateway/app.h"
+#include "storage/store.h"
+#include "sys/log.h"
+#include "sys/sys.h"
+#include "tenancy/tenants.h"
+
+namespace sg::gateway {
+
+namespace {
+
+const char* kUsage = R"(usage: sandgate COMMAND [options]
+
+commands:
+  serve                         run the server (default command)
+  tenant create NAME            create a tenant; prints its first API key
+         [--max-sandboxes N] [--max-memory-mb N]
+  tenant list                   list tenants with their quotas
+  tenant set-quota NAME --max-sandboxes N --max-memory-mb N
+  tenant revoke NAME            revoke all keys of a tenant and disable it
+  key create TENANT             add an API key to a tenant; prints it
+  key list TENANT               list a tenant's keys (prefixes only)
+  key revoke KEY_ID             revoke one key
+  template build                build the base template if missing
+  version                       print the version
+
+common options:
+  --data-dir DIR                state directory (default $SANDGATE_DATA_DIR,
+                                else ~/.local/share/sandgate)
+serve options:
+  --listen ADDR:PORT            default 127.0.0.1:3000 (port 0: any free port)
+  --templates-dir DIR           default DATA_DIR/templates
+  --runtime auto|process|kvm    backend (default auto)
+  --agent PATH                  sandgate-agent binary (default: beside sandgate)
+  --cgroup-parent NAME          cgroup directory for this instance (default sandgate)
+  --port-file FILE              write the bound port here once listening
+  --read-timeout-ms N           per-read deadline for clients (default 30000)
+  --body-limit BYTES            request body limit (default 1048576)
+  --tick-ms N                   timeout sweep period (default 1000)
+  --rate N                      requests per second per tenant (default 200)
+  --create-rate N               creates per second per tenant (default 20)
+  --log-level debug|info|warn|error
+)";
+
+struct Args {
+  std::vector<std::string> positional;
+  std::map<std::string, std::string> opts;
+};
+
+bool parse(const std::vector<std::string>& in, Args& a, std::ostream& err) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    const std::string& s = in[i];
+    if (s.rfind("--", 0) == 0) {
+      std::string name = s.substr(2), value;
+      size_t eq = name.find('=');
+      if (eq != std::string::npos) {
+        value = name.substr(eq + 1);
+        name = name.substr(0, eq);
+      } else if (name == "help") {
+        value = "1";
+      } else {
+        if (i + 1 >= in.size()) {
+          err << "sandgate: option --" << name << " needs a value\n";
+          return false;
+        }
+        value = in[++i];
+      }
+      a.opts[name] = value;
+    } else {
+      a.positional.push_back(s);
+    }
+  }
+  return true;
+}
+
+bool to_int(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (*end) return false;
+  out = v;
+  return true;
+}
+
+std::string fmt_time(int64_t t) {
+  time_t tt = static_cast<time_t>(t);
+  struct tm tm;
+  gmtime_r(&tt, &tm);
+  char buf[32];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+}  // namespace
+
+std::string default_data_dir() {
+  if (const char* d = std::getenv("SANDGATE_DATA_DIR"); d && *d) return d;
+  if (const char* x = std::getenv("XDG_DATA_HOME"); x && *x) return std::string(x) + "/sandgate";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/root") + "/.local/share/sandgate";
+}
+
+int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  Args a;
+  if (!parse(argv, a, err)) return 2;
+  if (a.opts.count("help")) {
+    out << kUsage;
+    return 0;
+  }
+  static const std::set<std::string> kKnown = {
+      "data-dir", "listen", "templates-dir", "runtime", "agent", "cgroup-parent", "port-file", "read-timeout-ms",
+      "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
+      "no-local-tenant"};
+  for (const auto& [k, v] : a.opts)
+    if (!kKnown.count(k)) {
+      err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
+      return 2;
+    }
+  if (auto it = a.opts.find("log-level"); it != a.opts.end()) {
+    static const std::map<std::string, log::Level> kLevels = {
+        {"debug", log::Level::kDebug}, {"info", log::Level::kInfo}, {"warn", log::Level::kWarn},
+        {"error", log::Level::kError}};
+    auto l = kLevels.find(it->second);
+    if (l == kLevels.end()) {
+      err << "sandgate: unknown --log-level " << it->second << "\n";
+      return 2;
+    }
+    log::set_level(l->second);
+  }
+  std::string data_dir = a.opts.count("data-dir") ? a.opts["data-dir"] : default_data_dir();
+  std::string cmd = a.positional.empty() ? "serve" : a.positional[0];
+  const std::vector<std::string>& p = a.positional;
+
+  if (cmd == "version") {
+    out << "sandgate " << SANDGATE_VERSION << "\n";
+    return 0;
+  }
+  if (cmd == "help") {
+    out << kUsage;
+    return 0;
+  }
+  if (cmd == "serve") {
+    AppConfig cfg;
+    cfg.data_dir = data_dir;
+    if (auto it = a.opts.find("listen"); it != a.opts.end()) {
+      size_t colon = it->second.rfind(':');
+      int64_t port = 0;
+      if (colon == std::string::npos || !to_int(it->second.substr(colon + 1), port) || port < 0 || port > 65535) {
+        err << "sandgate: --listen wants ADDRESS:PORT, got '" << it->second << "'\n";
+        return 2;
+      }
+      cfg.listen_address = it->second.substr(0, colon);
+      cfg.port = static_cast<uint16_t>(port);
+    }
+    if (a.opts.count("templates-dir")) cfg.templates_dir = a.opts["templates-dir"];
+    if (a.opts.count("runtime")) cfg.runtime = a.opts["runtime"];
+    if (a.opts.count("agent")) cfg.agent_path = a.opts["agent"];
+    if (a.opts.count("cgroup-parent")) cfg.cgroup_parent = a.opts["cgroup-parent"];
+    if (a.opts.count("port-file")) cfg.port_file = a.opts["port-file"];
+    if (a.opts.count("public-url")) cfg.public_url = a.opts["public-url"];
+    if (a.opts.count("no-local-tenant")) cfg.local_tenant = a.opts["no-local-tenant"] == "false";
+    struct IntOpt {
+      const char* name;
+      int64_t lo, hi;
+      std::function<void(int64_t)> set;
+    };
+    std::vector<IntOpt> ints = {
+        {"read-timeout-ms", 10, 3600000, [&](int64_t v) { cfg.read_timeout_ms = v; }},
+        {"body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.body_limit = static_cast<size_t>(v); }},
+        {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
+        {"rate", 0, 1000000, [&](int64_t v) { cfg.requests_per_s = static_cast<double>(v); }},
+        {"create-rate", 0, 1000000, [&](int64_t v) { cfg.creates_per_s = static_cast<double>(v); }},
+    };
+    for (const IntOpt& o : ints) {
+      auto it = a.opts.find(o.name);
+      if (it == a.opts.end()) continue;
+      int64_t v = 0;
+      if (!to_int(it->second, v) || v < o.lo || v > o.hi) {
+        err << "sandgate: --" << o.name << " wants an integer from " << o.lo << " to " << o.hi << "\n";
+        return 2;
+      }
+      o.set(v);
+    }
+    return serve(cfg);
+  }
+
+  if (cmd == "template") {
+    if (p.size() != 2 || p[1] != "build") {
+      err << "usage: sandgate template build [--templates-dir DIR]\n";
+      return 2;
+    }
+    std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
+    Result<std::string> r = ensure_base_template(dir);
+    if (!r) {
+      err << "sandgate: " << r.error().message() << "\n";
+      return 1;
+    }
+    out << *r << "\n";
+    return 0;
+  }
+
+  if (cmd != "tenant" && cmd != "key") {
+    err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;
+    return 2;
+  }
+  if (Status s = sys::make_dirs(data_dir, 0700); !s) {
+    err << "sandgate: " << s.error().message() << "\n";
+    return 1;
+  }
+  Result<std::unique_ptr<storage::Store>> store = storage::Store::open(data_dir + "/sandgate.db");
+  if (!store) {
+    err << "sandgate: " << store.error().message() << "\n";
+    return 1;
+  }
+  tenancy::Tenants tenants(**store);
+  std::string sub = p.size() > 1 ? p[1] : "";
+  auto fail = [&](const Error& e) {
+    err << "sandgate: " << e.message() << "\n";
+    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
+  };
+  auto quota_opt = [&](const char* name, int64_t& v) {
+    auto it = a.opts.find(name);
+    if (it == a.opts.end()) return true;
+    if (!to_int(it->second, v) || v < 0) {
+      err << "sandgate: --" << name << " wants a non-negative integer\n";
+      return false;
+    }
+    return true;
+  };
+
+  if (cmd == "tenant" && sub == "create" && p.size() == 3) {
+    tenancy::Quota q;
+    if (!quota_opt("max-sandboxes", q.max_sandboxes) || !quota_opt("max-memory-mb", q.max_memory_mb)) return 2;
+    Result<tenancy::CreatedKey> k = tenants.create(p[2], q);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    err << "tenant " << p[2] << " created (max " << q.max_sandboxes << " sandboxes, " << q.max_memory_mb
+        << " MB); the key above is shown only once\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "list" && p.size() == 2) {
+    Result<std::vector<storage::TenantRow>> ts = (*store)->list_tenants();
+    if (!ts) return fail(ts.error());
+    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
+    for (const auto& t : *ts)
+      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
+          << (t.disabled ? "revoked" : "active") << "\t" << fmt_time(t.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    int64_t ms = t->max_sandboxes, mm = t->max_memory_mb;
+    if (!quota_opt("max-sandboxes", ms) || !quota_opt("max-memory-mb", mm)) return 2;
+    if (Status s = (*store)->set_tenant_limits(t->id, ms, mm); !s) return fail(s.error());
+    out << "tenant " << p[2] << ": max " << ms << " sandboxes, " << mm << " MB\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "revoke" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    Result<int64_t> n = (*store)->revoke_tenant(t->id, sys::unix_seconds());
+    if (!n) return fail(n.error());
+    out << "tenant " << p[2] << " revoked (" << *n << " keys)\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "create" && p.size() == 3) {
+    Result<tenancy::CreatedKey> k = tenants.add_key(p[2]);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "list" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    Result<std::vector<storage::ApiKeyRow>> ks = (*store)->list_keys(t->id);
+    if (!ks) return fail(ks.error());
+    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
+    for (const auto& k : *ks)
+      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
+          << fmt_time(k.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "revoke" && p.size() == 3) {
+    Result<bool> r = (*store)->revoke_key(p[2], sys::unix_seconds());
+    if (!r) return fail(r.error());
+    if (!*r) return fail(not_found_error("no active key with id " + p[2]));
+    out << "key " << p[2] << " revoked\n";
+    return 0;
+  }
+  err << "sandgate: bad " << cmd << " command\n" << kUsage;
+  return 2;
+}
+
+}  // namespace sg::gateway

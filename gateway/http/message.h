@@ -1,0 +1,58 @@
+// HttpRequest / HttpResponse: plain request and response values.
+//
+// Handlers (api-e2b, later wait-engine) see these instead of Beast types, so
+// only gateway/http compiles Beast. Header names are lowercase.
+#pragma once
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sg::http {
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string target;  // as received: path plus optional "?query"
+  std::string path;    // target up to '?', not decoded
+  std::string query;   // after '?', not decoded
+  std::map<std::string, std::string> headers;  // lowercase names; repeated headers joined with ", "
+  std::string body;
+  std::string remote;  // peer address, for logs
+
+  // Header value or empty.
+  std::string header(const std::string& lower_name) const {
+    auto it = headers.find(lower_name);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::vector<std::pair<std::string, std::string>> headers;
+  std::string body;
+  std::string content_type;  // empty: none (no body)
+
+  HttpResponse& header(std::string name, std::string value) {
+    headers.emplace_back(std::move(name), std::move(value));
+    return *this;
+  }
+};
+
+// E2B's error shape: {"code": status, "message": text}.
+HttpResponse json_error(int status, std::string_view message);
+HttpResponse json_body(int status, std::string body);
+HttpResponse no_content(int status = 204);
+
+// Percent-decodes s once ('+' is kept as '+' unless plus_as_space).
+// Returns false on a malformed escape.
+bool percent_decode(std::string_view s, std::string& out, bool plus_as_space = false);
+
+// Splits "a=1&b=2" into decoded pairs. False on a malformed escape.
+bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out);
+
+// Reason phrase for a status ("Not Found").
+const char* reason_phrase(int status);
+
+}  // namespace sg::http

@@ -1,0 +1,72 @@
+// sandgate-agent: PID 1 of every sandbox.
+//
+// The agent owns the sandbox end of the channel (docs/channel.md) and is the
+// init of the sandbox's PID namespace: it reaps every orphan, answers control
+// messages on stream 0, and on shutdown (message, SIGTERM or channel EOF)
+// kills every other process before exiting, so nothing outlives it. It is
+// linked -static and kept free of Boost so it runs on any template rootfs.
+//
+// Thread model: one thread, one poll() loop over the channel and a signalfd.
+// The host is trusted more than sandbox processes but its bytes are still
+// validated: a malformed frame closes the channel (framing is lost).
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "channel/frame.h"
+#include "sys/status.h"
+
+namespace sg::agent {
+
+inline constexpr const char* kAgentName = "sandgate-agent";
+inline constexpr const char* kEnvdVersion = "0.6.13";
+// Output the host has not read yet. Replies are never dropped; past this
+// bound the host is not reading and the channel is closed instead.
+inline constexpr size_t kMaxOutputBuffer = 1 << 20;
+// Environment variables addressed to the agent itself. They are removed from
+// the environment that processes started by the agent inherit.
+inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
+
+struct AgentConfig {
+  int channel_fd = 3;
+  bool bring_up_loopback = true;    // off only where there is no net namespace of our own
+  std::string envd_access_token;    // SANDGATE_ENVD_TOKEN
+  std::string sandbox_id;           // SANDGATE_SANDBOX_ID
+  // Environment for processes the agent starts: the agent's own
+  // environment minus every SANDGATE_* variable.
+  std::vector<std::string> child_env;
+};
+
+// Parses argv ("--channel-fd N", "--no-loopback") and the environment.
+// envp's SANDGATE_* strings are overwritten in place with zeros afterwards,
+// so /proc/1/environ no longer shows the token either.
+Result<AgentConfig> parse_config(int argc, char** argv, char** envp);
+
+// Number of processes in proc_dir (a procfs mount) other than self_pid.
+// Zombies not yet reaped are counted: they are still processes.
+size_t count_processes(const std::string& proc_dir, int self_pid);
+
+// What the agent does with one control message from the host.
+struct ControlAction {
+  std::string reply;      // JSON to send back on stream 0, empty for none
+  bool shutdown = false;  // the host asked the agent to exit
+  std::string error;      // non-empty: malformed message; close the channel
+};
+
+// Pure handler of one stream-0 payload; count_procs answers "status".
+ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs);
+
+// The "ready" message sent once at start.
+std::string ready_message(int pid);
+
+// Runs the agent until shutdown. Returns the process exit code. Must be
+// called in the sandbox's init process (it blocks SIGCHLD and SIGTERM and
+// reaps every child).
+int run(const AgentConfig& cfg);
+
+}  // namespace sg::agent

@@ -1,0 +1,95 @@
+// The cloned child of a process sandbox, from clone() to execve() of the
+// agent. It runs in a copy of a multi-threaded parent's address space, so it
+// may only make async-signal-safe system calls: no allocation, no locks, no
+// stdio. Everything it needs is prepared by the parent in ChildArgs. A
+// failing step is reported as (step, errno) on err_fd (close-on-exec, so EOF
+// there means execve succeeded); the parent turns it into a message.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+
+namespace sg::process {
+
+enum class ChildStep : int32_t {
+  kSyncWait = 1,
+  kPdeathSig,
+  kHostname,
+  kMakePrivate,
+  kMountOverlay,
+  kMkdirSandgate,
+  kCreateAgentFile,
+  kBindAgent,
+  kRemountAgentRo,
+  kMountProc,
+  kMountDev,
+  kMknod,
+  kMountDevpts,
+  kMountShm,
+  kSymlinkDev,
+  kMountSys,
+  kPivotRoot,
+  kDetachOldRoot,
+  kChdir,
+  kSetupFds,
+  kExecAgent,
+};
+
+struct ChildDevice {
+  const char* path;  // absolute host path under merged/dev
+  mode_t mode;
+  dev_t dev;
+};
+
+struct ChildSymlink {
+  const char* target;
+  const char* path;
+};
+
+inline constexpr int kChildDevices = 6;
+inline constexpr int kChildSymlinks = 5;
+
+struct ChildArgs {
+  // Descriptors, all >= 10 so the fixed targets 0..4 never collide.
+  int sync_fd = -1;      // read end: one byte means "you are in the cgroups, go"
+  int sync_wr_fd = -1;   // parent's write end, closed by the child first
+  int err_fd = -1;       // write end of the error pipe
+  int err_rd_fd = -1;    // parent's read end
+  int channel_fd = -1;   // sandbox end of the channel, becomes fd 3
+  int host_channel_fd = -1;
+  int null_fd = -1;      // /dev/null of the host, becomes fd 0
+  int log_fd = -1;       // agent log file, becomes fds 1 and 2
+
+  const char* hostname = nullptr;
+  size_t hostname_len = 0;
+  const char* merged = nullptr;
+  const char* overlay_opts = nullptr;
+  const char* sandgate_dir = nullptr;  // merged/.sandgate
+  const char* agent_src = nullptr;     // host path of the agent binary
+  const char* agent_dst = nullptr;     // merged/.sandgate/sandgate-agent
+  const char* proc_dir = nullptr;
+  const char* dev_dir = nullptr;
+  const char* devpts_dir = nullptr;
+  const char* shm_dir = nullptr;
+  const char* sys_dir = nullptr;
+  ChildDevice devices[kChildDevices] = {};
+  ChildSymlink symlinks[kChildSymlinks] = {};
+  const char* agent_exec = nullptr;  // path inside the sandbox
+  char* const* argv = nullptr;
+  char* const* envp = nullptr;
+};
+
+struct ChildError {
+  int32_t step = 0;
+  int32_t err = 0;
+};
+
+// clone() entry point; arg is a ChildArgs*. Returns only on failure.
+int child_main(void* arg);
+
+// "mount overlay on /state/x/merged" for the parent's error message.
+std::string describe_step(ChildStep step, const ChildArgs& a);
+
+}  // namespace sg::process

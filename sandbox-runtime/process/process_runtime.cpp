@@ -1,0 +1,538 @@
+// Process backend: create, supervise and destroy namespaced process
+// sandboxes (process_runtime.h, docs/process-backend.md).
+//
+// create() prepares everything the child needs (paths, argv, envp, fds) up
+// front, clones it on the Runtime's spawner thread, moves it into its cgroups,
+// releases it through a sync pipe, collects any (step, errno) failure from the
+// error pipe, then waits for the agent's "ready" frame. Any failure runs the
+// same teardown as Sandbox::kill(), so a failed create leaves nothing behind.
+#include "process/process_runtime.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "channel/frame.h"
+#include "process/cgroup.h"
+#include "process/child.h"
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::process {
+
+namespace {
+
+using std::chrono::milliseconds;
+constexpr milliseconds kTeardownTimeout{5000};
+constexpr milliseconds kFreezeTimeout{5000};
+constexpr size_t kChildStackSize = 256 * 1024;
+
+// Runs jobs on one thread that lives as long as the Runtime. Sandboxes are
+// cloned here because PR_SET_PDEATHSIG is tied to the creating thread: a
+// short-lived caller thread exiting would kill its sandboxes.
+class Spawner {
+ public:
+  Spawner() : thread_([this] { loop(); }) {}
+  ~Spawner() {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void run(const std::function<void()>& f) {
+    Job job{&f, false};
+    std::unique_lock<std::mutex> l(mu_);
+    queue_.push_back(&job);
+    cv_.notify_all();
+    cv_.wait(l, [&] { return job.done; });
+  }
+
+ private:
+  struct Job {
+    const std::function<void()>* fn;
+    bool done;
+  };
+  void loop() {
+    std::unique_lock<std::mutex> l(mu_);
+    for (;;) {
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      Job* j = queue_.front();
+      queue_.pop_front();
+      l.unlock();
+      (*j->fn)();
+      l.lock();
+      j->done = true;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Job*> queue_;  // GUARDED_BY(mu_)
+  bool stop_ = false;       // GUARDED_BY(mu_)
+  std::thread thread_;
+};
+
+int pidfd_send_signal(int pidfd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0)); }
+
+// Bytes allocated to files under dir (st_blocks), not following symlinks or
+// crossing mounts. Hard links inside the layer are counted once per name.
+uint64_t disk_usage(int dfd, dev_t dev, int depth) {
+  if (depth > 256) return 0;
+  int dup = ::dup(dfd);
+  if (dup < 0) return 0;
+  DIR* d = ::fdopendir(dup);
+  if (!d) {
+    ::close(dup);
+    return 0;
+  }
+  uint64_t total = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n(e->d_name);
+    if (n == "." || n == "..") continue;
+    struct stat st;
+    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    total += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (S_ISDIR(st.st_mode) && st.st_dev == dev) {
+      UniqueFd c(::openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (c) total += disk_usage(c.get(), dev, depth + 1);
+    }
+  }
+  ::closedir(d);
+  return total;
+}
+
+std::string tail_of(const std::string& path, size_t n) {
+  auto t = sys::read_file(path, 4 << 20);
+  if (!t || t->empty()) return "";
+  std::string s = t->size() > n ? t->substr(t->size() - n) : *t;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Reads exactly n bytes from a (blocking or not) fd before the deadline,
+// watching pidfd for the agent's death. Never reads past n, so bytes after
+// the ready frame stay in the socket for the channel's owner.
+Status read_exact(int fd, int pidfd, char* buf, size_t n, uint64_t deadline_ns, bool& agent_died) {
+  size_t got = 0;
+  while (got < n) {
+    uint64_t now = sys::monotonic_ns();
+    if (now >= deadline_ns) return Error(ErrorKind::kTimeout, "timed out waiting for the agent's ready message");
+    struct pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    int r = ::poll(p, 2, static_cast<int>((deadline_ns - now) / 1000000 + 1));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return sys::errno_error("poll", "channel");
+    }
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      ssize_t k = ::recv(fd, buf + got, n - got, MSG_DONTWAIT);
+      if (k < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return sys::errno_error("read", "channel");
+      }
+      if (k == 0) {
+        agent_died = true;
+        return internal_error("agent closed the channel before sending ready");
+      }
+      got += static_cast<size_t>(k);
+      continue;
+    }
+    if (p[1].revents & POLLIN) {
+      agent_died = true;
+      return internal_error("agent exited before sending ready");
+    }
+  }
+  return Status::Ok();
+}
+
+class ProcessSandbox final : public runtime::Sandbox {
+ public:
+  ProcessSandbox(std::string id, std::string state_dir) : id_(std::move(id)), state_dir_(std::move(state_dir)) {}
+
+  const std::string& id() const override { return id_; }
+  int init_pid() const override { return pid_; }
+  int channel_fd() const override { return channel_.get(); }
+
+  Status pause() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (killed_ || !has_cgroup_) return conflict_error("pause sandbox " + id_ + ": it has been killed");
+    if (Status s = cgroup_.freeze(kFreezeTimeout); !s) return s.error().with_context("pause sandbox " + id_);
+    return Status::Ok();
+  }
+
+  Status resume() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (killed_ || !has_cgroup_) return conflict_error("resume sandbox " + id_ + ": it has been killed");
+    if (Status s = cgroup_.thaw(); !s) return s.error().with_context("resume sandbox " + id_);
+    return Status::Ok();
+  }
+
+  Status kill() override {
+    std::lock_guard<std::mutex> l(mu_);
+    return kill_locked();
+  }
+
+  bool alive() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (reaped_ || pid_ <= 0 || !pidfd_) return false;
+    struct pollfd p = {pidfd_.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 0;
+  }
+
+  Result<runtime::Usage> usage() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (killed_ || !has_cgroup_) return conflict_error("usage of sandbox " + id_ + ": it has been killed");
+    auto st = cgroup_.stats();
+    if (!st) return st.error().with_context("usage of sandbox " + id_);
+    runtime::Usage u;
+    u.cpu_usage_ns = st->cpu_usage_ns;
+    u.mem_used_bytes = st->mem_used_bytes;
+    u.mem_cache_bytes = st->mem_cache_bytes;
+    u.mem_limit_bytes = st->mem_limit_bytes;
+    std::string upper = state_dir_ + "/upper";
+    UniqueFd d(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    struct stat root;
+    if (d && ::fstat(d.get(), &root) == 0) u.disk_used_bytes = disk_usage(d.get(), root.st_dev, 0);
+    return u;
+  }
+
+  // Teardown; shared by kill() and failed creates.
+  Status kill_locked() {
+    if (killed_) return Status::Ok();
+    if (pid_ > 0 && !reaped_) {
+      // Killing a PID namespace's init kills the whole namespace.
+      if (pidfd_) pidfd_send_signal(pidfd_.get(), SIGKILL);
+      // v1 frozen tasks act on SIGKILL only once thawed.
+      if (has_cgroup_) (void)cgroup_.thaw();
+      int status = 0;
+      for (;;) {
+        pid_t r = ::waitpid(pid_, &status, 0);
+        if (r == pid_ || (r < 0 && errno == ECHILD)) break;
+        if (r < 0 && errno != EINTR) return sys::errno_error("waitpid", std::to_string(pid_));
+      }
+      reaped_ = true;
+    }
+    channel_.reset();
+    pidfd_.reset();
+    if (has_cgroup_) {
+      if (Status s = cgroup_.destroy(kTeardownTimeout); !s) return s.error().with_context("kill sandbox " + id_);
+      has_cgroup_ = false;
+    }
+    if (Status s = sys::remove_tree(state_dir_); !s) return s.error().with_context("kill sandbox " + id_);
+    killed_ = true;
+    return Status::Ok();
+  }
+
+  // Filled by create() before the sandbox is shared.
+  std::mutex mu_;
+  std::string id_;
+  std::string state_dir_;
+  Cgroup cgroup_;            // GUARDED_BY(mu_)
+  bool has_cgroup_ = false;  // GUARDED_BY(mu_)
+  int pid_ = -1;
+  UniqueFd pidfd_;          // GUARDED_BY(mu_)
+  UniqueFd channel_;        // host end
+  bool reaped_ = false;     // GUARDED_BY(mu_)
+  bool killed_ = false;     // GUARDED_BY(mu_)
+};
+
+Result<UniqueFd> high_fd(UniqueFd fd, const char* what) {
+  int n = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10);
+  if (n < 0) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", what);
+  return UniqueFd(n);
+}
+
+bool safe_overlay_path(const std::string& p) { return p.find_first_of(",:\\") == std::string::npos; }
+
+class ProcessRuntime final : public runtime::Runtime {
+ public:
+  explicit ProcessRuntime(runtime::RuntimeConfig cfg) : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()) {}
+
+  std::string name() const override { return "process"; }
+
+  Status cleanup_stale() override {
+    if (!layout_) return layout_.error();
+    Status result;
+    if (Status s = remove_cgroup_parent(*layout_, cfg_.cgroup_parent, kTeardownTimeout); !s) result = s;
+    DIR* d = ::opendir(cfg_.state_root.c_str());
+    if (d) {
+      std::vector<std::string> names;
+      while (struct dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n != "." && n != "..") names.push_back(n);
+      }
+      ::closedir(d);
+      for (const std::string& n : names) {
+        if (Status s = sys::remove_tree(cfg_.state_root + "/" + n); !s && result) result = s;
+      }
+    }
+    return result;
+  }
+
+  Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
+    uint64_t t0 = sys::monotonic_ns();
+    auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id);
+    std::lock_guard<std::mutex> l(sb->mu_);
+    bool created_dir = false;
+    Status s = start(spec, *sb, t0, created_dir);
+    if (!s) {
+      if (created_dir) {
+        if (Status k = sb->kill_locked(); !k) LOG_ERROR("cleanup after failed create: " << k.error().message());
+      }
+      return s.error().with_context("create sandbox " + spec.id);
+    }
+    LOG_DEBUG("sandbox " << spec.id << " ready in " << (sys::monotonic_ns() - t0) / 1000 << " us, init pid "
+                         << sb->pid_);
+    return std::unique_ptr<runtime::Sandbox>(std::move(sb));
+  }
+
+ private:
+  Status start(const runtime::SandboxSpec& spec, ProcessSandbox& sb, uint64_t t0, bool& created_dir) {
+    if (!layout_) return layout_.error();
+    if (!valid_sandbox_id(spec.id)) return invalid_error("invalid sandbox id (want [a-z0-9]{1,64})");
+    char real[PATH_MAX];
+    if (!::realpath(spec.rootfs.c_str(), real)) return sys::errno_error("rootfs", spec.rootfs);
+    std::string rootfs = real;
+    struct stat st;
+    if (::stat(rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return invalid_error("rootfs " + spec.rootfs + ": not a directory");
+    if (::stat(cfg_.agent_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return internal_error("agent binary " + cfg_.agent_path + ": missing or not a regular file (build sandgate-agent)");
+    for (const auto& [k, v] : spec.env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          v.find('\0') != std::string::npos)
+        return invalid_error("invalid environment variable name " + k);
+    }
+
+    if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
+    char real_state[PATH_MAX];
+    if (!::realpath(cfg_.state_root.c_str(), real_state)) return sys::errno_error("realpath", cfg_.state_root);
+    std::string dir = std::string(real_state) + "/" + spec.id;
+    if (!safe_overlay_path(rootfs) || !safe_overlay_path(dir))
+      return invalid_error("rootfs or state path contains ',', ':' or '\\', which overlayfs options cannot carry");
+    if (::mkdir(dir.c_str(), 0700) != 0) {
+      if (errno == EEXIST) return conflict_error("state directory " + dir + " already exists");
+      return sys::errno_error("mkdir", dir);
+    }
+    created_dir = true;
+    sb.state_dir_ = dir;
+    std::string upper = dir + "/upper", work = dir + "/work", merged = dir + "/merged";
+    for (const std::string& d : {upper, work, merged})
+      if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+
+    CgroupLimits lim;
+    lim.cpu_count = spec.cpu_count;
+    lim.memory_bytes = spec.memory_mb * 1024 * 1024;
+    lim.max_pids = spec.max_pids;
+    auto cg = Cgroup::create(*layout_, cfg_.cgroup_parent, spec.id, lim);
+    if (!cg) return cg.error();
+    sb.cgroup_ = std::move(*cg);
+    sb.has_cgroup_ = true;
+
+    // Descriptors. Every one is close-on-exec; the child dup2s what the
+    // agent keeps onto 0-3.
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return sys::errno_error("socketpair", "channel");
+    UniqueFd host_chan(sv[0]);
+    auto child_chan = high_fd(UniqueFd(sv[1]), "channel");
+    int sp[2], ep[2];
+    // A socket, not a pipe, so writing to a child that already died is an
+    // EPIPE error rather than a SIGPIPE (MSG_NOSIGNAL).
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return sys::errno_error("socketpair", "sync");
+    UniqueFd sync_rd(sp[0]), sync_wr(sp[1]);
+    if (::pipe2(ep, O_CLOEXEC) != 0) return sys::errno_error("pipe2", "error pipe");
+    UniqueFd err_rd(ep[0]);
+    auto err_wr = high_fd(UniqueFd(ep[1]), "error pipe");
+    auto sync_rd_hi = high_fd(std::move(sync_rd), "sync pipe");
+    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    if (!null_fd) return sys::errno_error("open", "/dev/null");
+    auto null_hi = high_fd(std::move(null_fd), "/dev/null");
+    std::string log_path = dir + "/agent.log";
+    UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (!log_fd) return sys::errno_error("open", log_path);
+    auto log_hi = high_fd(std::move(log_fd), "agent log");
+    for (auto* r : {&child_chan, &err_wr, &sync_rd_hi, &null_hi, &log_hi})
+      if (!*r) return r->error();
+
+    // Strings, argv and envp: all built here, before clone.
+    std::string overlay_opts = "lowerdir=" + rootfs + ",upperdir=" + upper + ",workdir=" + work;
+    std::string sandgate_dir = merged + "/.sandgate";
+    std::string agent_dst = sandgate_dir + "/sandgate-agent";
+    std::string proc_dir = merged + "/proc", dev_dir = merged + "/dev", sys_dir = merged + "/sys";
+    std::string devpts = dev_dir + "/pts", shm = dev_dir + "/shm";
+    struct Node {
+      const char* name;
+      unsigned major, minor;
+    };
+    const Node nodes[kChildDevices] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
+                                       {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
+    std::string node_paths[kChildDevices];
+    for (int i = 0; i < kChildDevices; ++i) node_paths[i] = dev_dir + "/" + nodes[i].name;
+    const std::pair<const char*, const char*> links[kChildSymlinks] = {
+        {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+        {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
+    std::string link_paths[kChildSymlinks];
+    for (int i = 0; i < kChildSymlinks; ++i) link_paths[i] = dev_dir + "/" + links[i].second;
+
+    std::vector<std::string> env_strings;
+    bool has_path = false;
+    for (const auto& [k, v] : spec.env) {
+      if (k.rfind("SANDGATE_", 0) == 0) continue;  // reserved for the agent
+      if (k == "PATH") has_path = true;
+      env_strings.push_back(k + "=" + v);
+    }
+    if (!has_path) env_strings.push_back("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    env_strings.push_back("SANDGATE_SANDBOX_ID=" + spec.id);
+    if (!spec.envd_access_token.empty()) env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
+    std::vector<char*> envp;
+    for (std::string& e : env_strings) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::string argv0 = "/.sandgate/sandgate-agent";
+    char* argv[] = {argv0.data(), nullptr};
+
+    ChildArgs a;
+    a.sync_fd = sync_rd_hi->get();
+    a.sync_wr_fd = sync_wr.get();
+    a.err_fd = err_wr->get();
+    a.err_rd_fd = err_rd.get();
+    a.channel_fd = child_chan->get();
+    a.host_channel_fd = host_chan.get();
+    a.null_fd = null_hi->get();
+    a.log_fd = log_hi->get();
+    a.hostname = spec.id.c_str();
+    a.hostname_len = spec.id.size();
+    a.merged = merged.c_str();
+    a.overlay_opts = overlay_opts.c_str();
+    a.sandgate_dir = sandgate_dir.c_str();
+    a.agent_src = cfg_.agent_path.c_str();
+    a.agent_dst = agent_dst.c_str();
+    a.proc_dir = proc_dir.c_str();
+    a.dev_dir = dev_dir.c_str();
+    a.devpts_dir = devpts.c_str();
+    a.shm_dir = shm.c_str();
+    a.sys_dir = sys_dir.c_str();
+    for (int i = 0; i < kChildDevices; ++i)
+      a.devices[i] = {node_paths[i].c_str(), static_cast<mode_t>(S_IFCHR | 0666), makedev(nodes[i].major, nodes[i].minor)};
+    for (int i = 0; i < kChildSymlinks; ++i) a.symlinks[i] = {links[i].first, link_paths[i].c_str()};
+    a.agent_exec = argv0.c_str();
+    a.argv = argv;
+    a.envp = envp.data();
+
+    std::unique_ptr<char[]> stack(new char[kChildStackSize]);
+    int pidfd = -1;
+    pid_t pid = -1;
+    int clone_errno = 0;
+    const int flags = CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWNET | CLONE_PIDFD | SIGCHLD;
+    spawner_.run([&] {
+      // SAFETY: the stack grows down from the end of a live 256 KiB buffer,
+      // 16-byte aligned; without CLONE_VM the child gets its own copy of it.
+      char* top = stack.get() + kChildStackSize;
+      top = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
+      pid = ::clone(child_main, top, flags, &a, &pidfd);
+      clone_errno = errno;
+    });
+    if (pid < 0) return sys::errno_error("clone", "sandbox init", clone_errno);
+    sb.pid_ = pid;
+    sb.pidfd_.reset(pidfd);
+    child_chan->reset();
+    err_wr->reset();
+    sync_rd_hi->reset();
+    null_hi->reset();
+    log_hi->reset();
+
+    if (Status s = sb.cgroup_.add_process(pid); !s) return s;
+    char go = 1;
+    if (::send(sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
+    sync_wr.reset();
+
+    uint64_t deadline = t0 + static_cast<uint64_t>(spec.ready_timeout.count()) * 1000000ull;
+    ChildError ce;
+    size_t got = 0;
+    while (got < sizeof ce) {
+      uint64_t now = sys::monotonic_ns();
+      if (now >= deadline) return Error(ErrorKind::kTimeout, "timed out setting up the sandbox namespaces");
+      struct pollfd p = {err_rd.get(), POLLIN, 0};
+      int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1000000 + 1));
+      if (r < 0 && errno != EINTR) return sys::errno_error("poll", "error pipe");
+      if (r <= 0) continue;
+      ssize_t n = ::read(err_rd.get(), reinterpret_cast<char*>(&ce) + got, sizeof ce - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // EOF: execve succeeded
+      got += static_cast<size_t>(n);
+    }
+    if (got == sizeof ce)
+      return sys::errno_error(describe_step(static_cast<ChildStep>(ce.step), a), "", ce.err);
+    if (got != 0) return internal_error("sandbox init reported a truncated error");
+
+    // The ready frame: header first, then exactly its payload.
+    bool died = false;
+    char head[channel::kHeaderSize];
+    Status rs = read_exact(host_chan.get(), sb.pidfd_.get(), head, sizeof head, deadline, died);
+    channel::DecodeResult dr;
+    std::string frame;
+    if (rs) {
+      frame.assign(head, sizeof head);
+      dr = channel::decode(frame);
+      if (dr.status == channel::DecodeStatus::kInvalid) rs = internal_error("agent sent an invalid frame: " + dr.error);
+    }
+    if (rs && dr.status == channel::DecodeStatus::kNeedMore) {
+      size_t len = static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8) |
+                   (static_cast<uint8_t>(head[10]) << 16) | (static_cast<size_t>(static_cast<uint8_t>(head[11])) << 24);
+      frame.resize(sizeof head + len);
+      rs = read_exact(host_chan.get(), sb.pidfd_.get(), frame.data() + sizeof head, len, deadline, died);
+      if (rs) dr = channel::decode(frame);
+    }
+    if (!rs) {
+      std::string log = tail_of(log_path, 2000);
+      if (!log.empty()) return Error(rs.error().kind(), rs.error().message() + "; agent log: " + log);
+      return rs;
+    }
+    if (dr.status != channel::DecodeStatus::kOk || dr.frame.stream != channel::kControlStream ||
+        dr.frame.type != channel::FrameType::kData)
+      return internal_error("agent's first frame is not a control message");
+    auto msg = nlohmann::json::parse(dr.frame.payload, nullptr, false);
+    if (msg.is_discarded() || !msg.is_object() || msg.value("type", "") != "ready")
+      return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
+    sb.channel_ = std::move(host_chan);
+    return Status::Ok();
+  }
+
+  runtime::RuntimeConfig cfg_;
+  Result<CgroupLayout> layout_;
+  Spawner spawner_;
+};
+
+}  // namespace
+
+bool valid_sandbox_id(std::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+  return true;
+}
+
+std::unique_ptr<runtime::Runtime> make_process_runtime(const runtime::RuntimeConfig& cfg) {
+  return std::make_unique<ProcessRuntime>(cfg);
+}
+
+}  // namespace sg::process

@@ -1,0 +1,94 @@
+// Runtime: the one interface every sandbox backend implements.
+//
+// A backend turns a SandboxSpec into a live sandbox whose PID 1 is
+// sandgate-agent, reachable over the channel (docs/channel.md). The process
+// backend (sandbox-runtime/process) is the first; the KVM backend
+// (sandbox-runtime/vmm) comes later behind the same interface.
+//
+// Thread safety: all methods may block (fork, mounts, cgroup writes, waiting
+// for the agent) and must never be called on an io thread. A Runtime and each
+// Sandbox are safe to call from several threads at once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "sys/fd.h"
+#include "sys/status.h"
+
+namespace sg::runtime {
+
+struct RuntimeConfig {
+  // Directory under which each sandbox gets state_root/<id>/ (overlay upper,
+  // work, mount point). Created if missing.
+  std::string state_root;
+  // Host path of the sandgate-agent binary (static); made visible read-only
+  // inside every sandbox at /.sandgate/sandgate-agent.
+  std::string agent_path;
+  // Name of the cgroup directory that holds all sandboxes of this sandgate
+  // instance, e.g. "sandgate" or "sandgate-test-1234". Per-sandbox cgroups
+  // are <controller root>/<cgroup_parent>/<sandbox id>.
+  std::string cgroup_parent = "sandgate";
+};
+
+struct SandboxSpec {
+  std::string id;      // [a-z0-9]{20}; never contains '/', '-' or '.'
+  std::string rootfs;  // template root directory: the read-only overlay lower layer
+  uint32_t cpu_count = 2;
+  uint64_t memory_mb = 512;
+  uint32_t max_pids = 1024;
+  // Default environment of every process in the sandbox (create's envVars).
+  std::vector<std::pair<std::string, std::string>> env;
+  // envd access token handed to the agent (it checks X-Access-Token).
+  std::string envd_access_token;
+  std::chrono::milliseconds ready_timeout{15000};
+};
+
+// Readings from the sandbox's cgroup and writable layer.
+struct Usage {
+  uint64_t cpu_usage_ns = 0;     // cumulative CPU time of all its processes
+  uint64_t mem_used_bytes = 0;   // memory charged to the cgroup, page cache excluded
+  uint64_t mem_cache_bytes = 0;  // page cache charged to the cgroup
+  uint64_t mem_limit_bytes = 0;  // the cgroup's memory limit
+  uint64_t disk_used_bytes = 0;  // bytes in the writable layer
+};
+
+class Sandbox {
+ public:
+  virtual ~Sandbox() = default;  // does not kill: call kill()
+  virtual const std::string& id() const = 0;
+  // Host pid of the sandbox's PID 1 (the agent).
+  virtual int init_pid() const = 0;
+  // Host end of the channel (owned by the Sandbox). The agent has already
+  // sent its "ready" control message when create() returns.
+  virtual int channel_fd() const = 0;
+  // Freezes every process of the sandbox (cgroup freezer) / thaws them.
+  // Idempotent.
+  virtual Status pause() = 0;
+  virtual Status resume() = 0;
+  // Kills every process, waits for them to be gone, removes the cgroups and
+  // the sandbox's state directory. Idempotent; safe after the sandbox died.
+  virtual Status kill() = 0;
+  // False once PID 1 has exited (crash, OOM, or kill()).
+  virtual bool alive() = 0;
+  virtual Result<Usage> usage() = 0;
+};
+
+class Runtime {
+ public:
+  virtual ~Runtime() = default;
+  virtual std::string name() const = 0;  // "process" or "kvm"
+  // Starts a sandbox and waits until its agent reports ready (or fails with
+  // a kTimeout error after spec.ready_timeout, leaving nothing behind).
+  virtual Result<std::unique_ptr<Sandbox>> create(const SandboxSpec& spec) = 0;
+  // Removes what a previous run of sandgate left behind: per-sandbox cgroups
+  // (killing any process still in them) and state directories. Called once at
+  // start-up, before any create.
+  virtual Status cleanup_stale() = 0;
+};
+
+}  // namespace sg::runtime

@@ -1,0 +1,216 @@
+// Base template rootfs builder (template_builder.h): debootstrap in a child
+// process whose output is streamed line by line, then direct edits of the
+// account files (no chroot tools, so it works with any host), then an
+// atomic rename.
+#include "templates/template_builder.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "sys/fd.h"
+#include "sys/sys.h"
+
+extern char** environ;
+
+namespace sg::templates {
+
+namespace {
+
+// Runs argv with stdout+stderr on a pipe; each line goes to progress. The
+// last lines are kept for the error message.
+Status run_streaming(const std::vector<std::string>& args, const std::function<void(const std::string&)>& progress) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) return sys::errno_error("pipe2", args[0]);
+  UniqueFd rd(p[0]), wr(p[1]);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 1);
+  posix_spawn_file_actions_adddup2(&fa, wr.get(), 2);
+
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e)
+    if (std::strncmp(*e, "PATH=", 5) != 0) env.emplace_back(*e);
+  env.emplace_back("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+  std::vector<char*> envp, argv;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> a = args;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  // Look the program up in the PATH we pass, not the caller's.
+  std::string prog = args[0];
+  if (prog.find('/') == std::string::npos) {
+    for (const char* d : {"/usr/sbin/", "/usr/bin/", "/sbin/", "/bin/", "/usr/local/sbin/", "/usr/local/bin/"}) {
+      if (::access((std::string(d) + prog).c_str(), X_OK) == 0) {
+        prog = std::string(d) + prog;
+        break;
+      }
+    }
+  }
+  pid_t pid = -1;
+  int rc = ::posix_spawn(&pid, prog.c_str(), &fa, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return sys::errno_error("spawn", args[0] + " (is it installed?)", rc);
+  wr.reset();
+
+  std::deque<std::string> last;
+  std::string line;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(rd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    for (ssize_t i = 0; i < n; ++i) {
+      if (buf[i] != '\n') {
+        if (line.size() < 4096) line.push_back(buf[i]);
+        continue;
+      }
+      if (progress) progress(line);
+      last.push_back(std::move(line));
+      if (last.size() > 5) last.pop_front();
+      line.clear();
+    }
+  }
+  if (!line.empty()) {
+    if (progress) progress(line);
+    last.push_back(line);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return sys::errno_error("waitpid", args[0]);
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return Status::Ok();
+  std::string why = WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
+                                      : "killed by signal " + std::to_string(WTERMSIG(status));
+  std::string tail;
+  for (const auto& l : last) tail += (tail.empty() ? "" : " | ") + l;
+  return internal_error(args[0] + " failed (" + why + "): " + tail);
+}
+
+// Appends line to file unless a line starting with "<name>:" exists.
+Status add_account_line(const std::string& file, const std::string& name, const std::string& line, bool required) {
+  if (!sys::path_exists(file)) {
+    if (required) return internal_error("rootfs is missing " + file);
+    return Status::Ok();
+  }
+  auto text = sys::read_file(file, 16 << 20);
+  if (!text) return text.error();
+  std::string t = *text;
+  std::string key = name + ":";
+  if (t.rfind(key, 0) == 0 || t.find("\n" + key) != std::string::npos) return Status::Ok();
+  if (!t.empty() && t.back() != '\n') t += '\n';
+  t += line + "\n";
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0) return sys::errno_error("stat", file);
+  if (Status s = sys::write_file_atomic(file, t); !s) return s;
+  // write_file_atomic creates 0600 root files: keep the original owner/mode
+  // (shadow must stay unreadable, passwd readable).
+  if (::chmod(file.c_str(), st.st_mode & 07777) != 0) return sys::errno_error("chmod", file);
+  if (::chown(file.c_str(), st.st_uid, st.st_gid) != 0) return sys::errno_error("chown", file);
+  return Status::Ok();
+}
+
+// Removes the regular files in dir whose name ends with suffix ("" = all).
+Status remove_files(const std::string& dir, const std::string& suffix) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return Status::Ok();
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    if (n.size() >= suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0)
+      names.push_back(n);
+  }
+  ::closedir(d);
+  for (const std::string& n : names) {
+    std::string p = dir + "/" + n;
+    struct stat st;
+    if (::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::unlink(p.c_str()) != 0)
+      return sys::errno_error("unlink", p);
+  }
+  return Status::Ok();
+}
+
+Status copy_file(const std::string& from, const std::string& to, uid_t uid, gid_t gid) {
+  auto text = sys::read_file(from, 16 << 20);
+  if (!text) return text.error();
+  if (Status s = sys::write_file(to, *text); !s) return s;
+  if (::chown(to.c_str(), uid, gid) != 0) return sys::errno_error("chown", to);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status finalize_rootfs(const std::string& dir) {
+  const std::string etc = dir + "/etc";
+  int64_t days = sys::unix_seconds() / 86400;
+  if (Status s = add_account_line(etc + "/passwd", "user", "user:x:1000:1000::/home/user:/bin/bash", true); !s) return s;
+  if (Status s = add_account_line(etc + "/group", "user", "user:x:1000:", true); !s) return s;
+  // "*": no password can log in; processes are started as user by the agent.
+  if (Status s = add_account_line(etc + "/shadow", "user", "user:*:" + std::to_string(days) + ":0:99999:7:::", true); !s)
+    return s;
+  if (Status s = add_account_line(etc + "/gshadow", "user", "user:!::", false); !s) return s;
+
+  const std::string home = dir + "/home/user";
+  if (Status s = sys::make_dirs(home, 0755); !s) return s;
+  if (::chown(home.c_str(), 1000, 1000) != 0) return sys::errno_error("chown", home);
+  for (const char* f : {".bashrc", ".profile", ".bash_logout"}) {
+    std::string src = etc + "/skel/" + f, dst = home + "/" + f;
+    if (sys::path_exists(src) && !sys::path_exists(dst)) {
+      if (Status s = copy_file(src, dst, 1000, 1000); !s) return s;
+    }
+  }
+  if (Status s = sys::make_dirs(dir + "/.sandgate", 0755); !s) return s;
+  if (Status s = remove_files(dir + "/var/cache/apt/archives", ".deb"); !s) return s;
+  if (Status s = remove_files(dir + "/var/cache/apt", ".bin"); !s) return s;
+  if (Status s = remove_files(dir + "/var/lib/apt/lists", ""); !s) return s;
+
+  nlohmann::json marker{{"format", kTemplateFormat}, {"base", "debian-bookworm-minbase"},
+                        {"created", sys::unix_seconds()}};
+  return sys::write_file_atomic(dir + "/" + kMarkerFile, marker.dump() + "\n");
+}
+
+bool rootfs_ready(const std::string& dir) {
+  auto text = sys::read_file(dir + "/" + kMarkerFile, 64 * 1024);
+  if (!text) return false;
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  return j.is_object() && j.value("format", 0) == kTemplateFormat;
+}
+
+Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress) {
+  if (dest_dir.empty() || dest_dir.back() == '/') return invalid_error("template dir must be a path without a trailing '/'");
+  if (rootfs_ready(dest_dir)) return Status::Ok();
+  if (sys::path_exists(dest_dir))
+    return conflict_error("template dir " + dest_dir + " exists but is not a complete template: remove it to rebuild");
+  std::string partial = dest_dir + ".partial";
+  if (Status s = sys::remove_tree(partial); !s)
+    return s.error().with_context("remove the leftover " + partial + " (a mount inside it? unmount it first)");
+  size_t slash = dest_dir.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    if (Status s = sys::make_dirs(dest_dir.substr(0, slash)); !s) return s;
+  }
+  const char* m = std::getenv("SANDGATE_DEBIAN_MIRROR");
+  std::string mirror = m && *m ? m : kDefaultMirror;
+  Status s = run_streaming({"debootstrap", "--variant=minbase", "--include=bash,coreutils,procps,python3,ca-certificates",
+                            "bookworm", partial, mirror},
+                           progress);
+  if (!s) return s.error().with_context("build template " + dest_dir);
+  if (Status f = finalize_rootfs(partial); !f) return f.error().with_context("build template " + dest_dir);
+  if (::rename(partial.c_str(), dest_dir.c_str()) != 0) return sys::errno_error("rename", partial + " to " + dest_dir);
+  return Status::Ok();
+}
+
+}  // namespace sg::templates

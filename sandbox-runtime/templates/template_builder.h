@@ -1,0 +1,43 @@
+// Template root filesystems: building the base Debian rootfs that process
+// sandboxes use as their read-only overlay lower layer.
+//
+// A rootfs is built in <dest>.partial and renamed to <dest> only when
+// complete, with a marker file (<dest>/.sandgate-template, JSON with a format
+// version) written last before the rename, so a directory that has the marker
+// is a whole template and an interrupted build never looks like one.
+//
+// Thread safety: functions are independent; two builds of the same dest at
+// once are not supported (the caller serialises them).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "sys/status.h"
+
+namespace sg::templates {
+
+// Bumped whenever finalize_rootfs changes what a template contains.
+inline constexpr int kTemplateFormat = 1;
+inline constexpr const char* kMarkerFile = ".sandgate-template";
+inline constexpr const char* kDefaultMirror = "http://deb.debian.org/debian";
+
+// Runs debootstrap (minbase bookworm with bash, coreutils, procps, python3,
+// ca-certificates; mirror from $SANDGATE_DEBIAN_MIRROR or kDefaultMirror)
+// into <dest>.partial, streaming each output line to progress, then
+// finalize_rootfs() and an atomic rename to dest. A leftover <dest>.partial
+// is removed first. Returns Ok at once if dest is already a ready template;
+// fails if dest exists but is not one. Needs root and network access; takes
+// about a minute and ~270 MB.
+Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress);
+
+// The post-debootstrap steps, on a rootfs directory: adds user "user"
+// (uid/gid 1000, /home/user, /bin/bash) by editing etc/passwd, etc/group,
+// etc/shadow (and etc/gshadow if present) directly, creates /.sandgate,
+// removes apt caches, writes the marker. Idempotent.
+Status finalize_rootfs(const std::string& dir);
+
+// True when dir holds a complete template of the current format.
+bool rootfs_ready(const std::string& dir);
+
+}  // namespace sg::templates

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is missing, builds everything
+# (debug, with tests) and runs every test with CTest. The base template the
+# integration tests use is built once into the build tree (debootstrap,
+# about a minute on first run) before the tests start, so tests never race
+# to build it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "the tests need root (namespaces, cgroups, overlay mounts); re-run with sudo" >&2
+  exit 1
+fi
+scripts/install-deps.sh
+cmake --preset debug -DSANDGATE_TESTS=ON >/dev/null
+cmake --build --preset debug -j"$(nproc)"
+build/debug/bin/sandgate template build --templates-dir build/debug/tests-rootfs
+export SANDGATE_TEST_ROOTFS="$PWD/build/debug/tests-rootfs/base"
+ctest --preset debug "$@"

@@ -1,0 +1,49 @@
+// Query decoding: E2B's triple-encoded metadata filter and error mapping.
+#include <doctest/doctest.h>
+
+#include "api-e2b/control_plane.h"
+
+using namespace sg;
+
+TEST_CASE("metadata filter: decode once (query), split, decode each part again") {
+  std::vector<std::pair<std::string, std::string>> q;
+  // JS: encodeURIComponent per key/value, join with & and =, encode again.
+  REQUIRE(http::parse_query("metadata=user%3Da%2520b%2526c%253Dd%26n%3D1&state=running", q));
+  REQUIRE(q.size() == 2);
+  CHECK(q[0].first == "metadata");
+  std::vector<std::pair<std::string, std::string>> md;
+  REQUIRE(api::decode_metadata_query(q[0].second, md));
+  REQUIRE(md.size() == 2);
+  CHECK(md[0] == std::pair<std::string, std::string>("user", "a b&c=d"));
+  CHECK(md[1] == std::pair<std::string, std::string>("n", "1"));
+  CHECK_FALSE(api::decode_metadata_query("novalue", md));
+  CHECK_FALSE(api::decode_metadata_query("k=%zz", md));
+}
+
+TEST_CASE("percent_decode rejects truncated and bad escapes") {
+  std::string out;
+  CHECK(http::percent_decode("a%20b", out));
+  CHECK(out == "a b");
+  CHECK_FALSE(http::percent_decode("a%2", out));
+  CHECK_FALSE(http::percent_decode("a%", out));
+  CHECK_FALSE(http::percent_decode("%g0", out));
+  CHECK(http::percent_decode("a+b", out));
+  CHECK(out == "a+b");
+  CHECK(http::percent_decode("a+b", out, true));
+  CHECK(out == "a b");
+}
+
+TEST_CASE("error kinds map to the statuses the SDKs expect") {
+  CHECK(api::status_for(invalid_error("x")) == 400);
+  CHECK(api::status_for(Error(ErrorKind::kUnauthorized, "x")) == 401);
+  CHECK(api::status_for(not_found_error("x")) == 404);
+  CHECK(api::status_for(conflict_error("x")) == 409);
+  CHECK(api::status_for(Error(ErrorKind::kQuota, "x")) == 429);
+  CHECK(api::status_for(Error(ErrorKind::kUnavailable, "x")) == 503);
+  http::HttpResponse r = api::error_response(Error(ErrorKind::kQuota, "full"));
+  CHECK(r.status == 429);
+  bool retry = false;
+  for (auto& [k, v] : r.headers) retry |= k == "Retry-After";
+  CHECK(retry);
+  CHECK(r.body == R"({"code":429,"message":"full"})");
+}

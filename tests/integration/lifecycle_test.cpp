@@ -1,0 +1,178 @@
+// Lifecycle against the real binary: kill leaves nothing behind, timeouts
+// are enforced, one sandbox's crash spares the others, state survives a
+// restart of sandgate and dead sandboxes are not reported as running.
+#include <doctest/doctest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "storage/store.h"
+#include "support/sandgate_process.h"
+#include "sys/sys.h"
+
+using namespace sg;
+using namespace sg::test;
+using json = nlohmann::json;
+
+namespace {
+
+std::string create(const SandgateProcess& s, const std::string& body = R"({"templateID":"base"})") {
+  Response r = s.post("/v2/sandboxes", body);
+  REQUIRE_MESSAGE(r.status == 201, r.status << " " << r.body << "\n" << s.log());
+  return json::parse(r.body)["sandboxID"].get<std::string>();
+}
+
+storage::SandboxRow row_of(const std::string& data_dir, const std::string& id) {
+  auto store = storage::Store::open(data_dir + "/sandgate.db");
+  REQUIRE(store.ok());
+  std::string tenant;
+  {
+    auto tx = (*store)->db().lock();
+    auto st = tx.prepare("SELECT tenant_id FROM sandboxes WHERE id = ?");
+    REQUIRE(st.ok());
+    st->bind(1, id);
+    REQUIRE(*st->step());
+    tenant = st->text(0);
+  }
+  auto r = (*store)->get_sandbox(tenant, id);
+  REQUIRE(r.ok());
+  REQUIRE(r->has_value());
+  return **r;
+}
+
+// Alive and not a zombie (an orphaned zombie may wait a while for its reaper).
+bool pid_alive(int64_t pid) {
+  auto stat = sys::read_file("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat.ok()) return false;
+  size_t paren = stat->rfind(')');
+  return paren != std::string::npos && paren + 2 < stat->size() && (*stat)[paren + 2] != 'Z';
+}
+
+// Every cgroup directory the sandbox could have, v1 and v2.
+std::vector<std::string> cgroup_dirs(const std::string& parent, const std::string& id) {
+  std::vector<std::string> out;
+  for (const char* c : {"memory", "cpu", "cpuacct", "pids", "freezer", "unified", ""})
+    out.push_back(std::string("/sys/fs/cgroup/") + c + (*c ? "/" : "") + parent + "/" + id);
+  return out;
+}
+
+bool mounted_under(const std::string& path) {
+  auto mi = sys::read_file("/proc/self/mountinfo", 64 << 20);
+  return mi.ok() && mi->find(path) != std::string::npos;
+}
+
+// Polls cond until true or the deadline: waiting for the server's own
+// periodic sweep, which has no event to wait on from outside.
+template <typename F>
+bool eventually(F cond, int seconds = 20) {
+  uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(seconds) * 1000000000ull;
+  while (sys::monotonic_ns() < deadline) {
+    if (cond()) return true;
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+  }
+  return cond();
+}
+
+}  // namespace
+
+TEST_CASE("kill leaves no process, cgroup, mount or state directory behind") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"));
+  REQUIRE(s.started());
+  std::string id = create(s);
+  storage::SandboxRow row = row_of(s.data_dir(), id);
+  REQUIRE(row.init_pid);
+  int64_t pid = *row.init_pid;
+  CHECK(pid_alive(pid));
+  bool any_cgroup = false;
+  for (const std::string& d : cgroup_dirs(s.cgroup_parent(), id)) any_cgroup |= sys::path_exists(d);
+  CHECK(any_cgroup);
+  std::string state_dir = s.data_dir() + "/sandboxes/" + id;
+  CHECK(sys::path_exists(state_dir));
+
+  REQUIRE(s.del("/sandboxes/" + id).status == 204);
+  // kill() waits for the processes before it answers: no polling here.
+  CHECK_FALSE(pid_alive(pid));
+  for (const std::string& d : cgroup_dirs(s.cgroup_parent(), id)) CHECK_MESSAGE(!sys::path_exists(d), d);
+  CHECK_FALSE(sys::path_exists(state_dir));
+  CHECK_FALSE(mounted_under(state_dir));
+  storage::SandboxRow after = row_of(s.data_dir(), id);
+  CHECK(after.state == "killed");
+}
+
+TEST_CASE("timeouts are enforced: kill at endAt, or pause with autoPause") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"), {"--tick-ms", "100"});
+  REQUIRE(s.started());
+  std::string killed = create(s, R"({"templateID":"base","timeout":1})");
+  std::string paused = create(s, R"({"templateID":"base","timeout":1,"autoPause":true})");
+  std::string kept = create(s, R"({"templateID":"base","timeout":600})");
+  CHECK(eventually([&] { return s.get("/sandboxes/" + killed).status == 404; }));
+  CHECK(eventually([&] {
+    Response r = s.get("/sandboxes/" + paused);
+    return r.status == 200 && json::parse(r.body)["state"] == "paused";
+  }));
+  CHECK(row_of(s.data_dir(), killed).end_reason == "timeout reached");
+  CHECK(json::parse(s.get("/sandboxes/" + kept).body)["state"] == "running");
+  // A paused-at-timeout sandbox resumes on connect.
+  CHECK(s.post("/v2/sandboxes/" + paused + "/connect", R"({"timeout":600})").status == 201);
+  CHECK(json::parse(s.get("/sandboxes/" + paused).body)["state"] == "running");
+}
+
+TEST_CASE("a crashed sandbox is marked lost and does not affect another") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"), {"--tick-ms", "100"});
+  REQUIRE(s.started());
+  std::string a = create(s);
+  std::string b = create(s);
+  int64_t pid_a = *row_of(s.data_dir(), a).init_pid;
+  REQUIRE(::kill(static_cast<pid_t>(pid_a), SIGKILL) == 0);
+  CHECK(eventually([&] { return s.get("/sandboxes/" + a).status == 404; }));
+  CHECK(row_of(s.data_dir(), a).state == "lost");
+  for (const std::string& d : cgroup_dirs(s.cgroup_parent(), a)) CHECK_MESSAGE(!sys::path_exists(d), d);
+  // b is untouched and still works.
+  CHECK(json::parse(s.get("/sandboxes/" + b).body)["state"] == "running");
+  CHECK(s.post("/sandboxes/" + b + "/pause", "{}").status == 204);
+  CHECK(s.post("/sandboxes/" + b + "/connect", R"({"timeout":60})").status == 201);
+  CHECK(s.del("/sandboxes/" + b).status == 204);
+}
+
+TEST_CASE("tenants, keys, templates and events survive a restart; dead sandboxes are not reported running") {
+  TempDir dir;
+  std::string data = dir.sub("data");
+  std::string key, id, template_id;
+  int64_t pid = 0;
+  {
+    SandgateProcess s(data);
+    REQUIRE(s.started());
+    key = s.key();
+    Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
+    REQUIRE(c.status == 201);
+    id = json::parse(c.body)["sandboxID"];
+    template_id = json::parse(c.body)["templateID"];
+    pid = *row_of(data, id).init_pid;
+    SUBCASE("after a crash of sandgate") { s.kill9(); }
+    SUBCASE("after a clean stop") { CHECK(s.stop() == 0); }
+  }
+  SandgateProcess s(data);
+  REQUIRE(s.started());
+  CHECK(s.key() == key);  // same tenant, same key
+  CHECK(s.get("/v2/sandboxes").status == 200);
+  CHECK(s.get("/sandboxes/" + id).status == 404);
+  CHECK(json::parse(s.get("/v2/sandboxes").body).empty());
+  storage::SandboxRow row = row_of(data, id);
+  CHECK(row.state == "lost");
+  CHECK_FALSE(pid_alive(pid));
+  // The template kept its id; events recorded before and at the restart.
+  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
+  REQUIRE(c.status == 201);
+  CHECK(json::parse(c.body)["templateID"] == template_id);
+  auto store = storage::Store::open(data + "/sandgate.db");
+  REQUIRE(store.ok());
+  auto events = (*store)->events_for_sandbox(id);
+  REQUIRE(events.ok());
+  REQUIRE(events->size() >= 2);
+  CHECK((*events)[0].kind == "created");
+  CHECK(events->back().kind == "lost");
+}

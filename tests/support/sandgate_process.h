@@ -1,0 +1,68 @@
+// SandgateProcess: the real sandgate binary, started for a test on port 0
+// with its own data dir and cgroup parent, stopped at the end.
+//
+// Start-up is synchronised on the banner line the server prints once it
+// listens (read from its stdout with a deadline), never on sleeps.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "support/http_client.h"
+#include "support/temp_dir.h"
+
+namespace sg::test {
+
+// Path of the sandgate binary under test (compile definition SANDGATE_BIN).
+std::string sandgate_bin();
+
+// A templates dir whose base/ is the test rootfs (built once if needed).
+std::string test_templates_dir();
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+// Runs `sandgate ARGS...` to completion.
+CliResult run_sandgate(const std::vector<std::string>& args);
+
+class SandgateProcess {
+ public:
+  // data_dir: persistent across restarts when the same path is given.
+  SandgateProcess(std::string data_dir, std::vector<std::string> extra_args = {});
+  ~SandgateProcess();
+  SandgateProcess(const SandgateProcess&) = delete;
+  SandgateProcess& operator=(const SandgateProcess&) = delete;
+
+  // True once the server printed its banner within the deadline.
+  bool started() const { return port_ > 0; }
+  int port() const { return port_; }
+  const std::string& key() const { return key_; }  // tenant "local"
+  const std::string& cgroup_parent() const { return cgroup_parent_; }
+  const std::string& data_dir() const { return data_dir_; }
+  pid_t pid() const { return pid_; }
+  HttpClient client() const { return HttpClient("127.0.0.1", port_); }
+  std::string log() const;  // the server's stderr so far
+
+  // SIGTERM and wait: returns the exit status.
+  int stop();
+  // SIGKILL and wait (a crash).
+  void kill9();
+
+  // Convenience requests with this server's key.
+  Response get(const std::string& target, const std::string& key = "") const;
+  Response post(const std::string& target, const std::string& body, const std::string& key = "") const;
+  Response del(const std::string& target, const std::string& key = "") const;
+
+ private:
+  std::string data_dir_;
+  std::string cgroup_parent_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+  std::string key_;
+};
+
+}  // namespace sg::test
