@@ -1,6 +1,7 @@
 // Control-plane routes and their JSON mapping (docs/api.md).
 #include "api-e2b/control_plane.h"
 
+#include <cstdio>
 #include <ctime>
 #include <set>
 
@@ -36,6 +37,11 @@ HttpResponse error_response(const Error& e) {
 }
 
 bool decode_metadata_query(const std::string& once, std::vector<std::pair<std::string, std::string>>& out) {
+  // As E2B's API does it (Go: url.ParseQuery on the value, then
+  // url.QueryUnescape of each key and value): two more decodes after the
+  // query parser's, '+' as space. JS 2.51 encodes each part twice before
+  // joining; a client that encodes once decodes the same, since the second
+  // decode finds no escapes left.
   out.clear();
   std::string_view rest(once);
   while (!rest.empty()) {
@@ -45,8 +51,10 @@ bool decode_metadata_query(const std::string& once, std::vector<std::pair<std::s
     if (part.empty()) continue;
     size_t eq = part.find('=');
     if (eq == std::string_view::npos) return false;
-    std::string k, v;
-    if (!http::percent_decode(part.substr(0, eq), k) || !http::percent_decode(part.substr(eq + 1), v)) return false;
+    std::string k1, v1, k, v;
+    if (!http::percent_decode(part.substr(0, eq), k1, true) || !http::percent_decode(part.substr(eq + 1), v1, true) ||
+        !http::percent_decode(k1, k, true) || !http::percent_decode(v1, v, true))
+      return false;
     out.emplace_back(std::move(k), std::move(v));
   }
   return true;
@@ -61,6 +69,30 @@ std::string rfc3339(int64_t unix_s) {
   char buf[32];
   strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+// Parses RFC 3339 ("2026-12-01T08:00:00Z", optional fraction, Z or
+// +hh:mm offset) to unix seconds.
+std::optional<int64_t> parse_rfc3339(const std::string& s) {
+  struct tm tm = {};
+  const char* rest = strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
+  if (!rest) return std::nullopt;
+  if (*rest == '.')
+    do ++rest;
+    while (*rest >= '0' && *rest <= '9');
+  int64_t offset = 0;
+  if (*rest == 'Z' || *rest == 'z') {
+    ++rest;
+  } else if (*rest == '+' || *rest == '-') {
+    int hh = 0, mm = 0;
+    if (std::sscanf(rest + 1, "%2d:%2d", &hh, &mm) != 2) return std::nullopt;
+    offset = (hh * 3600 + mm * 60) * (*rest == '+' ? 1 : -1);
+    rest += 6;
+  } else {
+    return std::nullopt;
+  }
+  if (*rest) return std::nullopt;
+  return static_cast<int64_t>(timegm(&tm)) - offset;
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -341,6 +373,11 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
         } else if (k == "order" && v2) {
           if (v != "asc" && v != "desc") return http::json_error(400, "invalid order '" + v + "': use asc or desc");
           sq.descending = v == "desc";
+        } else if (k == "startedAfter" && v2 && !v.empty()) {
+          std::optional<int64_t> t = parse_rfc3339(v);
+          if (!t) return http::json_error(400, "invalid startedAfter '" + v + "': use RFC 3339");
+          // The SDK means "at or after"; the store compares strictly.
+          sq.started_after = *t - 1;
         } else if (k == "template" && v2 && !v.empty()) {
           sq.template_id = v;
         }

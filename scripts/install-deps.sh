@@ -10,6 +10,10 @@ PKGS=(
   debootstrap iproute2 util-linux curl ca-certificates
 )
 
+# node and npm run the end-to-end tests with the official E2B JS SDK; the
+# image usually has them, Debian's packages are the fallback.
+command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

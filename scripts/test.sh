@@ -12,6 +12,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 scripts/install-deps.sh
+(cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 cmake --preset debug -DSANDGATE_TESTS=ON >/dev/null
 cmake --build --preset debug -j"$(nproc)"
 build/debug/bin/sandgate template build --templates-dir build/debug/tests-rootfs

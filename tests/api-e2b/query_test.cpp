@@ -5,7 +5,7 @@
 
 using namespace sg;
 
-TEST_CASE("metadata filter: decode once (query), split, decode each part again") {
+TEST_CASE("metadata filter: decode once (query), split, decode each part twice more") {
   std::vector<std::pair<std::string, std::string>> q;
   // JS: encodeURIComponent per key/value, join with & and =, encode again.
   REQUIRE(http::parse_query("metadata=user%3Da%2520b%2526c%253Dd%26n%3D1&state=running", q));
@@ -17,6 +17,17 @@ TEST_CASE("metadata filter: decode once (query), split, decode each part again")
   CHECK(md[0] == std::pair<std::string, std::string>("user", "a b&c=d"));
   CHECK(md[1] == std::pair<std::string, std::string>("n", "1"));
   CHECK_FALSE(api::decode_metadata_query("novalue", md));
+  // Exactly what the JS SDK 2.51 sent for {"odd key": "a&b=c d", suite: "e2e"}.
+  REQUIRE(http::parse_query("metadata=odd%252520key%3Da%252526b%25253Dc%252520d%26suite%3De2e", q));
+  REQUIRE(api::decode_metadata_query(q[0].second, md));
+  REQUIRE(md.size() == 2);
+  CHECK(md[0] == std::pair<std::string, std::string>("odd key", "a&b=c d"));
+  CHECK(md[1] == std::pair<std::string, std::string>("suite", "e2e"));
+  // A client that encodes the parts once (urlencode, '+' for space).
+  REQUIRE(http::parse_query("metadata=odd%2Bkey%3Da%2526b%253Dc%2Bd", q));
+  REQUIRE(api::decode_metadata_query(q[0].second, md));
+  REQUIRE(md.size() == 1);
+  CHECK(md[0] == std::pair<std::string, std::string>("odd key", "a&b=c d"));
   CHECK_FALSE(api::decode_metadata_query("k=%zz", md));
 }
 

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Builds the release configuration with the benchmarks and runs them.
+# Results: docs/bench/create-latency.json (committed: the latest numbers).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+cmake --preset release -DSANDGATE_TESTS=ON >/dev/null
+cmake --build --preset release -j"$(nproc)" --target create_latency_bench sandgate sandgate-agent
+build/release/bin/sandgate template build --templates-dir build/release/tests-rootfs >/dev/null
+mkdir -p docs/bench
+build/release/bin/create_latency_bench docs/bench/create-latency.json "${1:-50}"
