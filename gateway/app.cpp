@@ -241,6 +241,8 @@ int serve(const AppConfig& cfg_in) {
   LOG_INFO("signal " << sig << ": stopping");
   server.stop();
   sandboxes.shutdown();
+  // The instance's cgroup parents and state root are empty now: remove them.
+  if (Status s = rt->cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
   LOG_INFO("stopped");
   return 0;
 }

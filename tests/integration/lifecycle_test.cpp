@@ -141,23 +141,33 @@ TEST_CASE("a crashed sandbox is marked lost and does not affect another") {
 TEST_CASE("tenants, keys, templates and events survive a restart; dead sandboxes are not reported running") {
   TempDir dir;
   std::string data = dir.sub("data");
-  std::string key, id, template_id;
+  std::string key, id, template_id, parent;
   int64_t pid = 0;
   {
     SandgateProcess s(data);
     REQUIRE(s.started());
     key = s.key();
+    parent = s.cgroup_parent();
     Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
     REQUIRE(c.status == 201);
     id = json::parse(c.body)["sandboxID"];
     template_id = json::parse(c.body)["templateID"];
     pid = *row_of(data, id).init_pid;
     SUBCASE("after a crash of sandgate") { s.kill9(); }
-    SUBCASE("after a clean stop") { CHECK(s.stop() == 0); }
+    SUBCASE("after a clean stop") {
+      CHECK(s.stop() == 0);
+      // A clean stop kills the sandboxes and removes the instance's cgroups.
+      CHECK_FALSE(pid_alive(pid));
+      for (const char* c : {"memory", "cpu", "freezer", "pids"})
+        CHECK_FALSE(sys::path_exists(std::string("/sys/fs/cgroup/") + c + "/" + parent));
+    }
   }
-  SandgateProcess s(data);
+  SandgateProcess s(data, {}, parent);
   REQUIRE(s.started());
   CHECK(s.key() == key);  // same tenant, same key
+  // The previous run's leftovers are gone.
+  for (const std::string& d : cgroup_dirs(parent, id)) CHECK_MESSAGE(!sys::path_exists(d), d);
+  CHECK_FALSE(sys::path_exists(data + "/sandboxes/" + id));
   CHECK(s.get("/v2/sandboxes").status == 200);
   CHECK(s.get("/sandboxes/" + id).status == 404);
   CHECK(json::parse(s.get("/v2/sandboxes").body).empty());

@@ -111,8 +111,9 @@ CliResult run_sandgate(const std::vector<std::string>& args) {
   return r;
 }
 
-SandgateProcess::SandgateProcess(std::string data_dir, std::vector<std::string> extra)
-    : data_dir_(std::move(data_dir)), cgroup_parent_("sgtest-" + sys::random_hex(6)) {
+SandgateProcess::SandgateProcess(std::string data_dir, std::vector<std::string> extra, std::string cgroup_parent)
+    : data_dir_(std::move(data_dir)),
+      cgroup_parent_(cgroup_parent.empty() ? "sgtest-" + sys::random_hex(6) : std::move(cgroup_parent)) {
   std::string templates = test_templates_dir();
   if (templates.empty()) return;
   std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir_,

@@ -32,7 +32,9 @@ CliResult run_sandgate(const std::vector<std::string>& args);
 class SandgateProcess {
  public:
   // data_dir: persistent across restarts when the same path is given.
-  SandgateProcess(std::string data_dir, std::vector<std::string> extra_args = {});
+  // cgroup_parent: empty for a fresh random one; pass another instance's to
+  // restart "the same" sandgate.
+  SandgateProcess(std::string data_dir, std::vector<std::string> extra_args = {}, std::string cgroup_parent = "");
   ~SandgateProcess();
   SandgateProcess(const SandgateProcess&) = delete;
   SandgateProcess& operator=(const SandgateProcess&) = delete;
