@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sys/log.h"
+#include "sys/sys.h"
 
 namespace sg::api {
 
@@ -62,14 +63,6 @@ bool decode_metadata_query(const std::string& once, std::vector<std::pair<std::s
 
 namespace {
 
-std::string rfc3339(int64_t unix_s) {
-  time_t t = static_cast<time_t>(unix_s);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 // Parses RFC 3339 ("2026-12-01T08:00:00Z", optional fraction, Z or
 // +hh:mm offset) to unix seconds.
@@ -303,8 +296,8 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     json j = {{"sandboxID", r.id},
               {"templateID", r.template_id},
               {"clientID", cfg_.client_id},
-              {"startedAt", rfc3339(r.started_at)},
-              {"endAt", rfc3339(r.end_at)},
+              {"startedAt", sys::format_rfc3339(r.started_at)},
+              {"endAt", sys::format_rfc3339(r.end_at)},
               {"cpuCount", r.cpu_count},
               {"memoryMB", r.memory_mb},
               {"diskSizeMB", r.disk_size_mb},
@@ -484,7 +477,7 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
       int64_t cpus = row ? row->cpu_count : 0;
       json arr = json::array();
       for (const MetricSample& s : *ms)
-        arr.push_back({{"timestamp", rfc3339(s.unix_s)},
+        arr.push_back({{"timestamp", sys::format_rfc3339(s.unix_s)},
                        {"timestampUnix", s.unix_s},
                        {"cpuCount", cpus},
                        {"cpuUsedPct", s.cpu_used_pct},

@@ -67,8 +67,7 @@ size_t SandboxService::live_count() {
 static Error not_found(const std::string& id) { return not_found_error("sandbox \"" + id + "\" not found"); }
 
 Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
-  if (p.timeout_s < 0 || p.timeout_s > cfg_.max_timeout_s)
-    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  if (Status s = check_timeout(p.timeout_s); !s) return s.error();
   Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
   if (!tpl) return tpl.error();
   if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
@@ -140,6 +139,20 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   return row;
 }
 
+Result<SandboxService::Found> SandboxService::lookup(const std::string& tenant_id, const std::string& id) {
+  Result<SandboxRow> row = get(tenant_id, id);
+  if (!row) return row.error();
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  return Found{std::move(*row), std::move(live)};
+}
+
+Status SandboxService::check_timeout(int64_t timeout_s) const {
+  if (timeout_s < 0 || timeout_s > cfg_.max_timeout_s)
+    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  return Status::Ok();
+}
+
 Result<SandboxRow> SandboxService::get(const std::string& tenant_id, const std::string& id) {
   Result<std::optional<SandboxRow>> r = store_.get_sandbox(tenant_id, id);
   if (!r) return r.error();
@@ -181,10 +194,9 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
 }
 
 Status SandboxService::pause(const std::string& tenant_id, const std::string& id) {
-  Result<SandboxRow> row = get(tenant_id, id);
-  if (!row) return row.error();
-  std::shared_ptr<Live> live = find_live(id);
-  if (!live) return not_found(id);
+  Result<Found> found = lookup(tenant_id, id);
+  if (!found) return found.error();
+    std::shared_ptr<Live> live = found->live;
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
@@ -200,12 +212,11 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
 
 Result<SandboxService::Connected> SandboxService::connect(const std::string& tenant_id, const std::string& id,
                                                           int64_t timeout_s) {
-  if (timeout_s < 0 || timeout_s > cfg_.max_timeout_s)
-    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
-  Result<SandboxRow> row = get(tenant_id, id);
-  if (!row) return row.error();
-  std::shared_ptr<Live> live = find_live(id);
-  if (!live) return not_found(id);
+  if (Status s = check_timeout(timeout_s); !s) return s.error();
+  Result<Found> found = lookup(tenant_id, id);
+  if (!found) return found.error();
+  SandboxRow* row = &found->row;
+  std::shared_ptr<Live> live = found->live;
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   Connected out;
@@ -231,8 +242,7 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
 }
 
 Status SandboxService::set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s) {
-  if (timeout_s < 0 || timeout_s > cfg_.max_timeout_s)
-    return invalid_error("timeout must be between 0 and " + std::to_string(cfg_.max_timeout_s) + " seconds");
+  if (Status s = check_timeout(timeout_s); !s) return s.error();
   Result<SandboxRow> row = get(tenant_id, id);
   if (!row) return row.error();
   return store_.set_end_at(id, clock_() + timeout_s);

@@ -110,6 +110,14 @@ class SandboxService {
   };
 
   std::shared_ptr<Live> find_live(const std::string& id);
+  struct Found {
+    storage::SandboxRow row;
+    std::shared_ptr<Live> live;
+  };
+  // The tenant's running or paused sandbox with its handle; kNotFound
+  // otherwise. Callers lock live->op_mu and re-check live->sb.
+  Result<Found> lookup(const std::string& tenant_id, const std::string& id);
+  Status check_timeout(int64_t timeout_s) const;
   Status kill_locked(Live& live, const std::string& id, const std::string& tenant_id, const std::string& state,
                      const std::string& reason);
   Result<MetricSample> sample(Live& live);

@@ -92,14 +92,6 @@ bool to_int(const std::string& s, int64_t& out) {
   return true;
 }
 
-std::string fmt_time(int64_t t) {
-  time_t tt = static_cast<time_t>(t);
-  struct tm tm;
-  gmtime_r(&tt, &tm);
-  char buf[32];
-  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
 }  // namespace
 
@@ -254,7 +246,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
     for (const auto& t : *ts)
       out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
-          << (t.disabled ? "revoked" : "active") << "\t" << fmt_time(t.created_at) << "\n";
+          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
     return 0;
   }
   if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
@@ -288,7 +280,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     out << "ID\tPREFIX\tSTATUS\tCREATED\n";
     for (const auto& k : *ks)
       out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
-          << fmt_time(k.created_at) << "\n";
+          << sys::format_rfc3339(k.created_at) << "\n";
     return 0;
   }
   if (cmd == "key" && sub == "revoke" && p.size() == 3) {

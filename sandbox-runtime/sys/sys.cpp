@@ -175,6 +175,15 @@ uint64_t monotonic_ns() {
 
 int64_t unix_seconds() { return static_cast<int64_t>(::time(nullptr)); }
 
+std::string format_rfc3339(int64_t t) {
+  time_t tt = static_cast<time_t>(t);
+  struct tm tm;
+  ::gmtime_r(&tt, &tm);
+  char buf[32];
+  ::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
 std::string random_hex(size_t n_bytes) {
   static const char kHex[] = "0123456789abcdef";
   std::string raw(n_bytes, '\0');

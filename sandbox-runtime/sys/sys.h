@@ -31,6 +31,9 @@ bool path_exists(const std::string& path);
 uint64_t monotonic_ns();
 int64_t unix_seconds();
 
+// "2026-12-01T08:00:00Z" for unix seconds t.
+std::string format_rfc3339(int64_t t);
+
 // n random bytes from the kernel (getrandom), hex-encoded lowercase.
 std::string random_hex(size_t n_bytes);
 

@@ -46,7 +46,8 @@ int main(int argc, char** argv) {
   std::string out_path = argc > 1 ? argv[1] : "create-latency.json";
   int n = argc > 2 ? std::atoi(argv[2]) : 50;
   test::TempDir dir;
-  test::SandgateProcess s(dir.sub("data"), {"--log-level", "warn"});
+  // Rate limits off: the benchmark measures creation, not the limiter.
+  test::SandgateProcess s(dir.sub("data"), {"--log-level", "warn", "--create-rate", "0", "--rate", "0"});
   if (!s.started()) {
     std::fprintf(stderr, "sandgate did not start\n%s\n", s.log().c_str());
     return 1;
