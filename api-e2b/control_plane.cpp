@@ -116,7 +116,10 @@ std::vector<std::string> segments(const std::string& path) {
 // empty_ok. Errors are client errors with the reason.
 Result<json> parse_body(const HttpRequest& req, bool empty_ok) {
   std::string ct = req.header("content-type");
-  if (!req.body.empty() && !ct.empty() && ct.find("application/json") == std::string::npos)
+  // curl -d sends application/x-www-form-urlencoded by default; its body is
+  // still the JSON the user typed, so accept it as JSON.
+  if (!req.body.empty() && !ct.empty() && ct.find("application/json") == std::string::npos &&
+      ct.find("application/x-www-form-urlencoded") == std::string::npos)
     return invalid_error("unsupported content type '" + ct + "': send application/json");
   if (req.body.empty()) {
     if (empty_ok) return json::object();

@@ -241,6 +241,25 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   return out;
 }
 
+Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  Result<bool> resumed = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
+  if (!resumed) return resumed.error();
+  if (*resumed) {
+    if (Status s = live->sb->resume(); !s) {
+      (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
+      return s.error().with_context("resume sandbox " + id + " for traffic");
+    }
+    Result<std::optional<SandboxRow>> row = store_.get_sandbox(live->tenant_id, id);
+    if (row && *row) (void)store_.set_end_at(id, clock_() + (*row)->timeout_s);
+    event(live->tenant_id, id, "resumed", "resumed by traffic to port " + std::to_string(port));
+  }
+  return live->sb->open_port(port);
+}
+
 Status SandboxService::set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s) {
   if (Status s = check_timeout(timeout_s); !s) return s.error();
   Result<SandboxRow> row = get(tenant_id, id);

@@ -83,6 +83,13 @@ class SandboxService {
   };
   Result<Connected> connect(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
   Status set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
+  // A connected stream to 127.0.0.1:port inside a running sandbox, for
+  // the envd and port proxy. Not tenant-scoped: whoever knows the id may try
+  // (envd checks the access token itself, as E2B's proxy leaves it to envd).
+  // A paused sandbox is resumed first, transparently (its timeout restarts).
+  // kNotFound for unknown or dead sandboxes.
+  Result<UniqueFd> open_port(const std::string& id, uint16_t port);
+
   // Samples in [start, end] (unix seconds) plus, when the sandbox runs, a
   // reading taken now.
   Result<std::vector<MetricSample>> metrics(const std::string& tenant_id, const std::string& id,

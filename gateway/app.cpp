@@ -192,17 +192,20 @@ int serve(const AppConfig& cfg_in) {
   scfg.worker_threads = cfg.worker_threads;
   scfg.body_limit = cfg.body_limit;
   scfg.read_timeout = std::chrono::milliseconds(cfg.read_timeout_ms);
-  http::HttpServer server(scfg, [&](http::HttpRequest& req) -> http::HttpResponse {
-    if (!req.header("e2b-sandbox-id").empty()) {
-      // envd traffic (process and filesystem services, /files) is routed to
-      // the agent over the channel; that data plane is not in this build.
-      return http::json_error(502, "sandbox \"" + req.header("e2b-sandbox-id") +
-                                       "\": the envd data plane (commands, files) is not implemented by this "
-                                       "sandgate build yet");
-    }
-    if (api::ControlPlane::owns(req)) return control.handle(req);
-    return http::json_error(404, "no route for " + req.method + " " + req.path);
-  });
+  scfg.tls_cert_file = cfg.tls_cert_file;
+  scfg.tls_key_file = cfg.tls_key_file;
+  http::ProxyHooks proxy;
+  proxy.route = [domain = cfg.domain](const http::HttpRequest& head) {
+    return http::route_to_sandbox(head, domain);
+  };
+  proxy.connect = [&](const http::ProxyTarget& t) { return sandboxes.open_port(t.sandbox_id, t.port); };
+  http::HttpServer server(
+      scfg,
+      [&](http::HttpRequest& req) -> http::HttpResponse {
+        if (api::ControlPlane::owns(req)) return control.handle(req);
+        return http::json_error(404, "no route for " + req.method + " " + req.path);
+      },
+      proxy);
   if (Status s = server.start(); !s) {
     std::cerr << "sandgate: " << s.error().message() << "\n";
     return 1;
@@ -217,7 +220,7 @@ int serve(const AppConfig& cfg_in) {
   server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
 
   std::string url = cfg.public_url.empty()
-                        ? "http://" + cfg.listen_address + ":" + std::to_string(server.port())
+                        ? std::string(cfg.tls_cert_file.empty() ? "http://" : "https://") + cfg.listen_address + ":" + std::to_string(server.port())
                         : cfg.public_url;
   if (!cfg.port_file.empty()) {
     if (Status s = sys::write_file_atomic(cfg.port_file, std::to_string(server.port()) + "\n"); !s)

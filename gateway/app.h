@@ -24,6 +24,11 @@ struct AppConfig {
   std::string cgroup_parent = "sandgate";
   std::string port_file;         // if set, the bound port is written here once listening
   std::string public_url;        // what the banner prints; default http://ADDRESS:PORT
+  // Domain for host-based routing ("{port}-{id}.{domain}").
+  // Empty: header routing only.
+  std::string domain;
+  std::string tls_cert_file;  // PEM chain; with tls_key_file: serve HTTPS
+  std::string tls_key_file;
   int64_t tick_ms = 1000;
   int64_t read_timeout_ms = 30000;
   size_t body_limit = 1 << 20;

@@ -44,6 +44,9 @@ serve options:
   --agent PATH                  sandgate-agent binary (default: beside sandgate)
   --cgroup-parent NAME          cgroup directory for this instance (default sandgate)
   --port-file FILE              write the bound port here once listening
+  --domain DOMAIN               route Host PORT-ID.DOMAIN to sandbox ports
+  --tls-cert FILE --tls-key FILE  serve HTTPS (PEM; a wildcard *.DOMAIN
+                                certificate for host-based routing)
   --read-timeout-ms N           per-read deadline for clients (default 30000)
   --body-limit BYTES            request body limit (default 1048576)
   --tick-ms N                   timeout sweep period (default 1000)
@@ -112,7 +115,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   static const std::set<std::string> kKnown = {
       "data-dir", "listen", "templates-dir", "runtime", "agent", "cgroup-parent", "port-file", "read-timeout-ms",
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
-      "no-local-tenant"};
+      "no-local-tenant", "domain", "tls-cert", "tls-key"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
@@ -160,6 +163,9 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("cgroup-parent")) cfg.cgroup_parent = a.opts["cgroup-parent"];
     if (a.opts.count("port-file")) cfg.port_file = a.opts["port-file"];
     if (a.opts.count("public-url")) cfg.public_url = a.opts["public-url"];
+    if (a.opts.count("domain")) cfg.domain = a.opts["domain"];
+    if (a.opts.count("tls-cert")) cfg.tls_cert_file = a.opts["tls-cert"];
+    if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
     if (a.opts.count("no-local-tenant")) cfg.local_tenant = a.opts["no-local-tenant"] == "false";
     struct IntOpt {
       const char* name;

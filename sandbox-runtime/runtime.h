@@ -64,7 +64,9 @@ class Sandbox {
   // Host pid of the sandbox's PID 1 (the agent).
   virtual int init_pid() const = 0;
   // Host end of the channel (owned by the Sandbox). The agent has already
-  // sent its "ready" control message when create() returns.
+  // sent its "ready" control message when create() returns. From then on
+  // the Sandbox's own channel Mux reads and writes it: use control() and
+  // open_port(); raw I/O on this fd is for tests that play a broken host.
   virtual int channel_fd() const = 0;
   // Freezes every process of the sandbox (cgroup freezer) / thaws them.
   // Idempotent.
@@ -76,6 +78,19 @@ class Sandbox {
   // False once PID 1 has exited (crash, OOM, or kill()).
   virtual bool alive() = 0;
   virtual Result<Usage> usage() = 0;
+  // A byte stream to 127.0.0.1:port inside the sandbox, bridged over the
+  // channel (docs/channel.md, "Data streams"): returns the caller's end of
+  // a socketpair (SOCK_STREAM, close-on-exec, blocking). Returns at once,
+  // before the agent has connected; if the agent refuses (nothing listens
+  // on the port) the fd sees EOF. shutdown(SHUT_WR) on it half-closes the
+  // stream; close() ends it. kUnavailable once the channel is closed
+  // (agent dead, kill()).
+  virtual Result<UniqueFd> open_port(uint16_t port) = 0;
+  // Sends one control message (a JSON object, docs/channel.md) and returns
+  // the agent's reply payload. Replies come in request order; request must
+  // expect one (ping, status: not shutdown). kTimeout after timeout (the
+  // late reply is then discarded), kUnavailable once the channel is closed.
+  virtual Result<std::string> control(std::string request, std::chrono::milliseconds timeout) = 0;
 };
 
 class Runtime {

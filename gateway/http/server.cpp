@@ -18,13 +18,21 @@
 #include <boost/beast/http/write.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <openssl/ssl.h>
 
 #include <atomic>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "gateway/http/relay.h"
 #include "sys/log.h"
 
 namespace sg::http {
@@ -37,6 +45,7 @@ using tcp = asio::ip::tcp;
 struct HttpServer::Impl {
   ServerConfig cfg;
   Handler handler;
+  ProxyHooks proxy_hooks;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   asio::thread_pool workers;
@@ -46,20 +55,30 @@ struct HttpServer::Impl {
   uint16_t bound_port = 0;
 
   std::mutex conns_mu;
-  std::set<std::shared_ptr<beast::tcp_stream>> conns;  // GUARDED_BY(conns_mu): open connections, closed on stop
+  std::set<beast::tcp_stream*> conns;  // GUARDED_BY(conns_mu): open connections (lowest layer), closed on stop
+  std::unique_ptr<asio::ssl::context> tls;  // set when serving TLS
 
-  Impl(ServerConfig c, Handler h)
-      : cfg(std::move(c)), handler(std::move(h)), workers(static_cast<size_t>(std::max(1, cfg.worker_threads))),
+  Impl(ServerConfig c, Handler h, ProxyHooks p)
+      : cfg(std::move(c)), handler(std::move(h)), proxy_hooks(std::move(p)), workers(static_cast<size_t>(std::max(1, cfg.worker_threads))),
         acceptor(ioc) {}
 
   asio::awaitable<void> accept_loop();
   asio::awaitable<void> session(tcp::socket sock);
+  // Serves requests on one connection (plain or TLS) until it closes.
+  template <class Stream>
+  asio::awaitable<void> serve(Stream& stream, const std::string& remote);
   asio::awaitable<HttpResponse> dispatch(HttpRequest req);
+  // Relays one request to a sandbox; returns whether the client connection
+  // may carry another request.
+  template <class Stream>
+  asio::awaitable<bool> proxy(Stream& client, beast::flat_buffer& cbuf,
+                              bhttp::request_parser<bhttp::empty_body>&& head, ProxyTarget target);
 };
 
 namespace {
 
-HttpRequest to_plain(bhttp::request<bhttp::string_body>&& r, const std::string& remote) {
+template <class Body>
+HttpRequest head_of(const bhttp::request<Body>& r, const std::string& remote) {
   HttpRequest out;
   out.method = std::string(r.method_string());
   out.target = std::string(r.target());
@@ -75,9 +94,19 @@ HttpRequest to_plain(bhttp::request<bhttp::string_body>&& r, const std::string& 
       it->second += std::string(f.value());
     }
   }
-  out.body = std::move(r.body());
   out.remote = remote;
   return out;
+}
+
+HttpRequest to_plain(bhttp::request<bhttp::string_body>&& r, const std::string& remote) {
+  HttpRequest out = head_of(r, remote);
+  out.body = std::move(r.body());
+  return out;
+}
+
+bool expects_continue(const bhttp::fields& f) {
+  auto it = f.find(bhttp::field::expect);
+  return it != f.end() && beast::iequals(it->value(), "100-continue");
 }
 
 bhttp::response<bhttp::string_body> to_beast(HttpResponse&& r, unsigned version, bool keep_alive) {
@@ -110,44 +139,159 @@ asio::awaitable<HttpResponse> HttpServer::Impl::dispatch(HttpRequest req) {
   co_return res;
 }
 
-asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
-  std::string remote;
-  {
-    boost::system::error_code ec;
-    auto ep = sock.remote_endpoint(ec);
-    if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
+template <class Stream>
+asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer& cbuf,
+                                              bhttp::request_parser<bhttp::empty_body>&& head, ProxyTarget target) {
+  beast::tcp_stream& tcp_layer = beast::get_lowest_layer(client);
+  using namespace asio::experimental::awaitable_operators;
+  auto conn_exec = co_await asio::this_coro::executor;
+  boost::system::error_code ec;
+  bool client_keep_alive = head.get().keep_alive();
+  unsigned version = head.get().version();
+  auto answer = [&](HttpResponse r) -> asio::awaitable<bool> {
+    // The request body (if any) was not read: the connection cannot go on.
+    auto res = to_beast(std::move(r), version, false);
+    tcp_layer.expires_after(cfg.read_timeout);
+    boost::system::error_code wec;
+    co_await bhttp::async_write(client, res, asio::redirect_error(asio::use_awaitable, wec));
+    co_return false;
+  };
+
+  // Connect on a worker: it may resume a paused sandbox first.
+  co_await asio::post(workers.get_executor(), asio::use_awaitable);
+  Result<UniqueFd> fd = internal_error("no proxy connector");
+  try {
+    if (proxy_hooks.connect) fd = proxy_hooks.connect(target);
+  } catch (const std::exception& e) {
+    fd = internal_error(e.what());
   }
-  auto stream = std::make_shared<beast::tcp_stream>(std::move(sock));
-  {
-    std::lock_guard<std::mutex> g(conns_mu);
-    if (stopping) co_return;
-    conns.insert(stream);
+  co_await asio::post(conn_exec, asio::use_awaitable);
+  if (!fd) {
+    if (fd.error().kind() == ErrorKind::kNotFound) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "The sandbox was not found"));
+    co_return co_await answer(sandbox_unavailable(target.sandbox_id, fd.error().message()));
   }
+  asio::local::stream_protocol::socket up(conn_exec);
+  up.assign(asio::local::stream_protocol(), fd->release(), ec);
+  if (ec) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "stream setup: " + ec.message()));
+
+  // Request: head, then the body streamed through one buffer.
+  if (expects_continue(head.get())) {
+    head.get().erase(bhttp::field::expect);
+    bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, version};
+    co_await bhttp::async_write(client, cont, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return false;
+  }
+  bhttp::request_parser<bhttp::buffer_body> rp(std::move(head));
+  rp.body_limit(boost::none);
+  auto& req = rp.get();
+  bool upgrade = req.find(bhttp::field::upgrade) != req.end();
+  // One channel stream per request: the sandbox side closes after answering.
+  if (!upgrade) req.keep_alive(false);
+  bhttp::serializer<true, bhttp::buffer_body> sr(req);
+  co_await bhttp::async_write_header(up, sr, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "port " + std::to_string(target.port) + " is not reachable in the sandbox"));
+  ec = co_await relay::relay_body(client, cbuf, rp, sr, up, [&] { tcp_layer.expires_after(cfg.read_timeout); }, [] {});
+  if (ec) {
+    LOG_DEBUG("relay request body to sandbox " << target.sandbox_id << ": " << ec.message());
+    co_return false;
+  }
+
+  // Response: head, then the body, each piece written as it arrives.
+  beast::flat_buffer ubuf;
+  bhttp::response_parser<bhttp::buffer_body> resp;
+  resp.body_limit(boost::none);
+  resp.header_limit(64 * 1024);
+  co_await bhttp::async_read_header(up, ubuf, resp, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec)
+    co_return co_await answer(sandbox_unavailable(
+        target.sandbox_id, "no answer from port " + std::to_string(target.port) + " in the sandbox (nothing listening?)"));
+  auto& res = resp.get();
+  if (upgrade && res.result() == bhttp::status::switching_protocols) {
+    bhttp::serializer<false, bhttp::buffer_body> rs(res);
+    tcp_layer.expires_after(cfg.read_timeout);
+    co_await bhttp::async_write_header(client, rs, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return false;
+    tcp_layer.expires_never();
+    co_await (relay::pump(client, up, cbuf) && relay::pump(up, client, ubuf));
+    co_return false;
+  }
+  unsigned code = res.result_int();
+  bool framed = res.has_content_length() || res.chunked() || code / 100 == 1 || code == 204 || code == 304 ||
+                req.method() == bhttp::verb::head;
+  bool keep = client_keep_alive && framed && !stopping;
+  res.keep_alive(keep);
+  bhttp::serializer<false, bhttp::buffer_body> rs(res);
+  ec = co_await relay::relay_body(up, ubuf, resp, rs, client, [] {},
+                                  [&] { tcp_layer.expires_after(cfg.stalled_write_timeout); });
+  if (ec) {
+    LOG_DEBUG("relay response from sandbox " << target.sandbox_id << ": " << ec.message());
+    co_return false;
+  }
+  co_return keep;
+}
+
+template <class Stream>
+asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string& remote) {
   beast::flat_buffer buf(cfg.header_limit + 1024);
   try {
     for (;;) {
-      bhttp::request_parser<bhttp::string_body> parser;
-      parser.header_limit(static_cast<uint32_t>(cfg.header_limit));
-      parser.body_limit(cfg.body_limit);
-      stream->expires_after(cfg.read_timeout);
       boost::system::error_code ec;
-      co_await bhttp::async_read(*stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
-      if (ec) {
-        if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
-            ec == asio::error::operation_aborted || ec == asio::error::connection_reset)
-          break;
-        int status = 400;
-        std::string msg = "malformed HTTP request: " + ec.message();
-        if (ec == bhttp::error::body_limit) {
-          status = 413;
-          msg = "request body larger than the limit of " + std::to_string(cfg.body_limit) + " bytes";
-        } else if (ec == bhttp::error::header_limit) {
-          status = 431;
-          msg = "request headers larger than the limit of " + std::to_string(cfg.header_limit) + " bytes";
-        }
+      auto fail = [&](int status, const std::string& msg) -> asio::awaitable<void> {
         auto res = to_beast(json_error(status, msg), 11, false);
-        stream->expires_after(cfg.read_timeout);
-        co_await bhttp::async_write(*stream, res, asio::redirect_error(asio::use_awaitable, ec));
+        beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+        boost::system::error_code wec;
+        co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, wec));
+      };
+      auto read_failed = [&](const boost::system::error_code& e) {
+        return e == bhttp::error::end_of_stream || e == asio::error::eof || e == beast::error::timeout ||
+               e == asio::error::operation_aborted || e == asio::error::connection_reset;
+      };
+      // The head first: it decides between the control plane (bounded
+      // body, read whole) and a sandbox (streamed body).
+      bhttp::request_parser<bhttp::empty_body> head;
+      head.header_limit(static_cast<uint32_t>(cfg.header_limit));
+      // Bodies are bounded per route below (the proxy streams any size).
+      head.body_limit(boost::none);
+      beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+      co_await bhttp::async_read_header(stream, buf, head, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        if (read_failed(ec)) break;
+        if (ec == bhttp::error::header_limit)
+          co_await fail(431, "request headers larger than the limit of " + std::to_string(cfg.header_limit) + " bytes");
+        else
+          co_await fail(400, "malformed HTTP request: " + ec.message());
+        break;
+      }
+      if (proxy_hooks.route) {
+        Result<std::optional<ProxyTarget>> target = proxy_hooks.route(head_of(head.get(), remote));
+        if (!target) {
+          co_await fail(400, target.error().message());
+          break;
+        }
+        if (*target) {
+          if (!co_await proxy(stream, buf, std::move(head), **target) || stopping) break;
+          continue;
+        }
+      }
+      if (expects_continue(head.get())) {
+        bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, head.get().version()};
+        co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));
+        if (ec) break;
+      }
+      if (auto len = head.content_length(); len && *len > cfg.body_limit) {
+        co_await fail(413, "request body larger than the limit of " + std::to_string(cfg.body_limit) + " bytes");
+        break;
+      }
+      bhttp::request_parser<bhttp::string_body> parser(std::move(head));
+      parser.body_limit(cfg.body_limit);
+      beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+      co_await bhttp::async_read(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
+      if (ec) {
+        if (read_failed(ec)) break;
+        if (ec == bhttp::error::body_limit)
+          co_await fail(413, "request body larger than the limit of " + std::to_string(cfg.body_limit) + " bytes");
+        else
+          co_await fail(400, "malformed HTTP request: " + ec.message());
         break;
       }
       auto breq = parser.release();
@@ -155,18 +299,57 @@ asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
       unsigned version = breq.version();
       HttpResponse res = co_await dispatch(to_plain(std::move(breq), remote));
       auto bres = to_beast(std::move(res), version, keep_alive && !stopping);
-      stream->expires_after(cfg.read_timeout);
-      co_await bhttp::async_write(*stream, bres, asio::redirect_error(asio::use_awaitable, ec));
+      beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+      co_await bhttp::async_write(stream, bres, asio::redirect_error(asio::use_awaitable, ec));
       if (ec || !bres.keep_alive()) break;
     }
   } catch (const std::exception& e) {
     LOG_WARN("connection " << remote << ": " << e.what());
   }
+}
+
+asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
+  std::string remote;
+  {
+    boost::system::error_code ec;
+    auto ep = sock.remote_endpoint(ec);
+    if (!ec) remote = ep.address().to_string() + ":" + std::to_string(ep.port());
+  }
+  auto track = [this](beast::tcp_stream* s, bool add) {
+    std::lock_guard<std::mutex> g(conns_mu);
+    if (!add) {
+      conns.erase(s);
+      return true;
+    }
+    if (stopping) return false;
+    conns.insert(s);
+    return true;
+  };
+  if (tls) {
+    beast::ssl_stream<beast::tcp_stream> stream(beast::tcp_stream(std::move(sock)), *tls);
+    beast::tcp_stream* lowest = &beast::get_lowest_layer(stream);
+    if (!track(lowest, true)) co_return;
+    boost::system::error_code ec;
+    lowest->expires_after(cfg.read_timeout);
+    co_await stream.async_handshake(asio::ssl::stream_base::server, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) {
+      LOG_DEBUG("TLS handshake with " << remote << ": " << ec.message());
+    } else {
+      co_await serve(stream, remote);
+      lowest->expires_after(std::chrono::seconds(2));
+      co_await stream.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));
+    }
+    lowest->close();
+    track(lowest, false);
+    co_return;
+  }
+  beast::tcp_stream stream(std::move(sock));
+  if (!track(&stream, true)) co_return;
+  co_await serve(stream, remote);
   boost::system::error_code ignored;
-  stream->socket().shutdown(tcp::socket::shutdown_both, ignored);
-  stream->close();
-  std::lock_guard<std::mutex> g(conns_mu);
-  conns.erase(stream);
+  stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
+  stream.close();
+  track(&stream, false);
 }
 
 asio::awaitable<void> HttpServer::Impl::accept_loop() {
@@ -184,13 +367,49 @@ asio::awaitable<void> HttpServer::Impl::accept_loop() {
   }
 }
 
-HttpServer::HttpServer(ServerConfig cfg, Handler handler) : impl_(std::make_unique<Impl>(std::move(cfg), std::move(handler))) {}
+HttpServer::HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(handler), std::move(proxy))) {}
 
 HttpServer::~HttpServer() { stop(); }
+
+namespace {
+
+// ALPN: take http/1.1 when offered; otherwise proceed without ALPN.
+int select_alpn(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned inlen,
+                void*) {
+  static const unsigned char kHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+  // SAFETY: OpenSSL gives inlen bytes at in, a list of length-prefixed names.
+  for (unsigned i = 0; i < inlen;) {
+    unsigned n = in[i];
+    if (i + 1 + n > inlen) break;
+    if (n == 8 && std::memcmp(in + i, kHttp11, 9) == 0) {
+      *out = in + i + 1;
+      *outlen = 8;
+      return SSL_TLSEXT_ERR_OK;
+    }
+    i += 1 + n;
+  }
+  return SSL_TLSEXT_ERR_NOACK;
+}
+
+}  // namespace
 
 Status HttpServer::start() {
   Impl& m = *impl_;
   boost::system::error_code ec;
+  if (!m.cfg.tls_cert_file.empty() || !m.cfg.tls_key_file.empty()) {
+    if (m.cfg.tls_cert_file.empty() || m.cfg.tls_key_file.empty())
+      return invalid_error("TLS needs both a certificate file and a key file");
+    auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                     asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
+    ctx->use_certificate_chain_file(m.cfg.tls_cert_file, ec);
+    if (ec) return invalid_error("TLS certificate " + m.cfg.tls_cert_file + ": " + ec.message());
+    ctx->use_private_key_file(m.cfg.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) return invalid_error("TLS key " + m.cfg.tls_key_file + ": " + ec.message());
+    SSL_CTX_set_alpn_select_cb(ctx->native_handle(), select_alpn, nullptr);
+    m.tls = std::move(ctx);
+  }
   auto addr = asio::ip::make_address(m.cfg.address, ec);
   if (ec) return invalid_error("listen address '" + m.cfg.address + "': " + ec.message());
   tcp::endpoint ep(addr, m.cfg.port);
@@ -216,7 +435,7 @@ void HttpServer::stop() {
     boost::system::error_code ec;
     m.acceptor.close(ec);
     std::lock_guard<std::mutex> g(m.conns_mu);
-    for (auto& s : m.conns) s->socket().close(ec);
+    for (beast::tcp_stream* s : m.conns) s->socket().close(ec);
   });
   // Let running handlers finish (they may be mid-create), then abandon
   // whatever the io_context still has pending (idle keep-alive reads, timers).

@@ -15,9 +15,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gateway/http/message.h"
+#include "gateway/http/routing.h"
+#include "sys/fd.h"
 #include "sys/status.h"
 
 namespace sg::http {
@@ -30,13 +33,31 @@ struct ServerConfig {
   size_t header_limit = 16 * 1024;
   size_t body_limit = 1 << 20;
   std::chrono::milliseconds read_timeout{30000};
+  // TLS: PEM certificate chain and key. Both empty: plain HTTP. ALPN
+  // selects http/1.1 (HTTP/2 is not served yet; clients fall back).
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // A client that accepts no bytes of a relayed response for this long is
+  // dropped (streams that are merely quiet are fine: only writes count).
+  std::chrono::milliseconds stalled_write_timeout{300000};
 };
 
 using Handler = std::function<HttpResponse(HttpRequest&)>;
 
+// Sandbox traffic (envd and user ports) is not handled here but relayed:
+// route() looks at the request head on the io thread (cheap, pure) and
+// names a target; connect() runs on a worker (it may resume a paused
+// sandbox) and returns a connected stream to the target port. The request
+// and response are then relayed with bounded buffers, streaming in both
+// directions, WebSocket upgrades included.
+struct ProxyHooks {
+  std::function<Result<std::optional<ProxyTarget>>(const HttpRequest& head)> route;
+  std::function<Result<UniqueFd>(const ProxyTarget& target)> connect;
+};
+
 class HttpServer {
  public:
-  HttpServer(ServerConfig cfg, Handler handler);
+  HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

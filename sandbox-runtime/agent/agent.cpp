@@ -2,11 +2,14 @@
 // See agent.h for the contract and docs/channel.md for the wire format.
 #include "agent/agent.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
@@ -17,7 +20,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <thread>
 
+#include "agent/envd/server.h"
+#include "agent/reaper.h"
+#include "channel/mux.h"
 #include "sys/fd.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -132,114 +139,78 @@ Status bring_up_loopback() {
   return Status::Ok();
 }
 
-// The event loop's state: the channel, its decoder and output buffer.
-class Loop {
+}  // namespace
+
+Result<UniqueFd> connect_loopback(uint16_t port, std::chrono::milliseconds timeout) {
+  std::string what = "port " + std::to_string(port);
+  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!s) return sys::errno_error("socket", what);
+  struct sockaddr_in a;
+  std::memset(&a, 0, sizeof a);
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(port);
+  // SAFETY: a is a fully initialised sockaddr_in and its size is passed.
+  int r = ::connect(s.get(), reinterpret_cast<const struct sockaddr*>(&a), sizeof a);
+  int err = r == 0 ? 0 : errno;
+  if (err == EINPROGRESS) {
+    struct pollfd p = {s.get(), POLLOUT, 0};
+    int n;
+    do n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    while (n < 0 && errno == EINTR);
+    if (n == 0) return Error(ErrorKind::kTimeout, "connect to " + what + " timed out");
+    socklen_t len = sizeof err;
+    if (n < 0 || ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+  }
+  if (err == ECONNREFUSED) return not_found_error("connection refused on " + what);
+  if (err != 0) return sys::errno_error("connect", what, err);
+  return s;
+}
+
+Result<UniqueFd> open_stream_target(std::string_view open_payload, std::chrono::milliseconds timeout) {
+  json msg = json::parse(open_payload.begin(), open_payload.end(), nullptr, /*allow_exceptions=*/false);
+  if (msg.is_discarded() || !msg.is_object()) return invalid_error("OPEN payload is not a JSON object");
+  auto port = msg.find("port");
+  if (port != msg.end()) {
+    if (!port->is_number_integer() || port->get<int64_t>() < 1 || port->get<int64_t>() > 65535)
+      return invalid_error("OPEN \"port\" must be an integer in 1..65535");
+    return connect_loopback(static_cast<uint16_t>(port->get<int64_t>()), timeout);
+  }
+  if (msg.contains("service")) return not_found_error("the agent offers no services; open {\"port\":N}");
+  return invalid_error("OPEN payload has neither \"port\" nor \"service\"");
+}
+
+namespace {
+
+// Collects zombies from sig_fd's SIGCHLD on a thread of its own while the
+// agent tears down (the Mux loop that did it is gone by then) and envd
+// waits for the statuses of the processes it killed.
+class TeardownReaper {
  public:
-  Loop(const AgentConfig& cfg, int sigfd) : cfg_(cfg), sigfd_(sigfd) {}
-
-  // Queues one frame; false once the output bound is exceeded.
-  bool send(uint32_t stream, channel::FrameType type, std::string payload) {
-    channel::encode(channel::Frame{stream, type, std::move(payload)}, out_);
-    if (out_.size() > kMaxOutputBuffer) {
-      LOG_ERROR("agent: host is not reading the channel (" << out_.size() << " bytes pending), closing it");
-      return false;
-    }
-    return true;
-  }
-
-  // Writes what it can without blocking. False on a fatal write error.
-  bool flush() {
-    while (!out_.empty()) {
-      ssize_t n = ::send(cfg_.channel_fd, out_.data(), out_.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        LOG_ERROR("agent: write channel: " << std::strerror(errno));
-        return false;
+  TeardownReaper(Reaper& r, int sig_fd) : reaper_(r), sig_fd_(sig_fd), wake_(::eventfd(0, EFD_CLOEXEC)) {
+    thread_ = std::thread([this] {
+      for (;;) {
+        reaper_.reap_all();
+        struct pollfd p[2] = {{sig_fd_, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+        if (::poll(p, 2, -1) < 0 && errno != EINTR) return;
+        if (p[1].revents & POLLIN) return;
+        struct signalfd_siginfo si;
+        while (::read(sig_fd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+        }
       }
-      out_.erase(0, static_cast<size_t>(n));
-    }
-    return true;
+    });
   }
-
-  // Reads and handles what is available. False: stop the loop.
-  bool on_readable() {
-    char buf[64 * 1024];
-    for (;;) {
-      ssize_t n = ::recv(cfg_.channel_fd, buf, sizeof buf, MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        LOG_ERROR("agent: read channel: " << std::strerror(errno));
-        return false;
-      }
-      if (n == 0) {
-        LOG_INFO("agent: channel closed by the host, shutting down");
-        return false;
-      }
-      if (!decoder_.feed(std::string_view(buf, static_cast<size_t>(n)))) {
-        LOG_ERROR("agent: malformed frame from the host: " << decoder_.error() << "; closing the channel");
-        return false;
-      }
-      while (auto f = decoder_.next())
-        if (!on_frame(*f)) return false;
-    }
+  ~TeardownReaper() {
+    uint64_t one = 1;
+    if (::write(wake_.get(), &one, sizeof one) < 0) LOG_ERROR("agent: eventfd write: " << std::strerror(errno));
+    thread_.join();
   }
-
-  bool on_frame(const channel::Frame& f) {
-    if (f.stream != channel::kControlStream) {
-      // Data streams come with envd-over-channel; until then every stream
-      // the host opens is refused, which the protocol allows.
-      if (f.type == channel::FrameType::kReset) return true;
-      return send(f.stream, channel::FrameType::kReset, "no stream services in this agent version");
-    }
-    if (f.type != channel::FrameType::kData) {
-      LOG_ERROR("agent: control stream frame of type " << static_cast<int>(f.type) << "; closing the channel");
-      return false;
-    }
-    ControlAction act = handle_control(f.payload, [] { return count_processes("/proc", ::getpid()); });
-    if (!act.error.empty()) {
-      LOG_ERROR("agent: " << act.error << "; closing the channel");
-      return false;
-    }
-    if (!act.reply.empty() && !send(channel::kControlStream, channel::FrameType::kData, std::move(act.reply)))
-      return false;
-    if (act.shutdown) {
-      LOG_INFO("agent: shutdown requested by the host");
-      return false;
-    }
-    return true;
-  }
-
-  // Handles pending signals. False on SIGTERM.
-  bool on_signal() {
-    bool keep = true;
-    for (;;) {
-      struct signalfd_siginfo si;
-      ssize_t n = ::read(sigfd_, &si, sizeof si);
-      if (n != static_cast<ssize_t>(sizeof si)) break;
-      if (si.ssi_signo == SIGTERM) {
-        LOG_INFO("agent: SIGTERM, shutting down");
-        keep = false;
-      }
-    }
-    reap();
-    return keep;
-  }
-
-  // PID 1 duty: collect every zombie, ours or reparented to us.
-  static void reap() {
-    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
-    }
-  }
-
-  bool want_write() const { return !out_.empty(); }
 
  private:
-  const AgentConfig& cfg_;
-  int sigfd_;
-  channel::Decoder decoder_;
-  std::string out_;
+  Reaper& reaper_;
+  int sig_fd_;
+  UniqueFd wake_;
+  std::thread thread_;
 };
 
 }  // namespace
@@ -253,44 +224,84 @@ int run(const AgentConfig& cfg) {
     LOG_ERROR("agent: sigprocmask: " << std::strerror(errno));
     return 1;
   }
+  // A stream's local end closing under a write is EPIPE, never a signal.
+  ::signal(SIGPIPE, SIG_IGN);
   UniqueFd sigfd(::signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC));
   if (!sigfd) {
     LOG_ERROR("agent: signalfd: " << std::strerror(errno));
     return 1;
   }
-  int fl = ::fcntl(cfg.channel_fd, F_GETFL);
-  if (fl < 0 || ::fcntl(cfg.channel_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+  if (::fcntl(cfg.channel_fd, F_SETFD, FD_CLOEXEC) != 0) {
     LOG_ERROR("agent: channel fd " << cfg.channel_fd << ": " << std::strerror(errno));
     return 1;
   }
-  ::fcntl(cfg.channel_fd, F_SETFD, FD_CLOEXEC);
   if (cfg.bring_up_loopback) {
     if (Status s = bring_up_loopback(); !s) LOG_WARN("agent: loopback: " << s.error().message());
   }
 
-  Loop loop(cfg, sigfd.get());
-  bool running = loop.send(channel::kControlStream, channel::FrameType::kData, ready_message(::getpid())) && loop.flush();
-  while (running) {
-    struct pollfd fds[2];
-    fds[0] = {cfg.channel_fd, static_cast<short>(POLLIN | (loop.want_write() ? POLLOUT : 0)), 0};
-    fds[1] = {sigfd.get(), POLLIN, 0};
-    int n = ::poll(fds, 2, -1);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      LOG_ERROR("agent: poll: " << std::strerror(errno));
-      break;
+  Reaper reaper;
+  // envd: the E2B API inside the sandbox, reached by the host through a
+  // channel stream to this port. Created after the signal mask is set, so
+  // its threads block SIGCHLD/SIGTERM too (the signalfd gets them).
+  envd::EnvdConfig ec;
+  ec.access_token = cfg.envd_access_token;
+  ec.default_env = cfg.child_env;
+  ec.version = kEnvdVersion;
+  envd::Server envd_server(ec, reaper);
+  if (Status s = envd_server.listen("127.0.0.1", kEnvdPort); !s)
+    LOG_ERROR("agent: envd: " << s.error().message() << "; the sandbox runs without envd");
+  else
+    envd_server.start();
+
+  channel::MuxConfig mc;
+  mc.channel_fd = cfg.channel_fd;
+  mc.odd_ids = false;  // the host opens odd ids
+  mc.max_control_out = kMaxOutputBuffer;
+  channel::Mux* mux_ptr = nullptr;
+  auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
+  auto on_control = [&](std::string_view payload) {
+    ControlAction act = handle_control(payload, [] { return count_processes("/proc", ::getpid()); });
+    if (!act.error.empty()) {
+      mux_ptr->fail(act.error);
+      return;
     }
-    if (fds[1].revents & POLLIN) running = loop.on_signal();
-    if (running && (fds[0].revents & (POLLIN | POLLHUP | POLLERR))) running = loop.on_readable();
-    if (running) running = loop.flush();
+    if (!act.reply.empty()) (void)mux_ptr->send_control(std::move(act.reply));  // failure closes the channel
+    if (act.shutdown) {
+      LOG_INFO("agent: shutdown requested by the host");
+      mux_ptr->stop();
+    }
+  };
+  channel::Mux mux(mc, on_open, on_control);
+  mux_ptr = &mux;
+  mux.watch_fd(sigfd.get(), [&] {
+    for (;;) {
+      struct signalfd_siginfo si;
+      if (::read(sigfd.get(), &si, sizeof si) != static_cast<ssize_t>(sizeof si)) break;
+      if (si.ssi_signo == SIGTERM) {
+        LOG_INFO("agent: SIGTERM, shutting down");
+        mux.stop();
+      }
+    }
+    // PID 1 duty: collect every zombie, ours or reparented to us.
+    reaper.reap_all();
+  });
+  if (Status s = mux.send_control(ready_message(::getpid())); !s) {
+    LOG_ERROR("agent: " << s.error().message());
+    return 1;
   }
-  // Best effort: what the host should still see (e.g. a last pong) goes out
-  // before the channel closes.
-  loop.flush();
+  Status s = mux.run();
+  if (!s) LOG_ERROR("agent: channel: " << s.error().message() << "; shutting down");
+  else LOG_INFO("agent: channel closed or shutdown requested; shutting down");
   ::close(cfg.channel_fd);
   // Nothing may outlive init: kill every other process in the namespace and
   // reap them, so the host sees init exit only once the sandbox is empty.
   ::kill(-1, SIGKILL);
+  {
+    // envd waits for the statuses of the processes it started, which
+    // only a reaper can deliver now that the Mux loop is gone.
+    TeardownReaper teardown(reaper, sigfd.get());
+    envd_server.stop();
+  }
   while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
   }
   return 0;

@@ -6,12 +6,18 @@
 // kills every other process before exiting, so nothing outlives it. It is
 // linked -static and kept free of Boost so it runs on any template rootfs.
 //
-// Thread model: one thread, one poll() loop over the channel and a signalfd.
-// The host is trusted more than sandbox processes but its bytes are still
-// validated: a malformed frame closes the channel (framing is lost).
+// Thread model: the main thread runs the channel Mux (channel/mux.h): one
+// epoll loop over the channel, the signalfd (SIGCHLD reaps through the
+// Reaper, SIGTERM shuts down) and every data stream, each bridged to a TCP
+// connection to 127.0.0.1:PORT inside the sandbox (envd on 49983 and user
+// servers). envd runs on threads of its own. The host is trusted more than
+// sandbox processes but its bytes are still validated: a malformed frame
+// closes the channel (framing is lost).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -19,6 +25,7 @@
 #include <vector>
 
 #include "channel/frame.h"
+#include "sys/fd.h"
 #include "sys/status.h"
 
 namespace sg::agent {
@@ -28,6 +35,11 @@ inline constexpr const char* kEnvdVersion = "0.6.13";
 // Output the host has not read yet. Replies are never dropped; past this
 // bound the host is not reading and the channel is closed instead.
 inline constexpr size_t kMaxOutputBuffer = 1 << 20;
+// A host OPEN {"port":N} connects to 127.0.0.1:N inside; loopback answers at
+// once, so this bound only matters for a listener whose backlog is full.
+inline constexpr std::chrono::milliseconds kConnectTimeout{2000};
+// envd listens on 127.0.0.1:kEnvdPort inside the sandbox (E2B's port).
+inline constexpr uint16_t kEnvdPort = 49983;
 // Environment variables addressed to the agent itself. They are removed from
 // the environment that processes started by the agent inherit.
 inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
@@ -60,6 +72,15 @@ struct ControlAction {
 
 // Pure handler of one stream-0 payload; count_procs answers "status".
 ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs);
+
+// Non-blocking connect to 127.0.0.1:port, waiting at most timeout.
+// ECONNREFUSED becomes kNotFound "connection refused on port N" (the RESET
+// reason the host sees); a timeout kTimeout.
+Result<UniqueFd> connect_loopback(uint16_t port, std::chrono::milliseconds timeout);
+
+// The agent's answer to a host OPEN: {"port":N} -> connect_loopback(N);
+// anything else is refused with an error whose message is the RESET reason.
+Result<UniqueFd> open_stream_target(std::string_view open_payload, std::chrono::milliseconds timeout);
 
 // The "ready" message sent once at start.
 std::string ready_message(int pid);

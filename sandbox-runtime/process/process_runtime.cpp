@@ -33,6 +33,7 @@
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/child.h"
+#include "process/host_channel.h"
 #include "sys/log.h"
 #include "sys/sys.h"
 
@@ -168,6 +169,7 @@ Status read_exact(int fd, int pidfd, char* buf, size_t n, uint64_t deadline_ns, 
 class ProcessSandbox final : public runtime::Sandbox {
  public:
   ProcessSandbox(std::string id, std::string state_dir) : id_(std::move(id)), state_dir_(std::move(state_dir)) {}
+  ~ProcessSandbox() override { stop_channel(); }
 
   const std::string& id() const override { return id_; }
   int init_pid() const override { return pid_; }
@@ -199,6 +201,18 @@ class ProcessSandbox final : public runtime::Sandbox {
     return ::poll(&p, 1, 0) == 0;
   }
 
+  Result<UniqueFd> open_port(uint16_t port) override {
+    std::shared_ptr<HostChannel> ch = host_channel();
+    if (!ch) return Error(ErrorKind::kUnavailable, "open port " + std::to_string(port) + " in sandbox " + id_ + ": it has been killed");
+    return ch->open_port(port);
+  }
+
+  Result<std::string> control(std::string request, std::chrono::milliseconds timeout) override {
+    std::shared_ptr<HostChannel> ch = host_channel();
+    if (!ch) return Error(ErrorKind::kUnavailable, "control message to sandbox " + id_ + ": it has been killed");
+    return ch->control(std::move(request), timeout);
+  }
+
   Result<runtime::Usage> usage() override {
     std::lock_guard<std::mutex> l(mu_);
     if (killed_ || !has_cgroup_) return conflict_error("usage of sandbox " + id_ + ": it has been killed");
@@ -219,6 +233,9 @@ class ProcessSandbox final : public runtime::Sandbox {
   // Teardown; shared by kill() and failed creates.
   Status kill_locked() {
     if (killed_) return Status::Ok();
+    // Streams end first (their fds close, their users see EOF), then the
+    // agent goes; the Mux thread never takes mu_, so joining it here is safe.
+    stop_channel();
     if (pid_ > 0 && !reaped_) {
       // Killing a PID namespace's init kills the whole namespace.
       if (pidfd_) pidfd_send_signal(pidfd_.get(), SIGKILL);
@@ -243,7 +260,23 @@ class ProcessSandbox final : public runtime::Sandbox {
     return Status::Ok();
   }
 
+  std::shared_ptr<HostChannel> host_channel() {
+    std::lock_guard<std::mutex> l(chan_mu_);
+    return host_channel_;
+  }
+
+  void stop_channel() {
+    std::shared_ptr<HostChannel> ch;
+    {
+      std::lock_guard<std::mutex> l(chan_mu_);
+      ch = std::move(host_channel_);
+    }
+    if (ch) ch->stop();
+  }
+
   // Filled by create() before the sandbox is shared.
+  std::mutex chan_mu_;
+  std::shared_ptr<HostChannel> host_channel_;  // GUARDED_BY(chan_mu_); null before ready and after kill
   std::mutex mu_;
   std::string id_;
   std::string state_dir_;
@@ -514,6 +547,9 @@ class ProcessRuntime final : public runtime::Runtime {
     if (msg.is_discarded() || !msg.is_object() || msg.value("type", "") != "ready")
       return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
     sb.channel_ = std::move(host_chan);
+    // The channel now belongs to the host Mux; nothing after ready is buffered.
+    std::lock_guard<std::mutex> cl(sb.chan_mu_);
+    sb.host_channel_ = std::make_shared<HostChannel>(spec.id, sb.channel_.get());
     return Status::Ok();
   }
 

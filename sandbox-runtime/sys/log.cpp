@@ -33,8 +33,8 @@ void write(Level l, const std::string& line) {
   char head[64];
   size_t n = ::strftime(head, sizeof head, "%Y-%m-%dT%H:%M:%S", &tm);
   std::string out(head, n);
-  char ms[8];
-  ::snprintf(ms, sizeof ms, ".%03ldZ", ts.tv_nsec / 1000000);
+  char ms[16];
+  ::snprintf(ms, sizeof ms, ".%03dZ", static_cast<int>(ts.tv_nsec / 1000000));
   out += ms;
   out += ' ';
   out += name(l);

@@ -5,56 +5,26 @@
 // SANDGATE_TESTS_TEMPLATES_DIR.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
-import { randomBytes } from 'node:crypto';
-import { Sandbox, SandboxNotFoundError, AuthenticationError } from 'e2b';
+import * as sdk251 from 'e2b';
+import * as sdk250 from 'e2b-250';
+import { startSandgate } from './server.mjs';
 
-const bin = process.env.SANDGATE_BIN;
-const templates = process.env.SANDGATE_TESTS_TEMPLATES_DIR;
-let server, dir, opts;
-
-function startServer() {
-  return new Promise((resolve, reject) => {
-    const p = spawn(bin, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(dir, 'data'),
-      '--templates-dir', templates, '--cgroup-parent', 'sge2e-' + randomBytes(4).toString('hex'),
-      '--log-level', 'warn'], { stdio: ['ignore', 'pipe', 'inherit'] });
-    let out = '';
-    const timer = setTimeout(() => reject(new Error('sandgate did not start: ' + out)), 60000);
-    p.on('exit', (code) => reject(new Error(`sandgate exited with ${code}: ${out}`)));
-    p.stdout.on('data', (chunk) => {
-      out += chunk;
-      const url = /listening on (http:\/\/[0-9.:]+)/.exec(out);
-      const key = /API key \(tenant "local"\): (e2b_[0-9a-f]{40})\n/.exec(out);
-      if (url && key) {
-        clearTimeout(timer);
-        p.removeAllListeners('exit');
-        resolve({ proc: p, url: url[1], key: key[1] });
-      }
-    });
-  });
-}
+let server, opts;
 
 before(async () => {
-  assert.ok(bin && templates, 'SANDGATE_BIN and SANDGATE_TESTS_TEMPLATES_DIR must be set (run through ctest)');
-  dir = mkdtempSync(join(tmpdir(), 'sandgate-e2e-'));
-  const s = await startServer();
-  server = s.proc;
-  opts = { apiUrl: s.url, sandboxUrl: s.url, apiKey: s.key };
+  server = await startSandgate();
+  opts = server.opts;
 });
 
 after(async () => {
-  if (server) {
-    const exited = new Promise((r) => server.on('exit', r));
-    server.kill('SIGTERM');
-    await exited;
-  }
-  if (dir) rmSync(dir, { recursive: true, force: true });
+  if (server) await server.stop();
 });
 
-test('lifecycle through the official SDK', async () => {
+// 2.51 uses /v2/sandboxes and /v2/.../connect; 2.50 the v1 routes.
+for (const [version, sdk] of [['2.51.0', sdk251], ['2.50.0', sdk250]]) {
+const { Sandbox, SandboxNotFoundError, AuthenticationError } = sdk;
+
+test(`lifecycle through SDK ${version}`, async () => {
   const sbx = await Sandbox.create('base', { ...opts, metadata: { suite: 'e2e', 'odd key': 'a&b=c d' } });
   assert.match(sbx.sandboxId, /^[a-z0-9]{20}$/);
 
@@ -102,10 +72,30 @@ test('lifecycle through the official SDK', async () => {
   assert.equal(await other.kill(), true);
 });
 
-test('a wrong key is an AuthenticationError', async () => {
+test(`SDK ${version}: a wrong key is an AuthenticationError`, async () => {
   await assert.rejects(Sandbox.create('base', { ...opts, apiKey: 'e2b_' + '0'.repeat(40) }), AuthenticationError);
 });
 
-test('an unknown template is an error that names it', async () => {
+test(`SDK ${version}: an unknown template is an error that names it`, async () => {
   await assert.rejects(Sandbox.create('no-such-template', opts), /no-such-template/);
 });
+
+test(`SDK ${version}: two sandboxes are isolated from each other`, async () => {
+  const a = await Sandbox.create('base', opts);
+  const b = await Sandbox.create('base', opts);
+  await a.files.write('/tmp/mine.txt', 'a');
+  assert.equal(await b.files.exists('/tmp/mine.txt'), false);
+  await b.commands.run('sleep 300', { background: true });
+  const inA = await a.commands.run('ps -e -o comm=');
+  assert.ok(!inA.stdout.includes('sleep'), 'b\'s processes are invisible in a');
+  // a's token does not open b's envd.
+  const res = await fetch(server.url + '/process.Process/List', {
+    method: 'POST', body: '{}',
+    headers: { 'Content-Type': 'application/json', 'E2b-Sandbox-Id': b.sandboxId, 'E2b-Sandbox-Port': '49983',
+      'X-Access-Token': a.envdAccessToken ?? 'none' },
+  });
+  assert.equal(res.status, 401);
+  await a.kill();
+  await b.kill();
+});
+}

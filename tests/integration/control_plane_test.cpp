@@ -247,7 +247,20 @@ TEST_CASE("bad input gets a clear JSON error and creates nothing") {
   Response big = s.post("/v2/sandboxes", std::string(R"({"templateID":"base","metadata":{"x":")") +
                                              std::string(8000, 'y') + "\"}}");
   check_error(big, 413);
+  // The same limit holds for a chunked body, which announces no length.
+  std::string big_chunk(8000, 'y');
+  char hex[16];
+  snprintf(hex, sizeof hex, "%zx", big_chunk.size());
+  Response bigc = s.client().raw("POST /v2/sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: " + s.key() +
+                                 "\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                                 hex + "\r\n" + big_chunk + "\r\n0\r\n\r\n");
+  check_error(bigc, 413);
   check_error(s.client().request("POST", "/v2/sandboxes", "x", {{"X-API-KEY", s.key()}, {"Content-Type", "text/plain"}}), 400);
+  // What `curl -d` sends without -H: form content type, JSON body.
+  Response form = s.client().request("POST", "/v2/sandboxes", R"({"templateID":"base"})",
+                                     {{"X-API-KEY", s.key()}, {"Content-Type", "application/x-www-form-urlencoded"}});
+  REQUIRE_MESSAGE(form.status == 201, form.body);
+  CHECK(s.del("/sandboxes/" + body_of(form)["sandboxID"].get<std::string>()).status == 204);
   check_error(s.post("/sandboxes/abc/timeout", R"({"timeout":"x"})"), 400);
   check_error(s.get("/v2/sandboxes?state=exploded"), 400);
   check_error(s.get("/v2/sandboxes?limit=0"), 400);

@@ -1,9 +1,15 @@
 // Agent pieces that need no sandbox: config parsing and environment
-// scrubbing, control message handling, process counting on a fake /proc.
+// scrubbing, control message handling, process counting on a fake /proc,
+// OPEN targets against a listener on 127.0.0.1.
 // The event loop itself is tested through a real sandbox in
 // process_runtime_test.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -71,4 +77,36 @@ TEST_CASE("agent: count_processes counts numeric entries except itself") {
   CHECK(agent::count_processes(dir, 5) == 4);
   CHECK(agent::count_processes(dir + "/missing", 1) == 0);
   REQUIRE(sys::remove_tree(dir));
+}
+
+TEST_CASE("agent: OPEN targets: {\"port\":N} connects to loopback, refusals carry the RESET reason") {
+  UniqueFd l(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  REQUIRE(l);
+  struct sockaddr_in a {};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(l.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(l.get(), 4) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(l.get(), reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  int port = ntohs(a.sin_port);
+  auto ms = std::chrono::milliseconds(2000);
+  auto c = agent::open_stream_target("{\"port\":" + std::to_string(port) + "}", ms);
+  REQUIRE_MESSAGE(c, (c ? "" : c.error().message()));
+  UniqueFd accepted(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  CHECK(accepted);
+  // Closing the listener frees the port: nothing listens there now.
+  l.reset();
+  auto r = agent::open_stream_target("{\"port\":" + std::to_string(port) + "}", ms);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message() == "connection refused on port " + std::to_string(port));
+  for (const char* bad : {"", "[]", "{}", R"({"port":0})", R"({"port":70000})", R"({"port":"80"})"}) {
+    CAPTURE(bad);
+    auto b = agent::open_stream_target(bad, ms);
+    REQUIRE_FALSE(b);
+    CHECK(b.error().kind() == ErrorKind::kInvalid);
+  }
+  auto svc = agent::open_stream_target(R"({"service":"x"})", ms);
+  REQUIRE_FALSE(svc);
+  CHECK(svc.error().kind() == ErrorKind::kNotFound);
 }

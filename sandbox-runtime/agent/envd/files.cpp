@@ -1,0 +1,423 @@
+// GET/POST /files: authentication, streaming download, streaming upload.
+#include "agent/envd/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "agent/envd/filesystem.h"
+#include "agent/envd/rpc.h"
+#include "agent/envd/sha256.h"
+#include "sys/sys.h"
+
+namespace sg::envd {
+namespace {
+
+constexpr size_t kIoChunk = 64 << 10;
+constexpr size_t kMaxPartHeader = 16 << 10;
+
+struct HttpFail {
+  int status;
+  std::string message;
+};
+
+// One file being written: a temp file beside the target, renamed over it by
+// commit(); the destructor removes it unless committed.
+class Upload {
+ public:
+  ~Upload() {
+    if (fd_) {
+      fd_.reset();
+      ::unlink(tmp_.c_str());
+    }
+  }
+  std::optional<HttpFail> begin(const std::string& path, const User& owner) {
+    path_ = path;
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      return HttpFail{400, "path is a directory: " + path};
+    std::string dir = std::filesystem::path(path).parent_path().string();
+    auto s = make_parents(dir, owner);
+    if (!s) return HttpFail{s.error().code == Code::kInvalidArgument ? 400 : 500, s.error().message};
+    tmp_ = dir + "/." + std::filesystem::path(path).filename().string() + ".upload-" + sys::random_hex(6);
+    fd_ = UniqueFd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!fd_) return fail("create", tmp_);
+    owner_ = owner;
+    return std::nullopt;
+  }
+  std::optional<HttpFail> write(std::string_view data) {
+    while (!data.empty()) {
+      ssize_t n = ::write(fd_.get(), data.data(), data.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return fail("write", path_);
+      data.remove_prefix(static_cast<size_t>(n));
+    }
+    return std::nullopt;
+  }
+  std::optional<HttpFail> commit(const std::vector<std::pair<std::string, std::string>>& metadata) {
+    if (::fchown(fd_.get(), owner_.uid, owner_.gid) < 0) return fail("chown", path_);
+    for (auto& [k, v] : metadata)
+      if (::fsetxattr(fd_.get(), ("user.e2b." + k).c_str(), v.data(), v.size(), 0) < 0)
+        return fail("set metadata on", path_);
+    if (::rename(tmp_.c_str(), path_.c_str()) < 0) return fail("rename into", path_);
+    fd_.reset();
+    return std::nullopt;
+  }
+
+ private:
+  HttpFail fail(const char* op, const std::string& p) {
+    int e = errno;
+    int status = (e == ENOSPC || e == EDQUOT) ? 507 : (e == EISDIR || e == ENOTDIR) ? 400 : 500;
+    return HttpFail{status, std::string(op) + " " + p + ": " + std::strerror(e)};
+  }
+  std::string path_, tmp_;
+  User owner_;
+  UniqueFd fd_;
+};
+
+std::string header_param(const std::string& header, const std::string& key) {
+  // key="value" or key=value inside a header like Content-Disposition.
+  size_t pos = 0;
+  std::string lh = lowercase(header);
+  while ((pos = lh.find(key + "=", pos)) != std::string::npos) {
+    if (pos > 0 && lh[pos - 1] != ';' && lh[pos - 1] != ' ' && lh[pos - 1] != '\t') {
+      pos += key.size();
+      continue;
+    }
+    size_t v = pos + key.size() + 1;
+    if (v < header.size() && header[v] == '"') {
+      std::string out;
+      for (size_t i = v + 1; i < header.size(); ++i) {
+        if (header[i] == '\\' && i + 1 < header.size()) out += header[++i];
+        else if (header[i] == '"') return out;
+        else out += header[i];
+      }
+      return out;
+    }
+    size_t end = header.find(';', v);
+    std::string out = header.substr(v, end == std::string::npos ? std::string::npos : end - v);
+    while (!out.empty() && (out.back() == ' ' || out.back() == '\r')) out.pop_back();
+    return out;
+  }
+  return {};
+}
+
+json written_json(const std::string& path, const std::vector<std::pair<std::string, std::string>>& md) {
+  json j{{"path", path}, {"name", std::filesystem::path(path).filename().string()}, {"type", "file"}};
+  if (!md.empty()) {
+    json m = json::object();
+    for (auto& [k, v] : md) m[k] = v;
+    j["metadata"] = m;
+  }
+  return j;
+}
+
+void download(Conn& c, const Request& r, const User& user) {
+  auto q = r.query.find("path");
+  if (q == r.query.end() || q->second.empty()) return send_http_error(c, 400, "missing path query parameter");
+  std::string path = resolve_path(user.home, q->second);
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    int e = errno;
+    if (e == ENOENT) return send_http_error(c, 404, "file not found: " + path);
+    if (e == ENOTDIR) return send_http_error(c, 400, "bad path: " + path);
+    return send_http_error(c, 500, "open " + path + ": " + std::strerror(e));
+  }
+  struct stat st;
+  if (::fstat(fd.get(), &st) < 0) return send_http_error(c, 500, "stat " + path + ": " + std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) return send_http_error(c, 400, "path is a directory: " + path);
+  std::string name = std::filesystem::path(path).filename().string();
+  std::string quoted;
+  for (char ch : name) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    quoted += (ch == '\r' || ch == '\n') ? '_' : ch;
+  }
+  std::vector<std::pair<std::string, std::string>> h = {
+      {"Content-Type", "application/octet-stream"},
+      {"Content-Disposition", "inline; filename=\"" + quoted + "\""},
+      {"Content-Length", std::to_string(st.st_size)}};
+  if (r.method == "HEAD") {
+    h.pop_back();
+    c.send_response(200, h, {});
+    return;
+  }
+  // Content-Length is the size at fstat time; a file that changes while it
+  // is sent is cut or the connection closed, never misframed.
+  std::string head = "HTTP/1.1 200 OK\r\n";
+  for (auto& [k, v] : h) head += k + ": " + v + "\r\n";
+  if (!c.keep_alive()) head += "Connection: close\r\n";
+  head += "\r\n";
+  if (!c.write_all(head)) return;
+  uint64_t left = static_cast<uint64_t>(st.st_size);
+  std::string buf(kIoChunk, '\0');
+  while (left > 0) {
+    ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      c.set_close();
+      return;
+    }
+    if (!c.write_all(std::string_view(buf.data(), static_cast<size_t>(n)))) return;
+    left -= static_cast<uint64_t>(n);
+  }
+}
+
+std::optional<HttpFail> parse_metadata(const Request& r, std::vector<std::pair<std::string, std::string>>* md) {
+  for (auto& [k, v] : r.headers) {
+    if (k.rfind("x-metadata-", 0) != 0) continue;
+    std::string key = k.substr(11);
+    auto printable = [](const std::string& s) {
+      for (unsigned char ch : s)
+        if (ch < 0x20 || ch > 0x7e) return false;
+      return true;
+    };
+    if (key.empty() || !printable(key) || !printable(v))
+      return HttpFail{400, "metadata keys and values must be printable ASCII"};
+    md->emplace_back(key, v);
+  }
+  return std::nullopt;
+}
+
+std::optional<HttpFail> upload_octet(Conn& c, const std::string& path, const User& user,
+                                     const std::vector<std::pair<std::string, std::string>>& md) {
+  Upload up;
+  if (auto f = up.begin(path, user)) return f;
+  std::string buf(kIoChunk, '\0');
+  HttpError err;
+  for (;;) {
+    long n = c.read_body(buf.data(), buf.size(), &err);
+    if (n < 0) return HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+    if (n == 0) break;
+    if (auto f = up.write(std::string_view(buf.data(), static_cast<size_t>(n)))) return f;
+  }
+  return up.commit(md);
+}
+
+// Streaming multipart/form-data: parts named "file" are written to disk as
+// their bytes arrive; only a delimiter's length of data is ever held back.
+std::optional<HttpFail> upload_multipart(Conn& c, const std::string& boundary, const std::string* query_path,
+                                         const User& user, const std::vector<std::pair<std::string, std::string>>& md,
+                                         json* written) {
+  const std::string delim = "\r\n--" + boundary;
+  enum { kPreamble, kAfterDelim, kHeaders, kBody, kEpilogue } state = kPreamble;
+  std::string buf = "\r\n";  // so the first boundary also follows a CRLF
+  std::string chunk(kIoChunk, '\0');
+  std::unique_ptr<Upload> up;
+  std::string up_path;
+  std::set<std::string> seen;
+  bool used_query_path = false, eof = false;
+  HttpError err;
+  for (;;) {
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      if (state == kPreamble || state == kBody) {
+        size_t at = buf.find(delim);
+        size_t safe = at != std::string::npos ? at : (buf.size() >= delim.size() ? buf.size() - delim.size() + 1 : 0);
+        if (state == kBody && up && safe > 0)
+          if (auto f = up->write(std::string_view(buf.data(), safe))) return f;
+        if (at != std::string::npos) {
+          if (state == kBody && up) {
+            if (auto f = up->commit(md)) return f;
+            written->push_back(written_json(up_path, md));
+            up.reset();
+          }
+          buf.erase(0, at + delim.size());
+          state = kAfterDelim;
+          progress = true;
+        } else {
+          buf.erase(0, safe);
+        }
+      } else if (state == kAfterDelim) {
+        size_t nl = buf.find("\r\n");
+        if (buf.size() >= 2 && buf.compare(0, 2, "--") == 0) {
+          state = kEpilogue;
+          progress = true;
+        } else if (nl != std::string::npos) {
+          buf.erase(0, nl + 2);  // transport padding, then CRLF
+          state = kHeaders;
+          progress = true;
+        } else if (buf.size() > 256) {
+          return HttpFail{400, "malformed multipart boundary line"};
+        }
+      } else if (state == kHeaders) {
+        size_t end = buf.find("\r\n\r\n");
+        if (buf.compare(0, 2, "\r\n") == 0) end = 0;  // a part with no headers
+        if (end == std::string::npos) {
+          if (buf.size() > kMaxPartHeader) return HttpFail{400, "multipart part header larger than 16 KiB"};
+          break;
+        }
+        std::string head = end == 0 ? std::string() : buf.substr(0, end);
+        buf.erase(0, end == 0 ? 2 : end + 4);
+        std::string disposition, name, filename;
+        size_t s = 0;
+        while (s < head.size()) {
+          size_t e = head.find("\r\n", s);
+          if (e == std::string::npos) e = head.size();
+          std::string line = head.substr(s, e - s);
+          s = e + 2;
+          size_t colon = line.find(':');
+          if (colon != std::string::npos && lowercase(line.substr(0, colon)) == "content-disposition")
+            disposition = line.substr(colon + 1);
+        }
+        name = header_param(disposition, "name");
+        filename = header_param(disposition, "filename");
+        state = kBody;
+        progress = true;
+        if (name != "file") continue;  // other fields are ignored
+        std::string target;
+        if (query_path && !used_query_path) {
+          target = *query_path;
+          used_query_path = true;
+        } else {
+          target = filename;
+        }
+        if (target.empty()) return HttpFail{400, "multipart file part without a filename and no path query parameter"};
+        std::string path = resolve_path(user.home, target);
+        if (!seen.insert(path).second) return HttpFail{400, "duplicate path in one upload: " + path};
+        up = std::make_unique<Upload>();
+        up_path = path;
+        if (auto f = up->begin(path, user)) return f;
+      } else {  // kEpilogue
+        buf.clear();
+      }
+    }
+    if (eof) break;
+    long n = c.read_body(chunk.data(), chunk.size(), &err);
+    if (n < 0) return HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+    if (n == 0) eof = true;
+    else buf.append(chunk.data(), static_cast<size_t>(n));
+  }
+  if (state != kEpilogue) return HttpFail{400, "truncated multipart body (no closing boundary)"};
+  return std::nullopt;
+}
+
+void upload(Conn& c, const Request& r, const User& user) {
+  std::vector<std::pair<std::string, std::string>> md;
+  if (auto f = parse_metadata(r, &md)) return send_http_error(c, f->status, f->message);
+  if (auto* ce = r.header("content-encoding")) {
+    std::string e = lowercase(*ce);
+    if (!e.empty() && e != "identity") {
+      c.set_close();
+      return send_http_error(c, 415, "Content-Encoding '" + *ce + "' is not supported by this envd; upload "
+                                     "uncompressed (gzip: false)");
+    }
+  }
+  const std::string* ct = r.header("content-type");
+  std::string lct = ct ? lowercase(*ct) : "";
+  auto q = r.query.find("path");
+  const std::string* query_path = (q != r.query.end() && !q->second.empty()) ? &q->second : nullptr;
+  if (lct.rfind("multipart/form-data", 0) == 0) {
+    std::string boundary = header_param(*ct, "boundary");
+    if (boundary.empty() || boundary.size() > 200) {
+      c.set_close();
+      return send_http_error(c, 400, "multipart/form-data without a valid boundary");
+    }
+    json written = json::array();
+    if (auto f = upload_multipart(c, boundary, query_path, user, md, &written)) {
+      c.set_close();
+      return send_http_error(c, f->status, f->message);
+    }
+    if (written.empty()) return send_http_error(c, 400, "no part named 'file' in the upload");
+    c.send_response(200, {{"Content-Type", "application/json"}}, written.dump());
+    return;
+  }
+  if (lct.rfind("application/octet-stream", 0) == 0) {
+    if (!query_path) {
+      c.set_close();
+      return send_http_error(c, 400, "octet-stream upload needs the path query parameter");
+    }
+    std::string path = resolve_path(user.home, *query_path);
+    if (auto f = upload_octet(c, path, user, md)) {
+      c.set_close();
+      return send_http_error(c, f->status, f->message);
+    }
+    c.send_response(200, {{"Content-Type", "application/json"}}, json::array({written_json(path, md)}).dump());
+    return;
+  }
+  c.set_close();
+  send_http_error(c, 400, "unsupported Content-Type '" + (ct ? *ct : std::string()) +
+                              "': use multipart/form-data or application/octet-stream");
+}
+
+}  // namespace
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return d == 0;
+}
+
+std::string file_signature(const std::string& path, const std::string& operation, const std::string& username,
+                           const std::string& token, std::optional<int64_t> expiration) {
+  std::string s = path + ":" + operation + ":" + username + ":" + token;
+  if (expiration) s += ":" + std::to_string(*expiration);
+  auto h = sha256(s);
+  return "v1_" + base64_encode(std::string_view(reinterpret_cast<const char*>(h.data()), h.size()), false);
+}
+
+void send_http_error(Conn& c, int status, const std::string& msg) {
+  json j{{"code", status}, {"message", msg}};
+  c.send_response(status, {{"Content-Type", "application/json"}}, j.dump());
+}
+
+void serve_files(Conn& c, const Request& r, const FilesContext& ctx) {
+  bool write = r.method == "POST";
+  auto qv = [&](const char* k) -> const std::string* {
+    auto it = r.query.find(k);
+    return it == r.query.end() ? nullptr : &it->second;
+  };
+  const std::string* username = qv("username");
+  if (!ctx.access_token.empty()) {
+    const std::string* tok = r.header("x-access-token");
+    const std::string* sig = qv("signature");
+    if (tok) {
+      if (!constant_time_equal(*tok, ctx.access_token)) {
+        c.set_close();
+        return send_http_error(c, 401, "invalid access token");
+      }
+    } else if (sig) {
+      std::optional<int64_t> exp;
+      if (const std::string* e = qv("signature_expiration")) {
+        char* end = nullptr;
+        long long v = std::strtoll(e->c_str(), &end, 10);
+        if (e->empty() || *end) {
+          c.set_close();
+          return send_http_error(c, 401, "invalid signature expiration");
+        }
+        exp = v;
+      }
+      const std::string* p = qv("path");
+      std::string want = file_signature(p ? *p : "", write ? "write" : "read", username ? *username : "",
+                                        ctx.access_token, exp);
+      if (!constant_time_equal(*sig, want)) {
+        c.set_close();
+        return send_http_error(c, 401, "invalid signature");
+      }
+      if (exp && *exp < sys::unix_seconds()) {
+        c.set_close();
+        return send_http_error(c, 401, "signature is expired");
+      }
+    } else {
+      c.set_close();
+      return send_http_error(c, 401, "missing signature");
+    }
+  }
+  std::string uname = username && !username->empty() ? *username : ctx.default_user;
+  auto user = ctx.users->find(uname);
+  if (!user) {
+    c.set_close();
+    return send_http_error(c, 401, "invalid username: '" + uname + "'");
+  }
+  if (write) upload(c, r, *user);
+  else download(c, r, *user);
+}
+
+}  // namespace sg::envd

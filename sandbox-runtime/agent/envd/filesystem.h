@@ -1,0 +1,64 @@
+// filesystem.Filesystem for envd (docs/envd.md): path resolution against
+// the user's home, EntryInfo as proto3 JSON (e2b-protocol.md 3.4), the
+// unary operations and inotify directory watchers.
+//
+// Operations run as root (the agent); directories and files they create are
+// chowned to the request's user. Functions are thread-safe; a DirWatcher is
+// used by one thread at a time.
+#pragma once
+
+#include <sys/stat.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/envd/rpc.h"
+#include "agent/envd/users.h"
+#include "sys/fd.h"
+
+namespace sg::envd {
+
+// Absolute, lexically normalised path: relative paths (and "~/...") are
+// taken from home. Empty gives home.
+std::string resolve_path(const std::string& home, const std::string& path);
+
+// Go's os.FileMode.String() of a stat mode, e.g. "-rw-r--r--", "drwxr-xr-x".
+std::string permissions_string(mode_t mode);
+// RFC 3339 UTC with 0, 3, 6 or 9 fractional digits.
+std::string rfc3339_nanos(const struct timespec& ts);
+
+RpcResult<json> entry_info(const std::string& path, const UserDb& users);
+
+RpcResult<json> fs_stat(const std::string& path, const UserDb& users);
+RpcResult<json> fs_make_dir(const std::string& path, const User& owner, const UserDb& users);
+RpcResult<json> fs_move(const std::string& src, const std::string& dst, const User& owner, const UserDb& users);
+RpcResult<json> fs_list_dir(const std::string& path, int depth, const UserDb& users);
+RpcStatus fs_remove(const std::string& path);
+
+// mkdir -p of dir, chowning every directory it creates to owner.
+RpcStatus make_parents(const std::string& dir, const User& owner);
+
+class DirWatcher {
+ public:
+  static RpcResult<std::unique_ptr<DirWatcher>> create(const std::string& root, bool recursive, bool include_entry,
+                                                       const UserDb* users);
+  int fd() const { return fd_.get(); }
+  // Reads whatever events are queued, without blocking, appending
+  // FilesystemEvent JSON objects (at most max).
+  RpcStatus read(std::vector<json>* out, size_t max);
+
+ private:
+  DirWatcher() = default;
+  void add_tree(const std::string& dir, int depth);
+  std::string root_;
+  bool recursive_ = false, include_entry_ = false;
+  const UserDb* users_ = nullptr;
+  UniqueFd fd_;
+  std::map<int, std::string> dirs_;  // watch descriptor -> directory
+};
+
+inline constexpr size_t kMaxWatchesPerWatcher = 8192;
+
+}  // namespace sg::envd

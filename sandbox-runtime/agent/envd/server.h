@@ -1,0 +1,66 @@
+// envd: the E2B per-sandbox API (process.Process, filesystem.Filesystem over
+// Connect JSON, plus /health, /envs and /files), served by sandgate-agent on
+// 127.0.0.1:49983 inside every sandbox so unmodified E2B SDKs can run
+// commands and move files. Wire contract: /work/shared/e2b-protocol.md
+// sections 3.1-3.5; what is and is not implemented: docs/envd.md.
+//
+// Thread model: one accept thread; one thread per connection (bounded by
+// max_connections), which parses requests and, for streams, waits on the
+// process's output or an inotify fd; one pump thread per running process
+// (agent/envd/process.h). The agent's main thread keeps reaping children via
+// the shared Reaper, which the process pumps read exit statuses from.
+// Everything hangs off the Server object; several can live in one process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/envd/process.h"
+#include "agent/reaper.h"
+#include "sys/status.h"
+
+namespace sg::envd {
+
+struct EnvdConfig {
+  std::string access_token;              // empty: no token checks
+  std::vector<std::string> default_env;  // "K=V" base environment (sandbox envVars included)
+  std::string default_user = "user";
+  std::string version = "0.6.13";
+  std::string passwd_path = "/etc/passwd", group_path = "/etc/group";  // tests point these at temp files
+  size_t max_connections = 256;
+};
+
+struct ServerStats {
+  size_t connections = 0;   // open now
+  uint64_t rejected_connections = 0;  // over max_connections
+  ProcessStats processes;
+};
+
+class Server {
+ public:
+  Server(EnvdConfig cfg, agent::Reaper& reaper);
+  ~Server();  // stop()s
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Binds and listens (port 0: any free port, see port()).
+  Status listen(const std::string& address, uint16_t port);
+  uint16_t port() const;
+  // Runs the accept loop on its own thread.
+  void start();
+  // Closes the listener and every connection, SIGKILLs the processes this
+  // server started and joins all its threads. Idempotent. The Reaper must
+  // keep being driven meanwhile (the processes' statuses are waited for).
+  void stop();
+  ServerStats stats();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sg::envd

@@ -1,0 +1,106 @@
+// HostChannel implementation (host_channel.h).
+#include "process/host_channel.h"
+
+#include <sys/socket.h>
+
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::process {
+
+namespace {
+
+channel::MuxConfig host_config(int fd) {
+  channel::MuxConfig c;
+  c.channel_fd = fd;
+  c.odd_ids = true;
+  return c;
+}
+
+}  // namespace
+
+HostChannel::HostChannel(std::string sandbox_id, int channel_fd)
+    : id_(std::move(sandbox_id)),
+      channel_fd_(channel_fd),
+      mux_(
+          host_config(channel_fd),
+          // Streams the agent opens ({"service":...}) reach gateway services,
+          // which do not exist yet.
+          [](std::string_view) -> Result<UniqueFd> { return not_found_error("no gateway services on this host"); },
+          [this](std::string_view p) { on_control(p); }) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+HostChannel::~HostChannel() { stop(); }
+
+void HostChannel::loop() {
+  Status s = mux_.run();
+  std::string reason = "channel to the agent is closed";
+  if (!s) {
+    LOG_WARN("sandbox " << id_ << ": channel: " << s.error().message() << "; closing it");
+    reason += " (" + s.error().message() + ")";
+    // Framing is lost or the agent stopped reading: close our side so the
+    // agent sees EOF and takes the sandbox's processes down.
+    ::shutdown(channel_fd_, SHUT_RDWR);
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  ended_ = true;
+  end_reason_ = reason;
+  for (auto& w : waiters_) w->done = true;
+  waiters_.clear();
+  cv_.notify_all();
+}
+
+void HostChannel::on_control(std::string_view payload) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (waiters_.empty()) {
+    LOG_DEBUG("sandbox " << id_ << ": unsolicited control message dropped: " << payload.substr(0, 200));
+    return;
+  }
+  std::shared_ptr<Waiter> w = std::move(waiters_.front());
+  waiters_.pop_front();
+  if (w->abandoned) return;
+  w->reply = std::string(payload);
+  w->done = true;
+  cv_.notify_all();
+}
+
+Result<UniqueFd> HostChannel::open_port(uint16_t port) {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return sys::errno_error("socketpair", "port " + std::to_string(port));
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  auto id = mux_.open_stream(std::move(theirs), "{\"port\":" + std::to_string(port) + "}");
+  if (!id) return id.error().with_context("sandbox " + id_ + ": open port " + std::to_string(port));
+  return mine;
+}
+
+Result<std::string> HostChannel::control(std::string request, std::chrono::milliseconds timeout) {
+  auto w = std::make_shared<Waiter>();
+  std::unique_lock<std::mutex> l(mu_);
+  if (ended_) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + ": " + end_reason_);
+  // Queued and sent under mu_, so the waiters' order is the requests' order.
+  if (Status s = mux_.send_control(std::move(request)); !s) return s.error().with_context("sandbox " + id_);
+  waiters_.push_back(w);
+  if (!cv_.wait_for(l, timeout, [&] { return w->done; })) {
+    w->abandoned = true;  // its reply, if it ever comes, is dropped
+    return Error(ErrorKind::kTimeout, "sandbox " + id_ + ": no answer from the agent within " +
+                                          std::to_string(timeout.count()) + " ms");
+  }
+  if (!w->reply) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + ": " + end_reason_);
+  return std::move(*w->reply);
+}
+
+void HostChannel::stop() {
+  std::lock_guard<std::mutex> j(join_mu_);
+  if (!thread_.joinable()) return;
+  mux_.stop();
+  thread_.join();
+}
+
+bool HostChannel::running() {
+  std::lock_guard<std::mutex> l(mu_);
+  return !ended_;
+}
+
+}  // namespace sg::process

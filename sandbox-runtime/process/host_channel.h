@@ -1,0 +1,70 @@
+// HostChannel: the host end of one sandbox's channel once the agent is
+// ready. It runs a channel::Mux (odd stream ids) on a thread it owns and
+// offers what runtime::Sandbox exposes on top of it: open_port() (a
+// socketpair end bridged to 127.0.0.1:PORT inside) and control() (one
+// request, its reply). Backend-neutral: the process backend uses it, the
+// microVM backend will too.
+//
+// Thread safety: every method may be called from any thread. stop() joins
+// the Mux thread; callbacks on that thread take only this object's own
+// locks, so stop() may be called with a sandbox lock held. When the agent
+// dies (channel EOF) or breaks the protocol, the Mux thread ends by itself;
+// on a protocol error it also shuts the channel down so the agent, seeing
+// EOF, kills the sandbox's processes. Afterwards open_port() and control()
+// return kUnavailable.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "channel/mux.h"
+#include "sys/fd.h"
+#include "sys/status.h"
+
+namespace sg::process {
+
+class HostChannel {
+ public:
+  // channel_fd is borrowed and must stay open until stop() returns.
+  HostChannel(std::string sandbox_id, int channel_fd);
+  ~HostChannel();  // stop()s
+  HostChannel(const HostChannel&) = delete;
+  HostChannel& operator=(const HostChannel&) = delete;
+
+  Result<UniqueFd> open_port(uint16_t port);
+  Result<std::string> control(std::string request, std::chrono::milliseconds timeout);
+  // Ends the Mux (closing every stream fd) and joins its thread. Idempotent.
+  void stop();
+  // False once the Mux loop has ended.
+  bool running();
+  channel::Mux::Stats stats() const { return mux_.stats(); }
+
+ private:
+  struct Waiter {
+    bool done = false;
+    bool abandoned = false;
+    std::optional<std::string> reply;
+  };
+  void on_control(std::string_view payload);
+  void loop();
+
+  std::string id_;
+  int channel_fd_;
+  channel::Mux mux_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Waiter>> waiters_;  // GUARDED_BY(mu_): in request order
+  bool ended_ = false;                            // GUARDED_BY(mu_)
+  std::string end_reason_;                        // GUARDED_BY(mu_)
+  std::mutex join_mu_;                            // serialises stop()
+  std::thread thread_;
+};
+
+}  // namespace sg::process

@@ -1,0 +1,265 @@
+// envd filesystem.Filesystem and /files over real TCP.
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include "agent/envd/files.h"
+#include "agent/envd/filesystem.h"
+#include "envd_harness.h"
+
+using namespace envd_test;
+
+namespace {
+
+std::string multipart(const std::string& boundary, const std::vector<std::pair<std::string, std::string>>& files) {
+  std::string b;
+  for (auto& [name, data] : files) {
+    b += "--" + boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"" + name +
+         "\"\r\nContent-Type: application/octet-stream\r\n\r\n" + data + "\r\n";
+  }
+  return b + "--" + boundary + "--\r\n";
+}
+
+std::string binary_blob() {
+  std::string s;
+  for (int i = 0; i < 300000; ++i) s += static_cast<char>((i * 7 + i / 256) & 0xff);
+  s += "\r\n--xy";  // a delimiter prefix at the end of a part's data
+  return s;
+}
+
+// What URLSearchParams does to a signature: '+', '/' and '=' escaped.
+std::string qesc(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '+') o += "%2B";
+    else if (ch == '/') o += "%2F";
+    else if (ch == '=') o += "%3D";
+    else o += ch;
+  }
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("envd path resolution and permissions strings") {
+  CHECK(sg::envd::resolve_path("/home/u", "a/../b/./c") == "/home/u/b/c");
+  CHECK(sg::envd::resolve_path("/home/u", "/tmp/") == "/tmp");
+  CHECK(sg::envd::resolve_path("/home/u", "~/x") == "/home/u/x");
+  CHECK(sg::envd::resolve_path("/home/u", "") == "/home/u");
+  CHECK(sg::envd::permissions_string(S_IFREG | 0644) == "-rw-r--r--");
+  CHECK(sg::envd::permissions_string(S_IFDIR | 0755) == "drwxr-xr-x");
+  CHECK(sg::envd::permissions_string(S_IFLNK | 0777) == "Lrwxrwxrwx");
+  struct timespec ts = {1704067200, 0};
+  CHECK(sg::envd::rfc3339_nanos(ts) == "2024-01-01T00:00:00Z");
+  ts.tv_nsec = 120000000;
+  CHECK(sg::envd::rfc3339_nanos(ts) == "2024-01-01T00:00:00.120Z");
+}
+
+TEST_CASE("envd Stat, MakeDir, ListDir, Move, Remove and their error codes") {
+  Env env;
+  auto r = env.unary("filesystem.Filesystem/Stat", {{"path", "missing"}});
+  CHECK(r.status == 404);
+  CHECK(r.j()["code"] == "not_found");
+
+  r = env.unary("filesystem.Filesystem/MakeDir", {{"path", "a/b"}});
+  REQUIRE(r.status == 200);
+  auto e = r.j()["entry"];
+  CHECK(e["name"] == "b");
+  CHECK(e["path"] == env.home + "/a/b");
+  CHECK(e["type"] == "FILE_TYPE_DIRECTORY");
+  CHECK(e["permissions"] == "drwxr-xr-x");
+  CHECK(e["owner"] == "root");  // tester shares uid 0; the first passwd entry names it
+  r = env.unary("filesystem.Filesystem/MakeDir", {{"path", "a/b"}});
+  CHECK(r.status == 409);
+  CHECK(r.j()["code"] == "already_exists");
+
+  (void)sg::sys::write_file(env.home + "/a/f.txt", "hello");
+  (void)sg::sys::write_file(env.home + "/a/b/g.txt", "");
+  symlink((env.home + "/a/f.txt").c_str(), (env.home + "/a/link").c_str());
+  r = env.unary("filesystem.Filesystem/MakeDir", {{"path", "a/f.txt"}});
+  CHECK(r.j()["code"] == "invalid_argument");
+
+  r = env.unary("filesystem.Filesystem/Stat", {{"path", env.home + "/a/f.txt"}});
+  REQUIRE(r.status == 200);
+  e = r.j()["entry"];
+  CHECK(e["size"] == "5");
+  CHECK(e["type"] == "FILE_TYPE_FILE");
+  CHECK(e["permissions"].get<std::string>().size() == 10);
+  CHECK(e["modifiedTime"].get<std::string>().back() == 'Z');
+  r = env.unary("filesystem.Filesystem/Stat", {{"path", "a/link"}});
+  CHECK(r.j()["entry"]["type"] == "FILE_TYPE_SYMLINK");
+  CHECK(r.j()["entry"]["symlinkTarget"] == env.home + "/a/f.txt");
+
+  r = env.unary("filesystem.Filesystem/ListDir", {{"path", "a"}, {"depth", 1}});
+  REQUIRE(r.status == 200);
+  std::vector<std::string> names;
+  json listing = r.j();
+  for (auto& x : listing["entries"]) names.push_back(x["path"].get<std::string>());
+  CHECK(names == std::vector<std::string>{env.home + "/a/b", env.home + "/a/f.txt", env.home + "/a/link"});
+  r = env.unary("filesystem.Filesystem/ListDir", {{"path", "a"}, {"depth", "2"}});
+  names.clear();
+  listing = r.j();
+  for (auto& x : listing["entries"]) names.push_back(x["path"].get<std::string>());
+  CHECK(names == std::vector<std::string>{env.home + "/a/b", env.home + "/a/b/g.txt", env.home + "/a/f.txt",
+                                          env.home + "/a/link"});
+  r = env.unary("filesystem.Filesystem/ListDir", {{"path", "nope"}});
+  CHECK(r.j()["code"] == "not_found");
+  r = env.unary("filesystem.Filesystem/ListDir", {{"path", "a/f.txt"}});
+  CHECK(r.j()["code"] == "invalid_argument");
+
+  r = env.unary("filesystem.Filesystem/Move", {{"source", "a/f.txt"}, {"destination", "c/moved.txt"}});
+  REQUIRE(r.status == 200);
+  CHECK(r.j()["entry"]["path"] == env.home + "/c/moved.txt");
+  r = env.unary("filesystem.Filesystem/Move", {{"source", "a/f.txt"}, {"destination", "x"}});
+  CHECK(r.j()["code"] == "not_found");
+
+  r = env.unary("filesystem.Filesystem/Remove", {{"path", "a"}});
+  CHECK(r.status == 200);
+  CHECK_FALSE(sg::sys::path_exists(env.home + "/a"));
+  r = env.unary("filesystem.Filesystem/Remove", {{"path", "a"}});
+  CHECK(r.j()["code"] == "not_found");
+}
+
+TEST_CASE("envd MakeDir as uid 1000 chowns what it creates") {
+  Env env;
+  auto r = env.unary("filesystem.Filesystem/MakeDir", {{"path", "x/y"}}, {{"Authorization", "Basic " + b64("user:")}});
+  REQUIRE(r.status == 200);
+  CHECK(r.j()["entry"]["owner"] == "user");
+  struct stat st;
+  REQUIRE(stat((env.user_home + "/x").c_str(), &st) == 0);
+  CHECK(st.st_uid == 1000);
+}
+
+TEST_CASE("envd WatchDir streams a file creation; watchers poll") {
+  Env env;
+  (void)sg::sys::make_dirs(env.home + "/w/sub");
+  auto c = env.stream("filesystem.Filesystem/WatchDir", {{"path", "w"}, {"recursive", true}});
+  auto s = c->next_envelope();
+  CHECK(s.msg == json{{"start", json::object()}});
+  (void)sg::sys::write_file(env.home + "/w/sub/new.txt", "x");
+  auto e = c->next_envelope();
+  REQUIRE(e.msg.contains("filesystem"));
+  CHECK(e.msg["filesystem"]["name"] == "sub/new.txt");
+  CHECK(e.msg["filesystem"]["type"] == "EVENT_TYPE_CREATE");
+
+  auto nf = env.stream("filesystem.Filesystem/WatchDir", {{"path", "nope"}});
+  CHECK(nf->next_envelope().msg["error"]["code"] == "not_found");
+
+  auto r = env.unary("filesystem.Filesystem/CreateWatcher", {{"path", "w"}});
+  REQUIRE(r.status == 200);
+  std::string id = r.j()["watcherId"];
+  (void)sg::sys::write_file(env.home + "/w/polled.txt", "x");
+  r = env.unary("filesystem.Filesystem/GetWatcherEvents", {{"watcherId", id}});
+  REQUIRE(r.status == 200);
+  bool seen = false;
+  json evs = r.j();
+  for (auto& ev : evs["events"]) seen |= ev["name"] == "polled.txt" && ev["type"] == "EVENT_TYPE_CREATE";
+  CHECK(seen);
+  r = env.unary("filesystem.Filesystem/RemoveWatcher", {{"watcherId", id}});
+  CHECK(r.status == 200);
+  r = env.unary("filesystem.Filesystem/GetWatcherEvents", {{"watcherId", id}});
+  CHECK(r.j()["code"] == "not_found");
+}
+
+TEST_CASE("envd /files: multipart with nested paths, binary round trip, errors") {
+  Env env;
+  std::string blob = binary_blob();
+  Client c(env.port());
+  auto r = c.request("POST", "/files", {{"Content-Type", "multipart/form-data; boundary=xyz"}},
+                     multipart("xyz", {{"deep/er/bin.dat", blob}, {"/tmp/../" + env.home.substr(1) + "/t.txt", "two"}}));
+  REQUIRE(r.status == 200);
+  auto j = r.j();
+  REQUIRE(j.size() == 2);
+  CHECK(j[0] == json{{"path", env.home + "/deep/er/bin.dat"}, {"name", "bin.dat"}, {"type", "file"}});
+  CHECK(j[1]["path"] == env.home + "/t.txt");
+  auto d = c.request("GET", "/files?path=deep%2Fer%2Fbin.dat");
+  CHECK(d.status == 200);
+  CHECK(d.body.size() == blob.size());
+  CHECK(d.body == blob);
+  CHECK(d.headers["content-disposition"] == "inline; filename=\"bin.dat\"");
+  // Nothing but the two files was left in the destination directories.
+  auto l = env.unary("filesystem.Filesystem/ListDir", {{"path", "deep/er"}});
+  CHECK(l.j()["entries"].size() == 1);
+
+  // The path query wins for a single file.
+  r = c.request("POST", "/files?path=chosen.txt", {{"Content-Type", "multipart/form-data; boundary=B"}},
+                multipart("B", {{"ignored.txt", "q"}}));
+  CHECK(r.j()[0]["path"] == env.home + "/chosen.txt");
+  // Octet stream, chunked.
+  c.send_raw("POST /files?path=o.bin HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"
+             "Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n");
+  auto h = c.read_head();
+  CHECK(h.status == 200);
+  for (std::string s; !(s = c.read_body_some()).empty();) {}
+  CHECK(sg::sys::read_file(env.home + "/o.bin").value() == "abcde");
+
+  Client c2(env.port());
+  d = c2.request("GET", "/files?path=missing");
+  CHECK(d.status == 404);
+  CHECK(d.j()["code"] == 404);
+  d = c2.request("GET", "/files?path=deep");
+  CHECK(d.status == 400);
+  Client c3(env.port());
+  r = c3.request("POST", "/files?path=g.txt", {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "gzip"}}, "x");
+  CHECK(r.status == 415);
+  Client c4(env.port());
+  // A truncated multipart upload leaves nothing behind.
+  std::string body = "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"part.txt\"\r\n\r\nhalf";
+  r = c4.request("POST", "/files", {{"Content-Type", "multipart/form-data; boundary=B"}}, body);
+  CHECK(r.status == 400);
+  l = env.unary("filesystem.Filesystem/ListDir", {{"path", ""}});
+  json top = l.j();
+  REQUIRE(top["entries"].size() > 0);
+  for (auto& x : top["entries"]) CHECK(x["name"].get<std::string>().find("part.txt") == std::string::npos);
+}
+
+TEST_CASE("envd /files as uid 1000: parents and file chowned") {
+  Env env;
+  Client c(env.port());
+  auto r = c.request("POST", "/files?username=user", {{"Content-Type", "multipart/form-data; boundary=B"}},
+                     multipart("B", {{"n/e/s/t.txt", "hi"}}));
+  REQUIRE(r.status == 200);
+  struct stat st;
+  REQUIRE(stat((env.user_home + "/n/e/s/t.txt").c_str(), &st) == 0);
+  CHECK(st.st_uid == 1000);
+  REQUIRE(stat((env.user_home + "/n").c_str(), &st) == 0);
+  CHECK(st.st_uid == 1000);
+  r = c.request("GET", "/files?path=n/e/s/t.txt&username=nobody");
+  CHECK(r.status == 401);
+}
+
+TEST_CASE("envd /files signatures: token, valid, expired, missing") {
+  Env env("tok");
+  (void)sg::sys::write_file(env.home + "/s.txt", "signed");
+  Client c(env.port());
+  auto r = c.request("GET", "/files?path=s.txt");
+  CHECK(r.status == 401);
+  CHECK(r.j()["message"] == "missing signature");
+  Client c1(env.port());
+  r = c1.request("GET", "/files?path=s.txt", {{"X-Access-Token", "tok"}});
+  CHECK(r.status == 200);
+  CHECK(r.body == "signed");
+  std::string sig = sg::envd::file_signature("s.txt", "read", "", "tok", std::nullopt);
+  r = c1.request("GET", "/files?path=s.txt&signature=" + qesc(sig));
+  CHECK(r.status == 200);
+  int64_t future = sg::sys::unix_seconds() + 600, past = sg::sys::unix_seconds() - 10;
+  sig = sg::envd::file_signature("s.txt", "read", "", "tok", future);
+  r = c1.request("GET", "/files?path=s.txt&signature=" + qesc(sig) + "&signature_expiration=" + std::to_string(future));
+  CHECK(r.status == 200);
+  sig = sg::envd::file_signature("s.txt", "read", "", "tok", past);
+  Client c2(env.port());
+  r = c2.request("GET", "/files?path=s.txt&signature=" + qesc(sig) + "&signature_expiration=" + std::to_string(past));
+  CHECK(r.status == 401);
+  CHECK(r.j()["message"] == "signature is expired");
+  Client c3(env.port());
+  sig = sg::envd::file_signature("s.txt", "write", "", "tok", std::nullopt);  // wrong operation
+  r = c3.request("GET", "/files?path=s.txt&signature=" + qesc(sig));
+  CHECK(r.status == 401);
+  Client c4(env.port());
+  r = c4.request("GET", "/files?path=s.txt", {{"X-Access-Token", "bad"}});
+  CHECK(r.status == 401);
+  // The signature format: v1_ + unpadded base64 of sha256.
+  std::string s = sg::envd::file_signature("/a", "read", "user", "t", std::nullopt);
+  CHECK(s.rfind("v1_", 0) == 0);
+  CHECK(s.size() == 3 + 43);
+}
