@@ -47,6 +47,36 @@ test('background command, list and kill', async () => {
   await assert.rejects(h.wait(), CommandExitError);
 });
 
+test('commands: stdin, sendStdin, closeStdin', async () => {
+  const h = await sbx.commands.run('cat', { background: true, stdin: true });
+  await sbx.commands.sendStdin(h.pid, 'typed\n');
+  await sbx.commands.closeStdin(h.pid);
+  const r = await h.wait();
+  assert.equal(r.stdout, 'typed\n');
+});
+
+test('files: large file, rename, watch', async () => {
+  const big = new Uint8Array(8 * 1024 * 1024);
+  for (let i = 0; i < big.length; i++) big[i] = (i * 7919) & 0xff;
+  await sbx.files.write('/tmp/big.bin', big.buffer);
+  const back = new Uint8Array(await sbx.files.read('/tmp/big.bin', { format: 'bytes' }));
+  assert.equal(back.length, big.length);
+  assert.ok(back.every((b, i) => b === big[i]));
+  await sbx.files.rename('/tmp/big.bin', '/tmp/big2.bin');
+  assert.equal(await sbx.files.exists('/tmp/big.bin'), false);
+  assert.equal((await sbx.files.getInfo('/tmp/big2.bin')).size, big.length);
+
+  await sbx.files.makeDir('/tmp/watched');
+  const seen = [];
+  let gotIt;
+  const got = new Promise((r) => { gotIt = r; });
+  const w = await sbx.files.watchDir('/tmp/watched', (ev) => { seen.push(ev); if (ev.name === 'new.txt') gotIt(); });
+  await sbx.files.write('/tmp/watched/new.txt', 'n');
+  await got;
+  await w.stop();
+  assert.ok(seen.some((e) => e.name === 'new.txt'));
+});
+
 test('files: write, read, list, exists, makeDir, remove', async () => {
   await sbx.files.write('/tmp/e2e/a.txt', 'x');
   assert.equal(await sbx.files.read('/tmp/e2e/a.txt'), 'x');
