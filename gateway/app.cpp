@@ -84,9 +84,12 @@ Result<std::string> ensure_base_template(const std::string& templates_dir) {
   std::string dir = templates_dir + "/base";
   if (templates::rootfs_ready(dir)) return dir;
   if (Status s = sys::make_dirs(templates_dir); !s) return s.error();
-  std::cerr << "sandgate: building the base template (Debian bookworm rootfs with bash, coreutils, procps, "
-               "python3) into "
-            << dir << "; this runs once and takes about a minute or two\n";
+  if (sys::path_exists(dir))
+    std::cerr << "sandgate: updating the base template in " << dir << "\n";
+  else
+    std::cerr << "sandgate: building the base template (Debian bookworm rootfs with bash, coreutils, procps, "
+                 "python3) into "
+              << dir << "; this runs once and takes about a minute or two\n";
   uint64_t t0 = sys::monotonic_ns();
   size_t lines = 0;
   Status s = templates::build_base_rootfs(dir, [&](const std::string& line) {

@@ -14,4 +14,4 @@ for t in frame envelope; do
   rm -rf "$work" && mkdir -p "$work" && cp tests/fuzz/corpus/$t/* "$work/"
   (cd build/fuzz && "./bin/${t}_fuzz" -max_total_time="$secs" -max_len=70000 "corpus-$t" 2>&1 | tail -3)
 done
-echo "fuzz: 2 passed, 0 failed"
+echo "fuzz: frame and envelope targets ran ${secs} s each without a crash"

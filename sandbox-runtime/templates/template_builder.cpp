@@ -173,6 +173,18 @@ Status finalize_rootfs(const std::string& dir) {
       if (Status s = copy_file(src, dst, 1000, 1000); !s) return s;
     }
   }
+  // Every command runs as `bash -l -c`: /etc/profile's `$(id -u)` costs a
+  // fork and exec of id(1) per command. bash knows its EUID already.
+  if (auto profile = sys::read_file(etc + "/profile"); profile.ok()) {
+    std::string text = *profile;
+    const std::string from = "\"$(id -u)\"", to = "\"${EUID:-$(id -u)}\"";
+    for (size_t at = text.find(from); at != std::string::npos; at = text.find(from, at + to.size()))
+      text.replace(at, from.size(), to);
+    if (text != *profile) {
+      if (Status s = sys::write_file_atomic(etc + "/profile", text); !s) return s;
+      ::chmod((etc + "/profile").c_str(), 0644);
+    }
+  }
   if (Status s = sys::make_dirs(dir + "/.sandgate", 0755); !s) return s;
   if (Status s = remove_files(dir + "/var/cache/apt/archives", ".deb"); !s) return s;
   if (Status s = remove_files(dir + "/var/cache/apt", ".bin"); !s) return s;
@@ -193,6 +205,15 @@ bool rootfs_ready(const std::string& dir) {
 Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress) {
   if (dest_dir.empty() || dest_dir.back() == '/') return invalid_error("template dir must be a path without a trailing '/'");
   if (rootfs_ready(dest_dir)) return Status::Ok();
+  // A template of an older format is brought up to date in place.
+  if (auto text = sys::read_file(dest_dir + "/" + kMarkerFile, 64 * 1024); text.ok()) {
+    auto j = nlohmann::json::parse(*text, nullptr, false);
+    int format = j.is_object() ? j.value("format", 0) : 0;
+    if (format > 0 && format < kTemplateFormat) {
+      if (progress) progress("I: upgrading template " + dest_dir + " from format " + std::to_string(format));
+      return finalize_rootfs(dest_dir);
+    }
+  }
   if (sys::path_exists(dest_dir))
     return conflict_error("template dir " + dest_dir + " exists but is not a complete template: remove it to rebuild");
   std::string partial = dest_dir + ".partial";

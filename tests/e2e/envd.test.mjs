@@ -55,6 +55,21 @@ test('commands: stdin, sendStdin, closeStdin', async () => {
   assert.equal(r.stdout, 'typed\n');
 });
 
+test('pty: create, input, resize, kill', async () => {
+  let out = '';
+  let sawIt;
+  const saw = new Promise((r) => { sawIt = r; });
+  const h = await sbx.pty.create({ cols: 100, rows: 30, onData: (d) => {
+    out += new TextDecoder().decode(d);
+    if (out.includes('size=30x100') || out.includes('size=40x120')) sawIt();
+  } });
+  await sbx.pty.sendInput(h.pid, new TextEncoder().encode('echo size=$(stty size | tr " " x)\n'));
+  await saw;
+  assert.match(out, /size=30x100/);
+  await sbx.pty.resize(h.pid, { cols: 120, rows: 40 });
+  assert.equal(await sbx.pty.kill(h.pid), true);
+});
+
 test('files: large file, rename, watch', async () => {
   const big = new Uint8Array(8 * 1024 * 1024);
   for (let i = 0; i < big.length; i++) big[i] = (i * 7919) & 0xff;
