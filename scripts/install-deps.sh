@@ -8,7 +8,7 @@ PKGS=(
   libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liburing-dev
   libsqlite3-dev sqlite3 doctest-dev
   debootstrap iproute2 util-linux curl ca-certificates
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
 )
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
