@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "gateway/http/h2_session.h"
 #include "gateway/http/relay.h"
 #include "sys/log.h"
 
@@ -201,6 +202,8 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   bhttp::response_parser<bhttp::buffer_body> resp;
   resp.body_limit(boost::none);
   resp.header_limit(64 * 1024);
+  // A response to HEAD announces a length but carries no body.
+  if (req.method() == bhttp::verb::head) resp.skip(true);
   co_await bhttp::async_read_header(up, ubuf, resp, asio::redirect_error(asio::use_awaitable, ec));
   if (ec)
     co_return co_await answer(sandbox_unavailable(
@@ -335,7 +338,14 @@ asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
     if (ec) {
       LOG_DEBUG("TLS handshake with " << remote << ": " << ec.message());
     } else {
-      co_await serve(stream, remote);
+      const unsigned char* proto = nullptr;
+      unsigned proto_len = 0;
+      SSL_get0_alpn_selected(stream.native_handle(), &proto, &proto_len);
+      // SAFETY: OpenSSL returns proto_len bytes at proto (or none).
+      if (proto_len == 2 && std::memcmp(proto, "h2", 2) == 0)
+        co_await serve_h2(stream, remote, H2Deps{cfg, handler, proxy_hooks, workers});
+      else
+        co_await serve(stream, remote);
       lowest->expires_after(std::chrono::seconds(2));
       co_await stream.async_shutdown(asio::redirect_error(asio::use_awaitable, ec));
     }
@@ -374,20 +384,23 @@ HttpServer::~HttpServer() { stop(); }
 
 namespace {
 
-// ALPN: take http/1.1 when offered; otherwise proceed without ALPN.
+// ALPN: take h2 when offered, else http/1.1; otherwise proceed without ALPN.
 int select_alpn(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned inlen,
                 void*) {
+  static const unsigned char kH2[] = {2, 'h', '2'};
   static const unsigned char kHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
-  // SAFETY: OpenSSL gives inlen bytes at in, a list of length-prefixed names.
-  for (unsigned i = 0; i < inlen;) {
-    unsigned n = in[i];
-    if (i + 1 + n > inlen) break;
-    if (n == 8 && std::memcmp(in + i, kHttp11, 9) == 0) {
-      *out = in + i + 1;
-      *outlen = 8;
-      return SSL_TLSEXT_ERR_OK;
+  for (const unsigned char* want : {kH2, kHttp11}) {
+    // SAFETY: OpenSSL gives inlen bytes at in, a list of length-prefixed names.
+    for (unsigned i = 0; i < inlen;) {
+      unsigned n = in[i];
+      if (i + 1 + n > inlen) break;
+      if (n == want[0] && std::memcmp(in + i, want, n + 1) == 0) {
+        *out = in + i + 1;
+        *outlen = static_cast<unsigned char>(n);
+        return SSL_TLSEXT_ERR_OK;
+      }
+      i += 1 + n;
     }
-    i += 1 + n;
   }
   return SSL_TLSEXT_ERR_NOACK;
 }

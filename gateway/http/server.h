@@ -1,4 +1,5 @@
-// HttpServer: the HTTP/1.1 listener (Boost.Beast on Asio coroutines).
+// HttpServer: the HTTP/1.1 listener (Boost.Beast on Asio coroutines), and
+// HTTP/2 over TLS when ALPN selects h2 (h2_session.h).
 //
 // Threads: `io_threads` run the io_context and only parse and write; every
 // request's handler runs on the worker pool (it may block on SQLite or the
@@ -34,7 +35,7 @@ struct ServerConfig {
   size_t body_limit = 1 << 20;
   std::chrono::milliseconds read_timeout{30000};
   // TLS: PEM certificate chain and key. Both empty: plain HTTP. ALPN
-  // selects http/1.1 (HTTP/2 is not served yet; clients fall back).
+  // prefers h2 (served by h2_session.h), then http/1.1.
   std::string tls_cert_file;
   std::string tls_key_file;
   // A client that accepts no bytes of a relayed response for this long is

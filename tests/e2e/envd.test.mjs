@@ -132,6 +132,11 @@ test('any port: an HTTP server and a WebSocket echo server inside the sandbox', 
   const res = await fetch(server.url + '/index.txt', { headers: headers(8000) });
   assert.equal(res.status, 200);
   assert.equal(await res.text(), 'served\n');
+  // HEAD: a length, no body; the connection stays usable.
+  const head = await fetch(server.url + '/index.txt', { method: 'HEAD', headers: headers(8000) });
+  assert.equal(head.status, 200);
+  assert.equal(head.headers.get('content-length'), '7');
+  assert.equal((await fetch(server.url + '/index.txt', { headers: headers(8000) })).status, 200);
 
   const ws = new WebSocket(server.url.replace('http', 'ws') + '/echo', { headers: headers(8765) });
   await new Promise((resolve, reject) => { ws.on('open', resolve); ws.on('error', reject); });

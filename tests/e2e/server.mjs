@@ -30,7 +30,7 @@ export async function startSandgate(extraArgs = []) {
     });
   });
   return {
-    url, key, dir,
+    url, key, dir, pid: proc.pid,
     opts: { apiUrl: url, sandboxUrl: url, apiKey: key },
     async stop() {
       const exited = new Promise((r) => proc.on('exit', r));

@@ -2,6 +2,9 @@
 #include <doctest/doctest.h>
 
 #include <sys/stat.h>
+#include <zlib.h>
+
+#include <set>
 
 #include "agent/envd/files.h"
 #include "agent/envd/filesystem.h"
@@ -25,6 +28,31 @@ std::string binary_blob() {
   for (int i = 0; i < 300000; ++i) s += static_cast<char>((i * 7 + i / 256) & 0xff);
   s += "\r\n--xy";  // a delimiter prefix at the end of a part's data
   return s;
+}
+
+std::string gzip(const std::string& in) {
+  z_stream zs = {};
+  REQUIRE(deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&zs, in.size()) + 64, '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  zs.next_out = reinterpret_cast<Bytef*>(out.data());
+  zs.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+std::string chunked(const std::string& body, size_t piece) {
+  std::string o;
+  for (size_t i = 0; i < body.size(); i += piece) {
+    std::string p = body.substr(i, piece);
+    char n[32];
+    snprintf(n, sizeof n, "%zx\r\n", p.size());
+    o += n + p + "\r\n";
+  }
+  return o + "0\r\n\r\n";
 }
 
 // What URLSearchParams does to a signature: '+', '/' and '=' escaped.
@@ -200,7 +228,7 @@ TEST_CASE("envd /files: multipart with nested paths, binary round trip, errors")
   d = c2.request("GET", "/files?path=deep");
   CHECK(d.status == 400);
   Client c3(env.port());
-  r = c3.request("POST", "/files?path=g.txt", {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "gzip"}}, "x");
+  r = c3.request("POST", "/files?path=g.txt", {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "br"}}, "x");
   CHECK(r.status == 415);
   Client c4(env.port());
   // A truncated multipart upload leaves nothing behind.
@@ -211,6 +239,72 @@ TEST_CASE("envd /files: multipart with nested paths, binary round trip, errors")
   json top = l.j();
   REQUIRE(top["entries"].size() > 0);
   for (auto& x : top["entries"]) CHECK(x["name"].get<std::string>().find("part.txt") == std::string::npos);
+}
+
+TEST_CASE("envd /files: Content-Encoding gzip uploads (octet-stream and multipart) and corrupt gzip") {
+  Env env;
+  // Large and compressible (several MiB out of a small body) plus binary.
+  std::string big;
+  for (int i = 0; i < 200000; ++i) big += "line " + std::to_string(i % 1000) + "\n";
+  big += binary_blob();
+  Client c(env.port());
+  std::string gz = gzip(big);
+  REQUIRE(gz.size() < big.size() / 4);
+  auto r = c.request("POST", "/files?path=gz%2Fbig.txt",
+                     {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "gzip"}}, gz);
+  REQUIRE(r.status == 200);
+  CHECK(r.j()[0]["path"] == env.home + "/gz/big.txt");
+  auto d = c.request("GET", "/files?path=gz/big.txt");
+  CHECK(d.body.size() == big.size());
+  CHECK(d.body == big);
+  // Chunked in small pieces, two concatenated gzip members, empty content.
+  c.send_raw("POST /files?path=gz/two.txt HTTP/1.1\r\nContent-Type: application/octet-stream\r\n"
+             "Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" +
+             chunked(gzip("first,") + gzip("second"), 7));
+  CHECK(c.read_head().status == 200);
+  for (std::string s; !(s = c.read_body_some()).empty();) {}
+  CHECK(sg::sys::read_file(env.home + "/gz/two.txt").value() == "first,second");
+  r = c.request("POST", "/files?path=gz/empty.txt",
+                {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "GZIP"}}, gzip(""));
+  CHECK(r.status == 200);
+  CHECK(sg::sys::read_file(env.home + "/gz/empty.txt").value() == "");
+
+  // Multipart: the gzip covers the whole body, boundaries included.
+  std::string mp = multipart("zz", {{"gz/m1.bin", binary_blob()}, {"gz/m2.txt", "two"}});
+  c.send_raw("POST /files HTTP/1.1\r\nContent-Type: multipart/form-data; boundary=zz\r\n"
+             "Content-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(gzip(mp), 1000));
+  auto h = c.read_head();
+  CHECK(h.status == 200);
+  std::string body;
+  for (std::string s; !(s = c.read_body_some()).empty();) body += s;
+  auto j = json::parse(body);
+  REQUIRE(j.size() == 2);
+  CHECK(j[1]["path"] == env.home + "/gz/m2.txt");
+  CHECK(sg::sys::read_file(env.home + "/gz/m1.bin").value() == binary_blob());
+  CHECK(sg::sys::read_file(env.home + "/gz/m2.txt").value() == "two");
+
+  // Corrupt data (not gzip; flipped bytes mid-stream; truncated; trailing
+  // garbage): a JSON 400 and nothing left behind.
+  std::string flipped = gzip(big);
+  for (size_t i = flipped.size() / 2; i < flipped.size() / 2 + 64; ++i) flipped[i] = static_cast<char>(~flipped[i]);
+  std::string truncated = gzip(big).substr(0, gz.size() - 100);
+  for (const std::string& bad : {std::string("x"), flipped, truncated, gzip("ok") + "junk", std::string()}) {
+    Client cb(env.port());
+    r = cb.request("POST", "/files?path=gz/bad.txt",
+                   {{"Content-Type", "application/octet-stream"}, {"Content-Encoding", "gzip"}}, bad);
+    CHECK(r.status == 400);
+    CHECK(r.j()["code"] == 400);
+    CHECK(r.j()["message"].get<std::string>().find("gzip") != std::string::npos);
+    Client cm(env.port());
+    r = cm.request("POST", "/files", {{"Content-Type", "multipart/form-data; boundary=zz"}, {"Content-Encoding", "gzip"}},
+                   bad.empty() ? bad : bad.substr(0, bad.size() - 1));
+    CHECK(r.status == 400);
+  }
+  auto l = env.unary("filesystem.Filesystem/ListDir", {{"path", "gz"}});
+  json listing = l.j();
+  std::set<std::string> names;
+  for (auto& x : listing["entries"]) names.insert(x["name"].get<std::string>());
+  CHECK(names == std::set<std::string>{"big.txt", "empty.txt", "m1.bin", "m2.txt", "two.txt"});
 }
 
 TEST_CASE("envd /files as uid 1000: parents and file chowned") {

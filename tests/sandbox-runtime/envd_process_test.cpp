@@ -319,9 +319,140 @@ TEST_CASE("envd auth: token on RPCs and /envs, /health open") {
   int status = 0;
   auto s = env.stream("process.Process/Start", start_req("true"), {}, &status);
   CHECK(status == 401);
-  // Unknown Connect method: unimplemented JSON; StreamInput likewise.
+  // StreamInput is client streaming: a unary content type gets 415 unimplemented JSON.
   r = env.unary("process.Process/StreamInput", json::object(), {{"X-Access-Token", "sekrit"}});
+  CHECK(r.status == 415);
   CHECK(r.j()["code"] == "unimplemented");
+}
+
+namespace {
+
+std::string http_chunk(const std::string& data) {
+  char n[32];
+  snprintf(n, sizeof n, "%zx\r\n", data.size());
+  return n + data + "\r\n";
+}
+
+// Opens POST /process.Process/StreamInput with a chunked body; the caller
+// sends chunks with send_raw(http_chunk(...)) and ends with "0\r\n\r\n".
+std::unique_ptr<Client> open_stream_input(Env& env, const std::string& extra_headers = "") {
+  auto c = std::make_unique<Client>(env.port());
+  c->send_raw("POST /process.Process/StreamInput HTTP/1.1\r\nHost: localhost\r\n"
+              "Content-Type: application/connect+json\r\nConnect-Protocol-Version: 1\r\n" +
+              extra_headers + "Transfer-Encoding: chunked\r\n\r\n");
+  return c;
+}
+
+std::string input_env(const std::string& stdin_bytes) {
+  return envelope_of(json{{"data", {{"input", {{"stdin", b64(stdin_bytes)}}}}}});
+}
+
+// Reads the StreamInput response: the end-of-stream payload, after checking
+// the message envelope {} came first when ok.
+json stream_input_reply(Client& c, bool ok) {
+  auto h = c.read_head();
+  CHECK(h.status == 200);
+  CHECK(h.headers["content-type"] == "application/connect+json");
+  auto e = c.next_envelope();
+  if (ok) {
+    CHECK(e.flags == 0);
+    CHECK(e.msg == json::object());
+    e = c.next_envelope();
+  }
+  CHECK(e.flags == sg::envd::kFlagEndStream);
+  return e.msg;
+}
+
+}  // namespace
+
+TEST_CASE("envd StreamInput: data envelopes reach cat's stdin as they arrive") {
+  Env env;
+  auto c = env.stream("process.Process/Start", json{{"process", {{"cmd", "cat"}}}, {"stdin", true}});
+  auto s = c->next_event();
+  int pid = s.msg["event"]["start"]["pid"];
+
+  auto in = open_stream_input(env);
+  in->send_raw(http_chunk(envelope_of(json{{"start", {{"process", {{"pid", pid}}}}}})));
+  in->send_raw(http_chunk(input_env("abc")));
+  // cat echoes the first message while the request body is still open.
+  std::string out;
+  while (out.size() < 3) {
+    auto e = c->next_event();
+    REQUIRE(e.flags == 0);
+    out += unb64(e.msg["event"]["data"]["stdout"]);
+  }
+  CHECK(out == "abc");
+  // A keepalive, then the second message split across two chunks (inside its
+  // 5-byte prefix), then the end-of-stream envelope and the body's end.
+  std::string second = input_env("def\n");
+  in->send_raw(http_chunk(envelope_of(json{{"keepalive", json::object()}})));
+  in->send_raw(http_chunk(second.substr(0, 3)));
+  in->send_raw(http_chunk(second.substr(3)));
+  in->send_raw(http_chunk(sg::envd::envelope(sg::envd::kFlagEndStream, "{}")) + "0\r\n\r\n");
+  CHECK(stream_input_reply(*in, true) == json::object());
+  // The connection stays usable.
+  auto r = in->request("GET", "/health");
+  CHECK(r.status == 204);
+
+  r = env.unary("process.Process/CloseStdin", {{"process", {{"pid", pid}}}});
+  CHECK(r.status == 200);
+  Run run = collect(*c, true);
+  CHECK(out + run.out == "abcdef\n");
+  CHECK(run.end["status"] == "exit status 0");
+}
+
+TEST_CASE("envd StreamInput: body end without end-of-stream, tag selector") {
+  Env env;
+  json req{{"process", {{"cmd", "cat"}}}, {"stdin", true}, {"tag", "feeder"}};
+  auto c = env.stream("process.Process/Start", req);
+  auto s = c->next_event();
+  REQUIRE(s.msg["event"].contains("start"));
+  auto in = open_stream_input(env);
+  in->send_raw(http_chunk(envelope_of(json{{"start", {{"process", {{"tag", "feeder"}}}}}}) + input_env("x")));
+  in->send_raw(http_chunk(input_env("y")) + "0\r\n\r\n");
+  CHECK(stream_input_reply(*in, true) == json::object());
+  int pid = s.msg["event"]["start"]["pid"];
+  CHECK(env.unary("process.Process/CloseStdin", {{"process", {{"pid", pid}}}}).status == 200);
+  Run run = collect(*c, true);
+  CHECK(run.out == "xy");
+}
+
+TEST_CASE("envd StreamInput errors: unknown pid, bad messages, oversized envelope") {
+  Env env;
+  // Unknown pid: not_found in the end-of-stream envelope of a 200.
+  auto in = open_stream_input(env);
+  in->send_raw(http_chunk(envelope_of(json{{"start", {{"process", {{"pid", 999999}}}}}})));
+  json eos = stream_input_reply(*in, false);
+  CHECK(eos["error"]["code"] == "not_found");
+  in->send_raw(http_chunk(input_env("ignored")) + "0\r\n\r\n");  // discarded, then the next request
+  CHECK(in->request("GET", "/health").status == 204);
+
+  // Data before start, an unknown event, a non-JSON message, an empty body.
+  for (const std::string& body :
+       {input_env("a"), envelope_of(json{{"bogus", 1}}), sg::envd::envelope(0, "not json"), std::string()}) {
+    auto c = open_stream_input(env);
+    c->send_raw((body.empty() ? std::string() : http_chunk(body)) + "0\r\n\r\n");
+    json e = stream_input_reply(*c, false);
+    CHECK(e["error"]["code"] == "invalid_argument");
+  }
+  // A message after start that is not valid.
+  auto sc = env.stream("process.Process/Start", json{{"process", {{"cmd", "cat"}}}, {"stdin", true}});
+  int pid = sc->next_event().msg["event"]["start"]["pid"];
+  auto c = open_stream_input(env);
+  c->send_raw(http_chunk(envelope_of(json{{"start", {{"process", {{"pid", pid}}}}}})) +
+              http_chunk(envelope_of(json{{"data", {{"input", {{"stdin", "!!notbase64"}}}}}})) + "0\r\n\r\n");
+  CHECK(stream_input_reply(*c, false)["error"]["code"] == "invalid_argument");
+  // An envelope announcing more than 16 MiB is refused before it is read.
+  c = open_stream_input(env);
+  c->send_raw(http_chunk(std::string("\x00\x02\x00\x00\x00", 5)));
+  CHECK(stream_input_reply(*c, false)["error"]["code"] == "resource_exhausted");
+  // Connect-Timeout-Ms bounds the whole call: a client that goes quiet gets
+  // deadline_exceeded.
+  c = open_stream_input(env, "Connect-Timeout-Ms: 300\r\n");
+  c->send_raw(http_chunk(envelope_of(json{{"start", {{"process", {{"pid", pid}}}}}})));
+  CHECK(stream_input_reply(*c, false)["error"]["code"] == "deadline_exceeded");
+  CHECK(env.unary("process.Process/SendSignal", {{"process", {{"pid", pid}}}, {"signal", "SIGNAL_SIGKILL"}}).status == 200);
+  collect(*sc, true);
 }
 
 TEST_CASE("envd keep-alive: several requests on one connection") {

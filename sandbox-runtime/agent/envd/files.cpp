@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <set>
 
+#include <zlib.h>
+
 #include "agent/envd/filesystem.h"
 #include "agent/envd/rpc.h"
 #include "agent/envd/sha256.h"
@@ -23,7 +25,7 @@ constexpr size_t kIoChunk = 64 << 10;
 constexpr size_t kMaxPartHeader = 16 << 10;
 
 struct HttpFail {
-  int status;
+  int status = 500;
   std::string message;
 };
 
@@ -79,6 +81,95 @@ class Upload {
   std::string path_, tmp_;
   User owner_;
   UniqueFd fd_;
+};
+
+// The request body as the upload parsers see it: the raw body, or with
+// Content-Encoding: gzip the body inflated as it streams (gzip framing,
+// concatenated members accepted as Go's gzip reader does). At most one
+// input buffer and the caller's output buffer are held; nothing is
+// buffered whole. Returns bytes, 0 at the end, -1 with *f set.
+class BodyReader {
+ public:
+  BodyReader(Conn& c, bool gzip) : c_(c), gzip_(gzip) {}
+  ~BodyReader() {
+    if (z_init_) ::inflateEnd(&zs_);
+  }
+  BodyReader(const BodyReader&) = delete;
+  BodyReader& operator=(const BodyReader&) = delete;
+
+  long read(char* buf, size_t n, HttpFail* f) {
+    if (!gzip_) {
+      HttpError err;
+      long k = c_.read_body(buf, n, &err);
+      if (k < 0) *f = HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+      return k;
+    }
+    if (done_ || n == 0) return 0;
+    if (!z_init_) {
+      zs_ = {};
+      if (::inflateInit2(&zs_, 16 + MAX_WBITS) != Z_OK) {
+        *f = HttpFail{500, "gzip: cannot initialise zlib"};
+        return -1;
+      }
+      z_init_ = true;
+      in_.resize(kIoChunk);
+    }
+    zs_.next_out = reinterpret_cast<Bytef*>(buf);
+    zs_.avail_out = static_cast<uInt>(std::min<size_t>(n, 1u << 30));
+    const size_t want = zs_.avail_out;
+    for (;;) {
+      if (zs_.avail_in == 0 && !eof_) {
+        HttpError err;
+        long k = c_.read_body(in_.data(), in_.size(), &err);
+        if (k < 0) {
+          *f = HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+          return -1;
+        }
+        if (k == 0) {
+          eof_ = true;
+        } else {
+          zs_.next_in = reinterpret_cast<Bytef*>(in_.data());
+          zs_.avail_in = static_cast<uInt>(k);
+        }
+      }
+      if (zs_.avail_in == 0 && eof_) {
+        if (member_done_) {
+          done_ = true;
+          return static_cast<long>(want - zs_.avail_out);
+        }
+        *f = HttpFail{400, "invalid gzip body: unexpected end of the compressed data"};
+        return -1;
+      }
+      if (member_done_) {  // more bytes after a complete member: the next member
+        ::inflateReset(&zs_);
+        member_done_ = false;
+      }
+      int r = ::inflate(&zs_, Z_NO_FLUSH);
+      size_t produced = want - zs_.avail_out;
+      if (r == Z_STREAM_END) {
+        member_done_ = true;
+        if (produced > 0) return static_cast<long>(produced);
+        continue;
+      }
+      if (r == Z_OK || r == Z_BUF_ERROR) {
+        if (produced > 0) return static_cast<long>(produced);
+        continue;  // needs more input
+      }
+      if (r == Z_MEM_ERROR) {
+        *f = HttpFail{500, "gzip: out of memory"};
+        return -1;
+      }
+      *f = HttpFail{400, std::string("invalid gzip body: ") + (zs_.msg ? zs_.msg : "corrupt data")};
+      return -1;
+    }
+  }
+
+ private:
+  Conn& c_;
+  bool gzip_;
+  z_stream zs_{};
+  bool z_init_ = false, eof_ = false, member_done_ = false, done_ = false;
+  std::string in_;
 };
 
 std::string header_param(const std::string& header, const std::string& key) {
@@ -184,15 +275,15 @@ std::optional<HttpFail> parse_metadata(const Request& r, std::vector<std::pair<s
   return std::nullopt;
 }
 
-std::optional<HttpFail> upload_octet(Conn& c, const std::string& path, const User& user,
+std::optional<HttpFail> upload_octet(BodyReader& body, const std::string& path, const User& user,
                                      const std::vector<std::pair<std::string, std::string>>& md) {
   Upload up;
   if (auto f = up.begin(path, user)) return f;
   std::string buf(kIoChunk, '\0');
-  HttpError err;
   for (;;) {
-    long n = c.read_body(buf.data(), buf.size(), &err);
-    if (n < 0) return HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+    HttpFail f;
+    long n = body.read(buf.data(), buf.size(), &f);
+    if (n < 0) return f;
     if (n == 0) break;
     if (auto f = up.write(std::string_view(buf.data(), static_cast<size_t>(n)))) return f;
   }
@@ -201,7 +292,7 @@ std::optional<HttpFail> upload_octet(Conn& c, const std::string& path, const Use
 
 // Streaming multipart/form-data: parts named "file" are written to disk as
 // their bytes arrive; only a delimiter's length of data is ever held back.
-std::optional<HttpFail> upload_multipart(Conn& c, const std::string& boundary, const std::string* query_path,
+std::optional<HttpFail> upload_multipart(BodyReader& body, const std::string& boundary, const std::string* query_path,
                                          const User& user, const std::vector<std::pair<std::string, std::string>>& md,
                                          json* written) {
   const std::string delim = "\r\n--" + boundary;
@@ -212,7 +303,6 @@ std::optional<HttpFail> upload_multipart(Conn& c, const std::string& boundary, c
   std::string up_path;
   std::set<std::string> seen;
   bool used_query_path = false, eof = false;
-  HttpError err;
   for (;;) {
     bool progress = true;
     while (progress) {
@@ -289,8 +379,9 @@ std::optional<HttpFail> upload_multipart(Conn& c, const std::string& boundary, c
       }
     }
     if (eof) break;
-    long n = c.read_body(chunk.data(), chunk.size(), &err);
-    if (n < 0) return HttpFail{err.status ? err.status : 400, "upload body: " + err.message};
+    HttpFail f;
+    long n = body.read(chunk.data(), chunk.size(), &f);
+    if (n < 0) return f;
     if (n == 0) eof = true;
     else buf.append(chunk.data(), static_cast<size_t>(n));
   }
@@ -301,14 +392,19 @@ std::optional<HttpFail> upload_multipart(Conn& c, const std::string& boundary, c
 void upload(Conn& c, const Request& r, const User& user) {
   std::vector<std::pair<std::string, std::string>> md;
   if (auto f = parse_metadata(r, &md)) return send_http_error(c, f->status, f->message);
+  bool gzip = false;
   if (auto* ce = r.header("content-encoding")) {
     std::string e = lowercase(*ce);
-    if (!e.empty() && e != "identity") {
+    size_t b = e.find_first_not_of(" \t"), t = e.find_last_not_of(" \t");
+    e = b == std::string::npos ? std::string() : e.substr(b, t - b + 1);
+    if (e == "gzip" || e == "x-gzip") {
+      gzip = true;
+    } else if (!e.empty() && e != "identity") {
       c.set_close();
-      return send_http_error(c, 415, "Content-Encoding '" + *ce + "' is not supported by this envd; upload "
-                                     "uncompressed (gzip: false)");
+      return send_http_error(c, 415, "Content-Encoding '" + *ce + "' is not supported; use gzip or identity");
     }
   }
+  BodyReader body(c, gzip);
   const std::string* ct = r.header("content-type");
   std::string lct = ct ? lowercase(*ct) : "";
   auto q = r.query.find("path");
@@ -320,7 +416,7 @@ void upload(Conn& c, const Request& r, const User& user) {
       return send_http_error(c, 400, "multipart/form-data without a valid boundary");
     }
     json written = json::array();
-    if (auto f = upload_multipart(c, boundary, query_path, user, md, &written)) {
+    if (auto f = upload_multipart(body, boundary, query_path, user, md, &written)) {
       c.set_close();
       return send_http_error(c, f->status, f->message);
     }
@@ -334,7 +430,7 @@ void upload(Conn& c, const Request& r, const User& user) {
       return send_http_error(c, 400, "octet-stream upload needs the path query parameter");
     }
     std::string path = resolve_path(user.home, *query_path);
-    if (auto f = upload_octet(c, path, user, md)) {
+    if (auto f = upload_octet(body, path, user, md)) {
       c.set_close();
       return send_http_error(c, f->status, f->message);
     }

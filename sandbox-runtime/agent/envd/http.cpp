@@ -14,7 +14,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 int ms_until(Clock::time_point deadline) {
-  auto d = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  // Rounded up, so a poll that times out has reached the deadline.
+  auto d = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
   if (d < 0) return 0;
   return d > 1000000 ? 1000000 : static_cast<int>(d);
 }
@@ -114,8 +115,16 @@ bool Conn::fill(Clock::time_point deadline, bool* eof) {
   }
 }
 
+Clock::time_point Conn::body_read_deadline() const {
+  auto d = Clock::now() + kIdleTimeout;
+  if (body_deadline_ && *body_deadline_ < d) d = *body_deadline_;
+  return d;
+}
+
+bool Conn::body_deadline_passed() const { return body_deadline_ && Clock::now() >= *body_deadline_; }
+
 bool Conn::read_line(std::string* line, size_t limit, HttpError* err) {
-  auto deadline = Clock::now() + kIdleTimeout;
+  auto deadline = body_read_deadline();
   for (;;) {
     size_t nl = buf_.find('\n', pos_);
     if (nl != std::string::npos) {
@@ -139,6 +148,7 @@ bool Conn::read_line(std::string* line, size_t limit, HttpError* err) {
 std::optional<Request> Conn::read_request(HttpError* err) {
   *err = {0, ""};
   if (!body_done_ && !discard_body(1 << 20)) return std::nullopt;
+  body_deadline_.reset();
   auto idle_deadline = Clock::now() + kIdleTimeout;
   std::optional<Clock::time_point> head_deadline;
   size_t end;
@@ -244,7 +254,7 @@ std::optional<Request> Conn::read_request(HttpError* err) {
 long Conn::read_raw(char* buf, size_t n, HttpError* err) {
   if (pos_ == buf_.size()) {
     bool eof;
-    if (!fill(Clock::now() + kIdleTimeout, &eof)) {
+    if (!fill(body_read_deadline(), &eof)) {
       *err = {0, eof ? "connection closed in body" : "body read timed out or failed"};
       return -1;
     }

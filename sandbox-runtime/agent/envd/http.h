@@ -66,6 +66,12 @@ class Conn {
   // request can be read; false: close instead.
   bool discard_body(size_t limit);
   bool body_done() const { return body_done_; }
+  // An overall deadline for the body reads of the current request (besides
+  // the per-read idle timeout); cleared by the next read_request. A read
+  // past it fails like an idle timeout; body_deadline_passed() tells them
+  // apart.
+  void set_body_deadline(std::optional<std::chrono::steady_clock::time_point> d) { body_deadline_ = d; }
+  bool body_deadline_passed() const;
 
   // Responses. Each returns false when the peer is gone (close).
   bool write_all(std::string_view data);
@@ -97,6 +103,9 @@ class Conn {
   uint64_t remaining_ = 0;  // of the body (Content-Length) or of the current chunk
   bool in_chunk_ = false;
   bool body_done_ = true;
+  std::optional<std::chrono::steady_clock::time_point> body_deadline_;
+  // now + kIdleTimeout, or the body deadline when that is sooner.
+  std::chrono::steady_clock::time_point body_read_deadline() const;
 };
 
 const char* status_text(int status);

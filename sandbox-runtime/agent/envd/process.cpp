@@ -495,6 +495,12 @@ std::vector<ProcessInfo> ProcessManager::list() {
   return out;
 }
 
+RpcResult<pid_t> ProcessManager::lookup(pid_t pid, const std::string& tag) {
+  auto p = find(pid, tag);
+  if (!p) return process_not_found(pid, tag);
+  return p->pid;
+}
+
 RpcStatus ProcessManager::send_input(pid_t pid, const std::string& tag, bool pty, const std::string& data) {
   auto p = find(pid, tag);
   if (!p) return process_not_found(pid, tag);

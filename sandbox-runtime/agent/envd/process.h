@@ -121,6 +121,8 @@ class ProcessManager {
   // one in the cache yields a subscription holding just its end event.
   RpcResult<std::shared_ptr<Subscription>> connect(pid_t pid, const std::string& tag);
   std::vector<ProcessInfo> list();
+  // The pid of the running process with that pid or tag; not_found if none.
+  RpcResult<pid_t> lookup(pid_t pid, const std::string& tag);
   RpcStatus send_input(pid_t pid, const std::string& tag, bool pty, const std::string& data);
   RpcStatus close_stdin(pid_t pid, const std::string& tag);
   RpcStatus signal(pid_t pid, const std::string& tag, int sig);

@@ -82,6 +82,18 @@ std::optional<std::pair<pid_t, std::string>> selector(const json& req) {
 
 RpcError bad_selector() { return rpc_error(Code::kInvalidArgument, "request needs process.pid or process.tag"); }
 
+// ProcessInput {stdin|pty: base64} inside msg["input"]: (is_pty, bytes).
+RpcResult<std::pair<bool, std::string>> process_input(const json& msg) {
+  const json* in = field(msg, "input");
+  if (!in || !in->is_object()) return rpc_error(Code::kInvalidArgument, "request needs input.stdin or input.pty");
+  bool pty = field(*in, "pty") != nullptr;
+  const json* data = pty ? field(*in, "pty") : field(*in, "stdin");
+  if (!data || !data->is_string()) return rpc_error(Code::kInvalidArgument, "request needs input.stdin or input.pty");
+  auto bytes = base64_decode(data->get<std::string>());
+  if (!bytes) return rpc_error(Code::kInvalidArgument, "input is not valid base64");
+  return std::make_pair(pty, std::move(*bytes));
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -120,6 +132,9 @@ struct Server::Impl {
   void connect(Conn& c, const json& req, const CallContext& ctx);
   void stream_process(Stream& s, Subscription& sub, const CallContext& ctx, bool is_start);
   RpcResult<json> unary_process(const std::string& method, const json& req);
+  void stream_input(Conn& c, const CallContext& ctx);
+  std::optional<RpcError> read_input_stream(Conn& c);
+  std::optional<RpcError> input_message(std::string_view payload, std::optional<pid_t>* pid);
   // filesystem.Filesystem
   void watch_dir(Conn& c, const json& req, const CallContext& ctx);
   RpcResult<json> unary_fs(const std::string& method, const json& req, const CallContext& ctx);
@@ -294,29 +309,19 @@ RpcResult<User> Server::Impl::rpc_user(const Request& r) {
 
 void Server::Impl::handle_rpc(Conn& c, const Request& r, const std::string& service, const std::string& method) {
   static const std::set<std::string> kStreams = {"Start", "Connect", "WatchDir"};
-  bool stream = kStreams.count(method) > 0;
+  bool client_stream = service == "process.Process" && method == "StreamInput";
+  bool stream = kStreams.count(method) > 0 || client_stream;
   const std::string* ct = r.header("content-type");
   std::string lct = ct ? lowercase(ct->substr(0, ct->find(';'))) : "";
   auto unary_error = [&](const RpcError& e) {
     c.send_response(code_http_status(e.code), {{"Content-Type", "application/json"}}, error_json(e).dump());
   };
-  if (service == "process.Process" && method == "StreamInput") {
-    c.set_close();
-    return unary_error(rpc_error(Code::kUnimplemented, "process.Process/StreamInput is not implemented; use SendInput"));
-  }
   std::string want = stream ? "application/connect+json" : "application/json";
   if (lct != want) {
     c.set_close();
     c.send_response(415, {{"Content-Type", "application/json"}},
                     error_json(rpc_error(Code::kUnimplemented, "unsupported content type '" + lct + "', want " + want))
                         .dump());
-    return;
-  }
-  std::string body;
-  HttpError herr;
-  if (!c.read_body_all(kMaxUnaryBody, &body, &herr)) {
-    c.set_close();
-    if (herr.status) send_http_error(c, herr.status, herr.message);
     return;
   }
   CallContext ctx;
@@ -329,6 +334,22 @@ void Server::Impl::handle_rpc(Conn& c, const Request& r, const std::string& serv
     char* end = nullptr;
     long long v = std::strtoll(k->c_str(), &end, 10);
     if (!k->empty() && !*end && v > 0 && v < 86400) ctx.keepalive = std::chrono::seconds(v);
+  }
+  if (client_stream) {
+    auto u = rpc_user(r);
+    if (!u) {
+      Stream s(c);
+      return s.finish(u.error());  // the unread body is discarded (bounded) or the connection closed
+    }
+    ctx.user = std::move(*u);
+    return stream_input(c, ctx);
+  }
+  std::string body;
+  HttpError herr;
+  if (!c.read_body_all(kMaxUnaryBody, &body, &herr)) {
+    c.set_close();
+    if (herr.status) send_http_error(c, herr.status, herr.message);
+    return;
   }
   json req;
   std::optional<RpcError> perr;
@@ -519,14 +540,9 @@ RpcResult<json> Server::Impl::unary_process(const std::string& method, const jso
   auto sel = selector(req);
   if (method == "SendInput") {
     if (!sel) return bad_selector();
-    const json* in = field(req, "input");
-    if (!in || !in->is_object()) return rpc_error(Code::kInvalidArgument, "request needs input.stdin or input.pty");
-    bool pty = field(*in, "pty") != nullptr;
-    const json* data = pty ? field(*in, "pty") : field(*in, "stdin");
-    if (!data || !data->is_string()) return rpc_error(Code::kInvalidArgument, "request needs input.stdin or input.pty");
-    auto bytes = base64_decode(data->get<std::string>());
-    if (!bytes) return rpc_error(Code::kInvalidArgument, "input is not valid base64");
-    auto st = procs.send_input(sel->first, sel->second, pty, *bytes);
+    auto in = process_input(req);
+    if (!in) return in.error();
+    auto st = procs.send_input(sel->first, sel->second, in->first, in->second);
     if (!st) return st.error();
     return json::object();
   }
@@ -558,6 +574,95 @@ RpcResult<json> Server::Impl::unary_process(const std::string& method, const jso
     return json::object();
   }
   return rpc_error(Code::kUnimplemented, "process.Process/" + method + " is not implemented");
+}
+
+// StreamInput (client streaming): envelopes are parsed as they arrive and
+// each data message is written to the process before the next is read, so
+// memory is one envelope (kMaxUnaryBody) plus one read buffer. The reply is
+// a Content-Length 200: message {} and end-of-stream {}, or just the
+// end-of-stream error.
+void Server::Impl::stream_input(Conn& c, const CallContext& ctx) {
+  if (ctx.timeout.count() > 0) c.set_body_deadline(Clock::now() + ctx.timeout);
+  std::optional<RpcError> err = read_input_stream(c);
+  c.set_body_deadline(std::nullopt);
+  std::string body = err ? end_stream(err) : envelope(0, "{}") + end_stream(std::nullopt);
+  // On an error the rest of the body is discarded after the reply (up to
+  // 1 MiB) so the client sees the reply, not a reset; beyond that: close.
+  c.send_response(200, {{"Content-Type", "application/connect+json"}}, body);
+}
+
+std::optional<RpcError> Server::Impl::read_input_stream(Conn& c) {
+  std::string pend;
+  std::string chunk(64 << 10, '\0');
+  std::optional<pid_t> pid;
+  bool eof = false;
+  for (;;) {
+    size_t off = 0;
+    while (pend.size() - off >= 5) {
+      auto b = reinterpret_cast<const uint8_t*>(pend.data() + off);
+      uint32_t n = (uint32_t(b[1]) << 24) | (uint32_t(b[2]) << 16) | (uint32_t(b[3]) << 8) | uint32_t(b[4]);
+      uint8_t flags = b[0];
+      if (n > kMaxUnaryBody) {
+        c.set_close();
+        return rpc_error(Code::kResourceExhausted, "request message of " + std::to_string(n) +
+                                                       " bytes is larger than 16 MiB");
+      }
+      if (pend.size() - off - 5 < n) break;
+      std::string_view payload(pend.data() + off + 5, n);
+      off += 5 + n;
+      if (flags & kFlagCompressed)
+        return rpc_error(Code::kUnimplemented, "request body: compressed envelopes are not supported");
+      if (flags & kFlagEndStream) {  // the client's end of stream: nothing may follow
+        if (!pid) return rpc_error(Code::kInvalidArgument, "stream ended before the start message");
+        return std::nullopt;
+      }
+      if (auto e = input_message(payload, &pid)) return e;
+    }
+    pend.erase(0, off);
+    if (eof) break;
+    if (stopping) return rpc_error(Code::kUnavailable, "envd is shutting down");
+    HttpError herr;
+    long k = c.read_body(chunk.data(), chunk.size(), &herr);
+    if (k < 0) {
+      c.set_close();
+      if (c.body_deadline_passed()) return rpc_error(Code::kDeadlineExceeded, "context deadline exceeded");
+      if (herr.status) return rpc_error(Code::kInvalidArgument, "request body: " + herr.message);
+      return rpc_error(Code::kCanceled, "request body: " + herr.message);
+    }
+    if (k == 0) eof = true;
+    else pend.append(chunk.data(), static_cast<size_t>(k));
+  }
+  if (!pend.empty()) return rpc_error(Code::kInvalidArgument, "request body: truncated envelope");
+  if (!pid) return rpc_error(Code::kInvalidArgument, "stream ended before the start message");
+  return std::nullopt;
+}
+
+// One StreamInputRequest: {"start":{"process":...}}, {"data":{"input":...}}
+// or {"keepalive":{}}.
+std::optional<RpcError> Server::Impl::input_message(std::string_view payload, std::optional<pid_t>* pid) {
+  json m = json::parse(payload.empty() ? std::string_view("{}") : payload, nullptr, false);
+  if (m.is_discarded() || !m.is_object()) return rpc_error(Code::kInvalidArgument, "request message is not a JSON object");
+  if (const json* st = field(m, "start")) {
+    if (*pid) return rpc_error(Code::kInvalidArgument, "start message sent twice");
+    if (!st->is_object()) return bad_selector();
+    auto sel = selector(*st);
+    if (!sel) return bad_selector();
+    auto p = procs.lookup(sel->first, sel->second);
+    if (!p) return p.error();
+    *pid = *p;
+    return std::nullopt;
+  }
+  if (const json* d = field(m, "data")) {
+    if (!*pid) return rpc_error(Code::kInvalidArgument, "the first message must be start");
+    if (!d->is_object()) return rpc_error(Code::kInvalidArgument, "data needs input.stdin or input.pty");
+    auto in = process_input(*d);
+    if (!in) return in.error();
+    auto s = procs.send_input(**pid, "", in->first, in->second);
+    if (!s) return s.error();
+    return std::nullopt;
+  }
+  if (field(m, "keepalive")) return std::nullopt;
+  return rpc_error(Code::kInvalidArgument, "request message needs start, data or keepalive");
 }
 
 // ---- filesystem.Filesystem ----
