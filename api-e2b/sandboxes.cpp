@@ -196,7 +196,7 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
 Status SandboxService::pause(const std::string& tenant_id, const std::string& id) {
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
-    std::shared_ptr<Live> live = found->live;
+  std::shared_ptr<Live> live = found->live;
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
@@ -206,6 +206,7 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
     (void)store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
     return s.error().with_context("pause sandbox " + id);
   }
+  live->paused = true;
   event(tenant_id, id, "paused", "paused by client");
   return Status::Ok();
 }
@@ -228,6 +229,7 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
       (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
       return s.error().with_context("resume sandbox " + id);
     }
+    live->paused = false;
     out.resumed = true;
     // A resumed sandbox gets a fresh timeout from now.
     if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
@@ -246,13 +248,14 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port)
   if (!live) return not_found(id);
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
-  Result<bool> resumed = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
-  if (!resumed) return resumed.error();
-  if (*resumed) {
+  if (live->paused) {
+    Result<bool> resumed = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
+    if (!resumed) return resumed.error();
     if (Status s = live->sb->resume(); !s) {
       (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
       return s.error().with_context("resume sandbox " + id + " for traffic");
     }
+    live->paused = false;
     Result<std::optional<SandboxRow>> row = store_.get_sandbox(live->tenant_id, id);
     if (row && *row) (void)store_.set_end_at(id, clock_() + (*row)->timeout_s);
     event(live->tenant_id, id, "resumed", "resumed by traffic to port " + std::to_string(port));
@@ -338,6 +341,7 @@ void SandboxService::tick() {
             LOG_ERROR("pause sandbox " << r.id << " at timeout: " << s.error().message());
             (void)kill_locked(*live, r.id, r.tenant_id, storage::kStateKilled, "timeout (pause failed)");
           } else {
+            live->paused = true;
             event(r.tenant_id, r.id, "paused", "timeout reached, lifecycle onTimeout=pause");
           }
         }

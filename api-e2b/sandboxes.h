@@ -107,6 +107,9 @@ class SandboxService {
   struct Live {
     std::mutex op_mu;  // serialises lifecycle operations on this sandbox
     std::unique_ptr<runtime::Sandbox> sb;  // GUARDED_BY(op_mu); null once killed
+    // Mirrors the row's paused state (every transition happens under
+    // op_mu), so traffic to a running sandbox costs no SQLite.
+    bool paused = false;  // GUARDED_BY(op_mu)
     std::string tenant_id;
     int64_t started_at = 0;
     uint32_t cpu_count = 1;

@@ -13,3 +13,4 @@ build/release/bin/create_latency_bench docs/bench/create-latency.json "${1:-50}"
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/commands.bench.mjs docs/bench/commands.json
+node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt

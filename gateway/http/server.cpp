@@ -372,6 +372,8 @@ asio::awaitable<void> HttpServer::Impl::accept_loop() {
       LOG_WARN("accept: " << ec.message());
       continue;
     }
+    // Responses are streamed in pieces (Connect envelopes): send each at once.
+    sock.set_option(tcp::no_delay(true), ec);
     auto ex = sock.get_executor();
     asio::co_spawn(ex, session(std::move(sock)), asio::detached);
   }
