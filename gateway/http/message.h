@@ -52,7 +52,4 @@ bool percent_decode(std::string_view s, std::string& out, bool plus_as_space = f
 // Splits "a=1&b=2" into decoded pairs. False on a malformed escape.
 bool parse_query(std::string_view query, std::vector<std::pair<std::string, std::string>>& out);
 
-// Reason phrase for a status ("Not Found").
-const char* reason_phrase(int status);
-
 }  // namespace sg::http
