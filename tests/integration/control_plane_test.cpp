@@ -102,6 +102,10 @@ TEST_CASE("create, get, list, pause, connect, timeout, metrics and kill with E2B
   REQUIRE(body_of(p2).size() == 1);
   CHECK(body_of(p2)[0]["sandboxID"] != body_of(p1)[0]["sandboxID"]);
   CHECK(p2.header("x-next-token").empty());
+  // startedAfter (RFC 3339, inclusive as the SDK means it).
+  CHECK(body_of(s.get("/v2/sandboxes?startedAfter=2000-01-01T00%3A00%3A00.000Z")).size() == 2);
+  CHECK(body_of(s.get("/v2/sandboxes?startedAfter=2999-01-01T00%3A00%3A00Z")).empty());
+  CHECK(body_of(s.get("/v2/sandboxes?startedAfter=" + d["startedAt"].get<std::string>())).size() == 2);
 
   // Pause: 204, then 409 with code 409 (JS reads the body's code).
   CHECK(s.post("/sandboxes/" + id + "/pause", "").status == 204);
@@ -265,6 +269,7 @@ TEST_CASE("bad input gets a clear JSON error and creates nothing") {
   check_error(s.get("/v2/sandboxes?state=exploded"), 400);
   check_error(s.get("/v2/sandboxes?limit=0"), 400);
   check_error(s.get("/v2/sandboxes?nextToken=zz"), 400);
+  check_error(s.get("/v2/sandboxes?startedAfter=yesterday"), 400);
   check_error(s.get("/v2/sandboxes?metadata=%25zz"), 400);
   check_error(s.get("/nowhere"), 404);
   check_error(s.client().request("PUT", "/v2/sandboxes", "{}", {{"X-API-KEY", s.key()}}), 405);

@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "storage/store.h"
+#include "state_of.h"
 #include "support/sandgate_process.h"
 #include "sys/fd.h"
 #include "sys/sys.h"
@@ -54,16 +54,7 @@ TEST_CASE("yes with a slow reader for 30 s: gateway and agent memory stay flat")
   REQUIRE(c.status == 201);
   json sb = json::parse(c.body);
   std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
-  long agent_pid = 0;
-  {
-    auto store = storage::Store::open(s.data_dir() + "/sandgate.db");
-    REQUIRE(store.ok());
-    auto tx = (*store)->db().lock();
-    auto st = tx.prepare("SELECT init_pid FROM sandboxes WHERE id = ?");
-    st->bind(1, id);
-    REQUIRE(*st->step());
-    agent_pid = static_cast<long>(st->int64(0));
-  }
+  long agent_pid = static_cast<long>(state_of(s.data_dir(), id).init_pid);
 
   std::string msg = R"({"process":{"cmd":"/bin/bash","args":["-l","-c","yes"]},"stdin":false})";
   std::string env(5, '\0');

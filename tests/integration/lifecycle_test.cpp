@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "storage/store.h"
+#include "state_of.h"
 #include "support/sandgate_process.h"
 #include "sys/sys.h"
 
@@ -22,23 +23,6 @@ std::string create(const SandgateProcess& s, const std::string& body = R"({"temp
   return json::parse(r.body)["sandboxID"].get<std::string>();
 }
 
-storage::SandboxRow row_of(const std::string& data_dir, const std::string& id) {
-  auto store = storage::Store::open(data_dir + "/sandgate.db");
-  REQUIRE(store.ok());
-  std::string tenant;
-  {
-    auto tx = (*store)->db().lock();
-    auto st = tx.prepare("SELECT tenant_id FROM sandboxes WHERE id = ?");
-    REQUIRE(st.ok());
-    st->bind(1, id);
-    REQUIRE(*st->step());
-    tenant = st->text(0);
-  }
-  auto r = (*store)->get_sandbox(tenant, id);
-  REQUIRE(r.ok());
-  REQUIRE(r->has_value());
-  return **r;
-}
 
 // Alive and not a zombie (an orphaned zombie may wait a while for its reaper).
 bool pid_alive(int64_t pid) {
@@ -81,9 +65,8 @@ TEST_CASE("kill leaves no process, cgroup, mount or state directory behind") {
   SandgateProcess s(dir.sub("data"));
   REQUIRE(s.started());
   std::string id = create(s);
-  storage::SandboxRow row = row_of(s.data_dir(), id);
-  REQUIRE(row.init_pid);
-  int64_t pid = *row.init_pid;
+  int64_t pid = state_of(s.data_dir(), id).init_pid;
+  REQUIRE(pid > 0);
   CHECK(pid_alive(pid));
   bool any_cgroup = false;
   for (const std::string& d : cgroup_dirs(s.cgroup_parent(), id)) any_cgroup |= sys::path_exists(d);
@@ -97,8 +80,7 @@ TEST_CASE("kill leaves no process, cgroup, mount or state directory behind") {
   for (const std::string& d : cgroup_dirs(s.cgroup_parent(), id)) CHECK_MESSAGE(!sys::path_exists(d), d);
   CHECK_FALSE(sys::path_exists(state_dir));
   CHECK_FALSE(mounted_under(state_dir));
-  storage::SandboxRow after = row_of(s.data_dir(), id);
-  CHECK(after.state == "killed");
+  CHECK(state_of(s.data_dir(), id).state == "killed");
 }
 
 TEST_CASE("timeouts are enforced: kill at endAt, or pause with autoPause") {
@@ -113,7 +95,7 @@ TEST_CASE("timeouts are enforced: kill at endAt, or pause with autoPause") {
     Response r = s.get("/sandboxes/" + paused);
     return r.status == 200 && json::parse(r.body)["state"] == "paused";
   }));
-  CHECK(row_of(s.data_dir(), killed).end_reason == "timeout reached");
+  CHECK(state_of(s.data_dir(), killed).end_reason == "timeout reached");
   CHECK(json::parse(s.get("/sandboxes/" + kept).body)["state"] == "running");
   // A paused-at-timeout sandbox resumes on connect.
   CHECK(s.post("/v2/sandboxes/" + paused + "/connect", R"({"timeout":600})").status == 201);
@@ -126,10 +108,10 @@ TEST_CASE("a crashed sandbox is marked lost and does not affect another") {
   REQUIRE(s.started());
   std::string a = create(s);
   std::string b = create(s);
-  int64_t pid_a = *row_of(s.data_dir(), a).init_pid;
+  int64_t pid_a = state_of(s.data_dir(), a).init_pid;
   REQUIRE(::kill(static_cast<pid_t>(pid_a), SIGKILL) == 0);
   CHECK(eventually([&] { return s.get("/sandboxes/" + a).status == 404; }));
-  CHECK(row_of(s.data_dir(), a).state == "lost");
+  CHECK(state_of(s.data_dir(), a).state == "lost");
   // The row turns final before the runtime finishes removing the
   // sandbox's cgroups (by design: nobody sees a half-killed sandbox as
   // running), so wait for the cleanup rather than race it.
@@ -159,7 +141,7 @@ TEST_CASE("tenants, keys, templates and events survive a restart; dead sandboxes
     REQUIRE(c.status == 201);
     id = json::parse(c.body)["sandboxID"];
     template_id = json::parse(c.body)["templateID"];
-    pid = *row_of(data, id).init_pid;
+    pid = state_of(data, id).init_pid;
     SUBCASE("after a crash of sandgate") { s.kill9(); }
     SUBCASE("after a clean stop") {
       CHECK(s.stop() == 0);
@@ -178,8 +160,7 @@ TEST_CASE("tenants, keys, templates and events survive a restart; dead sandboxes
   CHECK(s.get("/v2/sandboxes").status == 200);
   CHECK(s.get("/sandboxes/" + id).status == 404);
   CHECK(json::parse(s.get("/v2/sandboxes").body).empty());
-  storage::SandboxRow row = row_of(data, id);
-  CHECK(row.state == "lost");
+  CHECK(state_of(data, id).state == "lost");
   CHECK_FALSE(pid_alive(pid));
   // The template kept its id; events recorded before and at the restart.
   Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");

@@ -88,3 +88,23 @@ TEST_CASE("templates: build_base_rootfs refuses a dest that exists but is not a 
   CHECK(s.error().message().find("not a complete template") != std::string::npos);
   REQUIRE(sys::remove_tree(dir));
 }
+
+TEST_CASE("templates: a format-1 template is upgraded in place, /etc/profile asks $EUID") {
+  FakeRootfs r;
+  REQUIRE(sys::write_file(r.dir + "/etc/profile",
+                          "if [ \"$(id -u)\" -eq 0 ]; then\n  PATH=/sbin\nfi\nif [ \"$(id -u)\" -eq 0 ]; then PS1='# '; fi\n"));
+  REQUIRE(sys::write_file(r.dir + "/.sandgate-template", "{\"format\":1}\n"));
+  CHECK_FALSE(templates::rootfs_ready(r.dir));
+  std::vector<std::string> lines;
+  REQUIRE(templates::build_base_rootfs(r.dir, [&](const std::string& l) { lines.push_back(l); }));
+  CHECK(templates::rootfs_ready(r.dir));
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("upgrading") != std::string::npos);
+  auto profile = sys::read_file(r.dir + "/etc/profile");
+  REQUIRE(profile.ok());
+  CHECK(profile->find("\"$(id -u)\"") == std::string::npos);
+  CHECK(profile->find("\"${EUID:-$(id -u)}\" -eq 0 ]; then\n  PATH") != std::string::npos);
+  // Idempotent: a second finalize changes nothing.
+  REQUIRE(templates::finalize_rootfs(r.dir));
+  CHECK(*sys::read_file(r.dir + "/etc/profile") == *profile);
+}

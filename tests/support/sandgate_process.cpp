@@ -14,11 +14,24 @@
 #include <thread>
 
 #include "sandbox-runtime/templates/template_builder.h"
+#include "storage/store.h"
 #include "sys/sys.h"
 
 namespace sg::test {
 
 std::string sandgate_bin() { return SANDGATE_BIN; }
+
+std::optional<SandboxState> sandbox_state(const std::string& data_dir, const std::string& id) {
+  auto store = storage::Store::open(data_dir + "/sandgate.db");
+  if (!store.ok()) return std::nullopt;
+  auto tx = (*store)->db().lock();
+  auto st = tx.prepare("SELECT state, COALESCE(init_pid, 0), COALESCE(end_reason, '') FROM sandboxes WHERE id = ?");
+  if (!st.ok()) return std::nullopt;
+  st->bind(1, id);
+  auto row = st->step();
+  if (!row.ok() || !*row) return std::nullopt;
+  return SandboxState{st->text(0), st->int64(1), st->text(2)};
+}
 
 std::string test_templates_dir() {
   static std::once_flag once;

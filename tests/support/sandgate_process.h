@@ -7,6 +7,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,15 @@ struct CliResult {
 };
 // Runs `sandgate ARGS...` to completion.
 CliResult run_sandgate(const std::vector<std::string>& args);
+
+// Reads a sandbox's state and host pid straight from a server's SQLite file
+// (what the API deliberately does not expose); nullopt if there is none.
+struct SandboxState {
+  std::string state;
+  int64_t init_pid = 0;
+  std::string end_reason;
+};
+std::optional<SandboxState> sandbox_state(const std::string& data_dir, const std::string& id);
 
 class SandgateProcess {
  public:
