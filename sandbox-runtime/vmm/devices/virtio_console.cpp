@@ -1,0 +1,200 @@
+// VirtioConsole: the channel's byte pump between hvc0 and a host socket.
+#include "devices/virtio_console.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::vmm {
+
+VirtioConsole::VirtioConsole(int fd, std::function<void(const std::string&)> on_disconnect)
+    : fd_(fd), on_disconnect_(std::move(on_disconnect)) {}
+
+VirtioConsole::~VirtioConsole() { stop(); }
+
+Status VirtioConsole::start(VirtioMmio& transport) {
+  transport_ = &transport;
+  int fl = ::fcntl(fd_, F_GETFL);
+  if (fl < 0 || ::fcntl(fd_, F_SETFL, fl | O_NONBLOCK) < 0) return sys::errno_error("fcntl O_NONBLOCK", "console socket");
+  wake_fd_.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake_fd_) return sys::errno_error("eventfd", "console");
+  thread_ = std::thread([this] { loop(); });
+  return {};
+}
+
+void VirtioConsole::stop() {
+  if (!thread_.joinable()) return;
+  stopping_ = true;
+  wake();
+  thread_.join();
+}
+
+void VirtioConsole::wake() {
+  if (!wake_fd_) return;
+  uint64_t one = 1;
+  (void)!::write(wake_fd_.get(), &one, sizeof one);
+}
+
+void VirtioConsole::set_paused(bool paused) {
+  {
+    auto lock = transport_->lock();
+    paused_ = paused;
+  }
+  wake();
+}
+
+void VirtioConsole::read_config(uint64_t, uint8_t* data, size_t len) { std::memset(data, 0, len); }
+
+void VirtioConsole::reset() { out_.clear(); }
+
+void VirtioConsole::disconnect(const std::string& why) {
+  if (disconnected_) return;
+  disconnected_ = true;
+  if (on_disconnect_) on_disconnect_(why);
+}
+
+void VirtioConsole::take_tx(VirtioMmio& t) {
+  if (!t.active() || disconnected_) return;
+  Virtqueue& q = t.queue(1);
+  const GuestMemory& mem = t.memory();
+  bool any = false;
+  while (out_.size() < kOutMax) {
+    auto c = q.pop(mem);
+    if (!c) break;
+    any = true;
+    if (c->valid) {
+      for (const Descriptor& d : c->descs) {
+        if (d.write) continue;
+        // Never beyond the bound: a chain larger than the room left is
+        // taken whole only if it fits in twice the bound.
+        if (out_.size() + d.len > 2 * kOutMax) break;
+        const uint8_t* p = mem.span(d.addr, d.len);
+        out_.append(reinterpret_cast<const char*>(p), d.len);
+      }
+    }
+    q.add_used(mem, c->head, 0);
+  }
+  if (q.broken()) t.needs_reset();
+  if (any) t.signal_used(1);
+}
+
+void VirtioConsole::flush_out() {
+  while (!out_.empty() && !disconnected_) {
+    ssize_t n = ::write(fd_, out_.data(), out_.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    if (n <= 0) {
+      disconnect(std::string("write to the host channel: ") + std::strerror(errno));
+      return;
+    }
+    to_host_ += static_cast<uint64_t>(n);
+    out_.erase(0, static_cast<size_t>(n));
+  }
+}
+
+void VirtioConsole::fill_rx(VirtioMmio& t) {
+  if (!t.active() || disconnected_) return;
+  Virtqueue& q = t.queue(0);
+  const GuestMemory& mem = t.memory();
+  bool any = false;
+  for (;;) {
+    auto c = q.pop(mem);
+    if (!c) break;
+    if (!c->valid) {
+      q.add_used(mem, c->head, 0);
+      any = true;
+      continue;
+    }
+    struct iovec iov[64];
+    int n_iov = 0;
+    for (const Descriptor& d : c->descs)
+      if (d.write && d.len > 0 && n_iov < 64) iov[n_iov++] = {mem.span(d.addr, d.len), d.len};
+    if (n_iov == 0) {
+      q.add_used(mem, c->head, 0);
+      any = true;
+      continue;
+    }
+    ssize_t n = ::readv(fd_, iov, n_iov);
+    if (n < 0 && errno == EINTR) {
+      q.undo_pop();
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      q.undo_pop();
+      break;
+    }
+    if (n <= 0) {
+      q.undo_pop();
+      disconnect(n == 0 ? "the host closed the channel" : std::string("read from the host channel: ") + std::strerror(errno));
+      break;
+    }
+    to_guest_ += static_cast<uint64_t>(n);
+    q.add_used(mem, c->head, static_cast<uint32_t>(n));
+    any = true;
+  }
+  if (q.broken()) t.needs_reset();
+  if (any) t.signal_used(0);
+}
+
+void VirtioConsole::queue_notify(VirtioMmio& t, size_t queue) {
+  if (queue == 1) {
+    take_tx(t);
+    flush_out();
+    if (!out_.empty()) wake();  // the I/O thread waits for the socket to drain
+  } else {
+    wake();  // new receive buffers: the I/O thread may read again
+  }
+}
+
+void VirtioConsole::loop() {
+  while (!stopping_) {
+    short events = 0;
+    {
+      auto lock = transport_->lock();
+      if (!paused_ && !disconnected_ && transport_->active()) {
+        if (!out_.empty()) events |= POLLOUT;
+        if (transport_->queue(0).has_available(transport_->memory())) events |= POLLIN;
+        // Guest output waiting in the ring while the buffer was full.
+        if (out_.size() < kOutMax && transport_->queue(1).has_available(transport_->memory())) {
+          take_tx(*transport_);
+          flush_out();
+          if (!out_.empty()) events |= POLLOUT;
+        }
+      }
+    }
+    struct pollfd p[2] = {{wake_fd_.get(), POLLIN, 0}, {fd_, events, 0}};
+    int n = ::poll(p, events ? 2 : 1, -1);
+    if (n < 0 && errno != EINTR) {
+      LOG_ERROR("vmm: console poll: " << std::strerror(errno));
+      return;
+    }
+    if (p[0].revents) {
+      uint64_t v;
+      (void)!::read(wake_fd_.get(), &v, sizeof v);
+    }
+    if (!events || !p[1].revents) continue;
+    auto lock = transport_->lock();
+    if (paused_) continue;
+    if (p[1].revents & POLLOUT) {
+      flush_out();
+      take_tx(*transport_);
+      flush_out();
+    }
+    if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) fill_rx(*transport_);
+    if ((p[1].revents & (POLLHUP | POLLERR)) && !(p[1].revents & POLLIN) && !disconnected_) disconnect("the host channel hung up");
+  }
+}
+
+void VirtioConsole::save(StateWriter& w) const { w.put_bytes(out_); }
+
+bool VirtioConsole::restore(StateReader& r) { return r.get_bytes(&out_, 2 * kOutMax); }
+
+}  // namespace sg::vmm

@@ -1,0 +1,84 @@
+// VirtioConsole: a virtio console (VIRTIO 1.2, section 5.3) with one port
+// and no multiport, so the guest sees it as /dev/hvc0: sandgate's channel
+// to the agent (docs/channel.md) runs over it. The host end is a stream
+// socket fd (non-blocking) that the device's own I/O thread polls.
+//
+// Queues: 0 receiveq (host -> guest), 1 transmitq (guest -> host).
+// Config space: cols u16, rows u16, max_nr_ports u32, emerg_wr u32 (all 0:
+// no feature that gives them meaning is offered). Features: VERSION_1.
+//
+// Data path and bounds:
+//   guest -> host: on a transmitq notify (vCPU thread) chains are copied
+//   into an output buffer of at most kOutMax bytes and completed at once;
+//   the buffer is written to the socket without blocking, the I/O thread
+//   finishes what the socket would not take. While the buffer is full no
+//   more chains are taken, so a host that stops reading stops the guest.
+//   host -> guest: the I/O thread reads the socket straight into the
+//   guest's posted receive buffers, and stops reading while none is posted.
+// EOF or an error on the socket: on_disconnect runs once (the VMM stops).
+// While paused (snapshots, pause) the I/O thread moves no data.
+//
+// Thread safety: state is guarded by the transport's lock; start()/stop()
+// from the owner thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+
+#include "devices/virtio_mmio.h"
+#include "sys/fd.h"
+
+namespace sg::vmm {
+
+class VirtioConsole final : public VirtioDevice {
+ public:
+  static constexpr uint32_t kDeviceId = 3;
+  static constexpr size_t kOutMax = 256 * 1024;
+
+  // fd is borrowed (set non-blocking here) and must outlive stop().
+  VirtioConsole(int fd, std::function<void(const std::string& why)> on_disconnect);
+  ~VirtioConsole() override;
+
+  // The transport must exist before the I/O thread runs.
+  Status start(VirtioMmio& transport);
+  void stop();
+  // Called with no lock held.
+  void set_paused(bool paused);
+
+  uint32_t device_id() const override { return kDeviceId; }
+  uint64_t device_features() const override { return kVirtioFVersion1; }
+  size_t num_queues() const override { return 2; }
+  void read_config(uint64_t offset, uint8_t* data, size_t len) override;
+  void activate(VirtioMmio&) override { wake(); }
+  void queue_notify(VirtioMmio& t, size_t queue) override;
+  void reset() override;
+  void save(StateWriter& w) const override;
+  bool restore(StateReader& r) override;
+
+  uint64_t bytes_to_host() const { return to_host_.load(); }
+  uint64_t bytes_to_guest() const { return to_guest_.load(); }
+
+ private:
+  void wake();
+  void loop();
+  void take_tx(VirtioMmio& t);     // lock held
+  void flush_out();                // lock held
+  void fill_rx(VirtioMmio& t);     // lock held
+  void disconnect(const std::string& why);  // lock held
+
+  int fd_;
+  std::function<void(const std::string&)> on_disconnect_;
+  UniqueFd wake_fd_;
+  VirtioMmio* transport_ = nullptr;
+  std::thread thread_;
+  std::atomic<bool> stopping_{false};
+  std::string out_;              // GUARDED_BY(transport lock)
+  bool paused_ = false;          // GUARDED_BY(transport lock)
+  bool disconnected_ = false;    // GUARDED_BY(transport lock)
+  std::atomic<uint64_t> to_host_{0}, to_guest_{0};
+};
+
+}  // namespace sg::vmm

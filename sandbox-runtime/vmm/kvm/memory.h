@@ -1,0 +1,85 @@
+// GuestMemory: the guest's physical RAM as one host mapping, and the only
+// way devices and the boot loader touch it.
+//
+// Guest-physical layout: RAM [0, low_size) and, for guests larger than the
+// 32-bit hole, [4 GiB, 4 GiB + high_size). The MMIO hole [kMmioStart, 4 GiB)
+// holds no RAM. The host mapping is contiguous (low part first), so one
+// memfd or snapshot file backs all of it.
+//
+// Every access goes through span(gpa, len), which checks the whole range
+// lies inside one RAM region with overflow-safe arithmetic: the guest is
+// hostile and hands devices arbitrary addresses and lengths.
+//
+// Thread safety: the mapping is fixed for the object's life; concurrent
+// accesses to different bytes are fine, to the same bytes are the caller's
+// business (as with real DMA).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "sys/fd.h"
+#include "sys/status.h"
+
+namespace sg::vmm {
+
+inline constexpr uint64_t kMmioStart = 0xC000'0000ull;  // 3 GiB: start of the 32-bit hole
+inline constexpr uint64_t kHighStart = 0x1'0000'0000ull;
+
+class GuestMemory {
+ public:
+  GuestMemory() = default;
+  ~GuestMemory();
+  GuestMemory(GuestMemory&& o) noexcept;
+  GuestMemory& operator=(GuestMemory&& o) noexcept;
+  GuestMemory(const GuestMemory&) = delete;
+  GuestMemory& operator=(const GuestMemory&) = delete;
+
+  // size bytes of RAM in a new memfd, mapped shared. size is a multiple of
+  // 4 KiB, at least 1 MiB.
+  static Result<GuestMemory> create_memfd(uint64_t size);
+  // RAM mapped MAP_PRIVATE from a snapshot's memory file (copy on write:
+  // the file is never modified). The file's size is the RAM size.
+  static Result<GuestMemory> map_private_file(const std::string& path);
+  // Anonymous private RAM, for tests of devices and the boot loader.
+  static Result<GuestMemory> create_anonymous(uint64_t size);
+
+  uint64_t size() const { return size_; }
+  uint64_t low_size() const { return size_ < kMmioStart ? size_ : kMmioStart; }
+  uint64_t high_size() const { return size_ - low_size(); }
+  uint8_t* host_base() const { return base_; }
+  // The memfd (create_memfd) or the snapshot file (map_private_file); -1
+  // for anonymous memory.
+  int backing_fd() const { return fd_.get(); }
+  bool is_memfd() const { return memfd_; }
+
+  // Host pointer to [gpa, gpa+len) or null when any byte of it is outside
+  // RAM (or len is 0 and gpa is past the end of its region).
+  uint8_t* span(uint64_t gpa, uint64_t len) const;
+  bool read(uint64_t gpa, void* out, uint64_t len) const {
+    uint8_t* p = span(gpa, len);
+    if (!p) return false;
+    std::memcpy(out, p, len);
+    return true;
+  }
+  bool write(uint64_t gpa, const void* in, uint64_t len) const {
+    uint8_t* p = span(gpa, len);
+    if (!p) return false;
+    std::memcpy(p, in, len);
+    return true;
+  }
+  template <typename T>
+  bool read_obj(uint64_t gpa, T* out) const { return read(gpa, out, sizeof(T)); }
+  template <typename T>
+  bool write_obj(uint64_t gpa, const T& v) const { return write(gpa, &v, sizeof(T)); }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+  UniqueFd fd_;
+  bool memfd_ = false;
+};
+
+}  // namespace sg::vmm

@@ -1,0 +1,123 @@
+// sandgate-vmm: one microVM per process. Boots a Linux kernel (or restores
+// a snapshot), runs it until the guest stops, the channel closes or the
+// control socket says so. See docs/vmm.md.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "sys/log.h"
+#include "vm/control.h"
+#include "vm/machine.h"
+
+namespace {
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
+               "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
+               "                    [--serial-log PATH] [--die-with-parent] [--log-level debug|info|warn|error]\n"
+               "       sandgate-vmm --restore SNAPSHOT_DIR --channel-fd N [--control-fd N] [--serial-log PATH] ...\n");
+}
+
+bool parse_uint(const char* s, unsigned long long max, unsigned long long* out) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(s, &end, 10);
+  if (errno || !end || *end || end == s || v > max) return false;
+  *out = v;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sg::vmm::BootConfig boot;
+  sg::vmm::IoConfig io;
+  std::string restore_dir, serial_log;
+  int control_fd = -1;
+  bool die_with_parent = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "sandgate-vmm: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    unsigned long long v = 0;
+    if (a == "--kernel") boot.kernel = next();
+    else if (a == "--initrd") boot.initrd = next();
+    else if (a == "--initrd-file") {
+      std::string s = next();
+      size_t eq = s.find('=');
+      if (eq == std::string::npos || eq == 0) {
+        std::fprintf(stderr, "sandgate-vmm: --initrd-file wants GUEST=HOST\n");
+        return 2;
+      }
+      boot.initrd_files.emplace_back(s.substr(0, eq), s.substr(eq + 1));
+    } else if (a == "--disk") boot.disk = next();
+    else if (a == "--disk-rw") boot.disk_read_only = false;
+    else if (a == "--cmdline") boot.cmdline = next();
+    else if (a == "--mem-mib" && parse_uint(next(), 1 << 20, &v) && v >= 64) boot.mem_bytes = v << 20;
+    else if (a == "--cpus" && parse_uint(next(), 32, &v) && v >= 1) boot.cpus = static_cast<uint32_t>(v);
+    else if (a == "--channel-fd" && parse_uint(next(), 1 << 20, &v)) io.channel_fd = static_cast<int>(v);
+    else if (a == "--control-fd" && parse_uint(next(), 1 << 20, &v)) control_fd = static_cast<int>(v);
+    else if (a == "--serial-log") serial_log = next();
+    else if (a == "--restore") restore_dir = next();
+    else if (a == "--die-with-parent") die_with_parent = true;
+    else if (a == "--log-level") {
+      std::string l = next();
+      sg::log::set_level(l == "debug" ? sg::log::Level::kDebug : l == "warn" ? sg::log::Level::kWarn
+                         : l == "error" ? sg::log::Level::kError : sg::log::Level::kInfo);
+    } else {
+      std::fprintf(stderr, "sandgate-vmm: bad argument %s\n", a.c_str());
+      usage();
+      return 2;
+    }
+  }
+  if (die_with_parent) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() == 1) return 1;  // the parent is already gone
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  if (io.channel_fd < 0 || (restore_dir.empty() && (boot.kernel.empty() || boot.disk.empty()))) {
+    usage();
+    return 2;
+  }
+  int serial = -1;
+  if (!serial_log.empty()) {
+    serial = ::open(serial_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    if (serial < 0) {
+      std::fprintf(stderr, "sandgate-vmm: open %s: %s\n", serial_log.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+  io.serial_fd = serial;
+  auto m = restore_dir.empty() ? sg::vmm::Machine::boot(boot, io) : sg::vmm::Machine::restore(restore_dir, io);
+  if (!m) {
+    std::fprintf(stderr, "sandgate-vmm: %s\n", m.error().message().c_str());
+    return 1;
+  }
+  sg::vmm::Machine& machine = **m;
+  if (sg::Status s = machine.start(); !s) {
+    std::fprintf(stderr, "sandgate-vmm: %s\n", s.error().message().c_str());
+    return 1;
+  }
+  if (control_fd >= 0) std::thread([&machine, control_fd] { sg::vmm::serve_control(machine, control_fd); }).detach();
+  std::string why = machine.wait();
+  bool clean = why.find("reset") != std::string::npos || why.find("shut down") != std::string::npos ||
+               why.find("closed") != std::string::npos || why.find("stop requested") != std::string::npos;
+  std::fprintf(stderr, "sandgate-vmm: stopped: %s\n", why.c_str());
+  // Exit without tearing down: the control thread may still be blocked on
+  // its socket, and the kernel frees the VM with the process.
+  std::fflush(stderr);
+  ::_exit(clean ? 0 : 1);
+}

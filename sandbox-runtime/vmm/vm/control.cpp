@@ -1,0 +1,125 @@
+// Control socket commands.
+#include "vm/control.h"
+
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::vmm {
+
+namespace {
+
+std::string reply(const Status& s) { return s ? "ok" : "error: " + s.error().message(); }
+
+Result<int> make_uffd(const GuestMemory& mem) {
+  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
+  if (fd < 0) return sys::errno_error("userfaultfd", "guest RAM");
+  UniqueFd u(fd);
+  uffdio_api api{};
+  api.api = UFFD_API;
+  if (::ioctl(fd, UFFDIO_API, &api) != 0) return sys::errno_error("UFFDIO_API", "guest RAM");
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uint64_t>(mem.host_base());
+  reg.range.len = mem.size();
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  if (::ioctl(fd, UFFDIO_REGISTER, &reg) != 0) return sys::errno_error("UFFDIO_REGISTER", "guest RAM");
+  return u.release();
+}
+
+bool send_reply(int sock, const std::string& msg, int fd) {
+  struct iovec iov = {const_cast<char*>(msg.data()), msg.size()};
+  struct msghdr mh {};
+  mh.msg_iov = &iov;
+  mh.msg_iovlen = 1;
+  alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+  if (fd >= 0) {
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(c), &fd, sizeof fd);
+  }
+  for (;;) {
+    ssize_t n = ::sendmsg(sock, &mh, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    return n == static_cast<ssize_t>(msg.size());
+  }
+}
+
+}  // namespace
+
+std::string handle_control(Machine& m, const std::string& cmd, int* fd_out) {
+  *fd_out = -1;
+  if (cmd == "pause") return reply(m.pause());
+  if (cmd == "resume") return reply(m.resume());
+  if (cmd == "stop") {
+    m.stop("stop requested on the control socket");
+    return "ok";
+  }
+  if (cmd == "stats") {
+    MachineStats s = m.stats();
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "ok {\"state\":\"%s\",\"cpus\":%u,\"memBytes\":%llu,\"exits\":%llu,\"consoleToHost\":%llu,"
+                  "\"consoleToGuest\":%llu,\"blkRequests\":%llu,\"blkErrors\":%llu,\"serialBytes\":%llu}",
+                  state_name(s.state), s.cpus, static_cast<unsigned long long>(s.mem_bytes),
+                  static_cast<unsigned long long>(s.exits), static_cast<unsigned long long>(s.console_to_host),
+                  static_cast<unsigned long long>(s.console_to_guest), static_cast<unsigned long long>(s.blk_requests),
+                  static_cast<unsigned long long>(s.blk_errors), static_cast<unsigned long long>(s.serial_bytes));
+    return buf;
+  }
+  if (cmd.rfind("snapshot ", 0) == 0) {
+    std::string dir = cmd.substr(9);
+    if (dir.empty() || dir[0] != '/') return "error: snapshot needs an absolute directory";
+    return reply(m.snapshot(dir));
+  }
+  if (cmd == "vcpus") return "ok " + m.describe_vcpus();
+  if (cmd == "memfd") {
+    if (!m.memory().is_memfd()) return "error: guest RAM is a private mapping of a snapshot file, not a memfd";
+    *fd_out = m.memory().backing_fd();
+    return "ok";
+  }
+  if (cmd == "uffd") {
+    auto u = make_uffd(m.memory());
+    if (!u) return "error: " + u.error().message();
+    *fd_out = *u;
+    return "ok";
+  }
+  return "error: unknown command \"" + cmd.substr(0, 64) + "\"";
+}
+
+void serve_control(Machine& m, int fd) {
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      m.stop(n == 0 ? "control socket closed" : std::string("control socket: ") + std::strerror(errno));
+      return;
+    }
+    std::string cmd(buf, static_cast<size_t>(n));
+    int out_fd = -1;
+    std::string r = handle_control(m, cmd, &out_fd);
+    bool sent = send_reply(fd, r, out_fd);
+    // The uffd is ours to close once passed; the memfd stays the machine's.
+    if (out_fd >= 0 && cmd == "uffd") ::close(out_fd);
+    if (!sent) {
+      m.stop("control socket: reply failed");
+      return;
+    }
+  }
+}
+
+}  // namespace sg::vmm

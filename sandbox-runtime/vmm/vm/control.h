@@ -1,0 +1,26 @@
+// Control: the VMM's control socket, one SOCK_SEQPACKET connection from
+// sandgate. Each message is one command, each reply one message:
+//   "pause" | "resume" | "stats" | "snapshot <dir>" | "memfd" | "uffd" | "stop"
+// replies "ok" (stats: "ok {json}") or "error: <message>". "memfd" and
+// "uffd" attach the fd to the reply with SCM_RIGHTS: the guest-RAM memfd
+// (booted machines only; a clone's RAM is a private file mapping), and a
+// new userfaultfd with all of guest RAM registered for missing-page faults
+// (from then on the receiver must serve those faults: it is for the
+// memory engine, wait-engine/memory). EOF on the socket stops the machine.
+//
+// Thread safety: serve() runs on the thread that calls it until EOF or
+// stop; it calls Machine's thread-safe methods.
+#pragma once
+
+#include <string>
+
+#include "vm/machine.h"
+
+namespace sg::vmm {
+
+// Handles one command; fd_out receives an fd to pass back (or -1).
+std::string handle_control(Machine& m, const std::string& cmd, int* fd_out);
+// Serves fd until EOF/error or until the machine stops.
+void serve_control(Machine& m, int fd);
+
+}  // namespace sg::vmm
