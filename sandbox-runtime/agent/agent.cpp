@@ -10,16 +10,19 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
+#include <linux/random.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -45,8 +48,10 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
       cfg.channel_fd = static_cast<int>(v);
     } else if (a == "--no-loopback") {
       cfg.bring_up_loopback = false;
+    } else if (a == "--vm") {
+      cfg.vm = true;
     } else {
-      return invalid_error("unknown argument " + std::string(a) + " (usage: sandgate-agent [--channel-fd N] [--no-loopback])");
+      return invalid_error("unknown argument " + std::string(a) + " (usage: sandgate-agent [--channel-fd N] [--no-loopback] [--vm])");
     }
   }
   if (!envp) return cfg;
@@ -73,7 +78,19 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
   return cfg;
 }
 
-size_t count_processes(const std::string& proc_dir, int self_pid) {
+namespace {
+// Parent pid from /proc/N/stat ("pid (comm) state ppid ..."; comm may hold
+// spaces and parentheses, so parse after the last ')').
+int parent_pid(const std::string& proc_dir, const char* pid) {
+  auto stat = sys::read_file(proc_dir + "/" + pid + "/stat", 4096);
+  if (!stat) return -1;
+  size_t rp = stat->rfind(')');
+  if (rp == std::string::npos || rp + 4 > stat->size()) return -1;
+  return std::atoi(stat->c_str() + rp + 4);
+}
+}  // namespace
+
+size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kernel_threads) {
   DIR* d = ::opendir(proc_dir.c_str());
   if (!d) return 0;
   size_t n = 0;
@@ -85,6 +102,7 @@ size_t count_processes(const std::string& proc_dir, int self_pid) {
       if (*c < '0' || *c > '9') numeric = false;
     if (!numeric) continue;
     if (std::atoi(s) == self_pid) continue;
+    if (skip_kernel_threads && (std::atoi(s) == 2 || parent_pid(proc_dir, s) == 2)) continue;
     ++n;
   }
   ::closedir(d);
@@ -124,7 +142,83 @@ ControlAction handle_control(std::string_view payload, const std::function<size_
   return act;
 }
 
+Result<VmConfigure> parse_vm_configure(std::string_view payload) {
+  json msg = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
+  if (!msg.is_object()) return invalid_error("configure: not a JSON object");
+  VmConfigure c;
+  auto str = [&](const char* k, std::string* out, size_t max) -> Status {
+    auto it = msg.find(k);
+    if (it == msg.end()) return {};
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > max) return invalid_error(std::string("configure: bad ") + k);
+    *out = it->get<std::string>();
+    return {};
+  };
+  if (Status s = str("sandboxId", &c.sandbox_id, 64); !s) return s.error();
+  if (Status s = str("envdAccessToken", &c.envd_access_token, 256); !s) return s.error();
+  std::string entropy_hex;
+  if (Status s = str("entropy", &entropy_hex, 1024); !s) return s.error();
+  if (entropy_hex.size() % 2) return invalid_error("configure: bad entropy");
+  for (size_t i = 0; i < entropy_hex.size(); i += 2) {
+    char b[3] = {entropy_hex[i], entropy_hex[i + 1], 0};
+    char* end = nullptr;
+    long v = std::strtol(b, &end, 16);
+    if (*end) return invalid_error("configure: bad entropy");
+    c.entropy.push_back(static_cast<char>(v));
+  }
+  if (auto it = msg.find("unixTimeNs"); it != msg.end()) {
+    if (!it->is_number_integer()) return invalid_error("configure: bad unixTimeNs");
+    c.unix_time_ns = it->get<int64_t>();
+  }
+  if (auto it = msg.find("env"); it != msg.end()) {
+    if (!it->is_object()) return invalid_error("configure: env must be an object");
+    size_t total = 0;
+    for (auto& [k, v] : it->items()) {
+      if (!v.is_string() || k.empty() || k.find('=') != std::string::npos) return invalid_error("configure: bad env entry");
+      total += k.size() + v.get_ref<const std::string&>().size() + 1;
+      if (total > 64 * 1024) return invalid_error("configure: env larger than 64 KiB");
+      c.env.push_back(k + "=" + v.get<std::string>());
+    }
+  }
+  return c;
+}
+
 namespace {
+
+// Puts a tty channel (the microVM's hvc0) in raw mode: 8-bit clean, no
+// echo, no line editing, no signals, no flow-control characters.
+Status make_raw(int fd) {
+  if (!::isatty(fd)) return {};
+  struct termios t {};
+  if (::tcgetattr(fd, &t) != 0) return sys::errno_error("tcgetattr", "channel");
+  ::cfmakeraw(&t);
+  t.c_cc[VMIN] = 1;
+  t.c_cc[VTIME] = 0;
+  if (::tcsetattr(fd, TCSANOW, &t) != 0) return sys::errno_error("tcsetattr", "channel");
+  return {};
+}
+
+// Applies the clock and entropy parts of "configure" (microVMs only: a
+// clone resumes with the template's clock and RNG state).
+void apply_vm_configure(const VmConfigure& c) {
+  if (c.unix_time_ns > 0) {
+    struct timespec ts {};
+    ts.tv_sec = c.unix_time_ns / 1000000000;
+    ts.tv_nsec = c.unix_time_ns % 1000000000;
+    if (::clock_settime(CLOCK_REALTIME, &ts) != 0) LOG_WARN("agent: clock_settime: " << std::strerror(errno));
+  }
+  if (!c.entropy.empty()) {
+    UniqueFd r(::open("/dev/urandom", O_WRONLY | O_CLOEXEC));
+    if (r) {
+      std::vector<uint8_t> buf(sizeof(struct rand_pool_info) + c.entropy.size());
+      auto* info = reinterpret_cast<struct rand_pool_info*>(buf.data());
+      info->entropy_count = static_cast<int>(c.entropy.size() * 8);
+      info->buf_size = static_cast<int>(c.entropy.size());
+      std::memcpy(buf.data() + sizeof(struct rand_pool_info), c.entropy.data(), c.entropy.size());
+      if (::ioctl(r.get(), RNDADDENTROPY, info) != 0) LOG_WARN("agent: RNDADDENTROPY: " << std::strerror(errno));
+      (void)::ioctl(r.get(), RNDRESEEDCRNG);
+    }
+  }
+}
 
 Status bring_up_loopback() {
   UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
@@ -243,20 +337,29 @@ int run(const AgentConfig& cfg) {
   if (cfg.bring_up_loopback) {
     if (Status s = bring_up_loopback(); !s) LOG_WARN("agent: loopback: " << s.error().message());
   }
+  if (cfg.vm)
+    if (Status s = make_raw(cfg.channel_fd); !s) {
+      LOG_ERROR("agent: " << s.error().message());
+      return 1;
+    }
 
   Reaper reaper;
   // envd: the E2B API inside the sandbox, reached by the host through a
   // channel stream to this port. Created after the signal mask is set, so
   // its threads block SIGCHLD/SIGTERM too (the signalfd gets them).
-  envd::EnvdConfig ec;
-  ec.access_token = cfg.envd_access_token;
-  ec.default_env = cfg.child_env;
-  ec.version = kEnvdVersion;
-  envd::Server envd_server(ec, reaper);
-  if (Status s = envd_server.listen("127.0.0.1", kEnvdPort); !s)
-    LOG_ERROR("agent: envd: " << s.error().message() << "; the sandbox runs without envd");
-  else
-    envd_server.start();
+  std::unique_ptr<envd::Server> envd_server;
+  auto start_envd = [&](std::string token, std::vector<std::string> env) {
+    envd::EnvdConfig ec;
+    ec.access_token = std::move(token);
+    ec.default_env = std::move(env);
+    ec.version = kEnvdVersion;
+    envd_server = std::make_unique<envd::Server>(ec, reaper);
+    if (Status s = envd_server->listen("127.0.0.1", kEnvdPort); !s)
+      LOG_ERROR("agent: envd: " << s.error().message() << "; the sandbox runs without envd");
+    else
+      envd_server->start();
+  };
+  if (!cfg.vm) start_envd(cfg.envd_access_token, cfg.child_env);
 
   channel::MuxConfig mc;
   mc.channel_fd = cfg.channel_fd;
@@ -265,7 +368,27 @@ int run(const AgentConfig& cfg) {
   channel::Mux* mux_ptr = nullptr;
   auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
   auto on_control = [&](std::string_view payload) {
-    ControlAction act = handle_control(payload, [] { return count_processes("/proc", ::getpid()); });
+    if (cfg.vm && payload.find("\"configure\"") != std::string_view::npos) {
+      json probe = json::parse(payload.begin(), payload.end(), nullptr, false);
+      if (probe.is_object() && probe.value("type", "") == "configure") {
+        json reply;
+        auto c = parse_vm_configure(payload);
+        if (!c) {
+          reply = {{"type", "error"}, {"message", c.error().message()}, {"request", "configure"}};
+        } else if (envd_server) {
+          reply = {{"type", "error"}, {"message", "already configured"}, {"request", "configure"}};
+        } else {
+          apply_vm_configure(*c);
+          std::vector<std::string> env = cfg.child_env;
+          env.insert(env.end(), c->env.begin(), c->env.end());
+          start_envd(c->envd_access_token, std::move(env));
+          reply = {{"type", "configured"}};
+        }
+        (void)mux_ptr->send_control(reply.dump());
+        return;
+      }
+    }
+    ControlAction act = handle_control(payload, [&] { return count_processes("/proc", ::getpid(), cfg.vm); });
     if (!act.error.empty()) {
       mux_ptr->fail(act.error);
       return;
@@ -305,7 +428,7 @@ int run(const AgentConfig& cfg) {
     // envd waits for the statuses of the processes it started, which
     // only a reaper can deliver now that the Mux loop is gone.
     TeardownReaper teardown(reaper, sigfd.get());
-    envd_server.stop();
+    if (envd_server) envd_server->stop();
   }
   while (::waitpid(-1, nullptr, 0) > 0 || errno == EINTR) {
   }

@@ -47,6 +47,12 @@ inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
 struct AgentConfig {
   int channel_fd = 3;
   bool bring_up_loopback = true;    // off only where there is no net namespace of our own
+  // --vm: PID 1 of a microVM (sandbox-runtime/vmm). The channel is the
+  // virtio console /dev/hvc0 (made raw here), kernel threads are not
+  // counted as sandbox processes, and envd starts only when the host sends
+  // "configure" (the sandbox id, token and environment), because a microVM
+  // cloned from a template snapshot learns them only after it resumes.
+  bool vm = false;
   std::string envd_access_token;    // SANDGATE_ENVD_TOKEN
   std::string sandbox_id;           // SANDGATE_SANDBOX_ID
   // Environment for processes the agent starts: the agent's own
@@ -60,8 +66,21 @@ struct AgentConfig {
 Result<AgentConfig> parse_config(int argc, char** argv, char** envp);
 
 // Number of processes in proc_dir (a procfs mount) other than self_pid.
-// Zombies not yet reaped are counted: they are still processes.
-size_t count_processes(const std::string& proc_dir, int self_pid);
+// Zombies not yet reaped are counted: they are still processes. With
+// skip_kernel_threads (a microVM's own kernel), kthreadd (pid 2) and its
+// children are not counted.
+size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kernel_threads = false);
+
+// The "configure" control message of --vm mode, parsed.
+struct VmConfigure {
+  std::string sandbox_id;
+  std::string envd_access_token;
+  std::vector<std::string> env;  // "K=V"
+  int64_t unix_time_ns = 0;      // host wall clock when sent; 0: leave the clock
+  std::string entropy;           // raw bytes to mix into the guest's RNG
+};
+// Parses and validates one (bounded: 64 KiB of env, 512 bytes of entropy).
+Result<VmConfigure> parse_vm_configure(std::string_view payload);
 
 // What the agent does with one control message from the host.
 struct ControlAction {
