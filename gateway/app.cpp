@@ -11,6 +11,7 @@
 #include "api-e2b/control_plane.h"
 #include "api-e2b/sandboxes.h"
 #include "gateway/http/server.h"
+#include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/store.h"
@@ -107,6 +108,8 @@ int serve(const AppConfig& cfg_in) {
   AppConfig cfg = cfg_in;
   if (cfg.templates_dir.empty()) cfg.templates_dir = cfg.data_dir + "/templates";
   if (cfg.agent_path.empty()) cfg.agent_path = exe_dir() + "/sandgate-agent";
+  if (cfg.vmm_path.empty()) cfg.vmm_path = exe_dir() + "/sandgate-vmm";
+  if (cfg.guest_dir.empty()) cfg.guest_dir = cfg.data_dir + "/guest";
 
   // Signals are taken synchronously by this thread; block them before any
   // other thread starts so none of those gets them.
@@ -127,22 +130,38 @@ int serve(const AppConfig& cfg_in) {
     return 1;
   }
 
-  // Backend choice.
-  bool have_kvm = ::access("/dev/kvm", R_OK | W_OK) == 0;
-  if (cfg.runtime == "kvm") {
-    std::cerr << "sandgate: --runtime=kvm: the KVM microVM backend is not available in this build yet; "
-                 "use --runtime=process or auto\n";
-    return 1;
-  }
-  if (cfg.runtime != "auto" && cfg.runtime != "process") {
+  // Backend choice: kvm when /dev/kvm can run our microVMs and the guest
+  // image and VMM are there; otherwise the process backend. One line says
+  // which and why; --runtime=kvm or =process requires one.
+  if (cfg.runtime != "auto" && cfg.runtime != "process" && cfg.runtime != "kvm") {
     std::cerr << "sandgate: unknown --runtime '" << cfg.runtime << "': use auto, process or kvm\n";
     return 1;
   }
-  if (cfg.runtime == "auto")
-    LOG_INFO((have_kvm ? "/dev/kvm found, but the KVM backend is not in this build yet: using the process backend"
-                       : "/dev/kvm not found: KVM unavailable, using the process backend (namespaces + cgroups)"));
-  else
+  bool use_kvm = false;
+  if (cfg.runtime != "process") {
+    std::string why;
+    bool ok = microvm::kvm_usable(&why);
+    if (ok) {
+      if (Status g = microvm::check_guest_dir(cfg.guest_dir); !g) {
+        ok = false;
+        why = g.error().message();
+      } else if (::access(cfg.vmm_path.c_str(), X_OK) != 0) {
+        ok = false;
+        why = "VMM binary " + cfg.vmm_path + " not found or not executable (build it, or pass --vmm PATH)";
+      }
+    }
+    if (cfg.runtime == "kvm" && !ok) {
+      std::cerr << "sandgate: --runtime=kvm: " << why << "\n";
+      return 1;
+    }
+    use_kvm = ok;
+    if (use_kvm)
+      LOG_INFO("using the kvm backend: microVMs on /dev/kvm (guest image " << cfg.guest_dir << ")");
+    else
+      LOG_INFO("KVM unavailable (" << why << "): using the process backend (namespaces + cgroups); pass --runtime=kvm to require KVM");
+  } else {
     LOG_INFO("using the process backend (--runtime=process)");
+  }
 
   Result<std::string> base = ensure_base_template(cfg.templates_dir);
   if (!base) {
@@ -165,7 +184,17 @@ int serve(const AppConfig& cfg_in) {
   rcfg.state_root = cfg.data_dir + "/sandboxes";
   rcfg.agent_path = cfg.agent_path;
   rcfg.cgroup_parent = cfg.cgroup_parent;
-  std::unique_ptr<runtime::Runtime> rt = process::make_process_runtime(rcfg);
+  std::unique_ptr<runtime::Runtime> rt;
+  if (use_kvm) {
+    microvm::MicrovmConfig mcfg;
+    mcfg.state_root = cfg.data_dir + "/microvms";
+    mcfg.vmm_path = cfg.vmm_path;
+    mcfg.agent_path = cfg.agent_path;
+    mcfg.guest_dir = cfg.guest_dir;
+    rt = microvm::make_microvm_runtime(mcfg);
+  } else {
+    rt = process::make_process_runtime(rcfg);
+  }
 
   tenancy::Tenants tenants(**store);
   std::string local_key;
@@ -229,7 +258,7 @@ int serve(const AppConfig& cfg_in) {
     if (Status s = sys::write_file_atomic(cfg.port_file, std::to_string(server.port()) + "\n"); !s)
       LOG_ERROR("port file: " << s.error().message());
   }
-  std::cout << "sandgate is listening on " << url << " (process backend, data in " << cfg.data_dir << ")\n";
+  std::cout << "sandgate is listening on " << url << " (" << rt->name() << " backend, data in " << cfg.data_dir << ")\n";
   if (!local_key.empty()) {
     std::cout << "API key (tenant \"local\"): " << local_key << "\n\n"
               << "Point an E2B SDK client at it with:\n"

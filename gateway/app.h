@@ -21,6 +21,8 @@ struct AppConfig {
   uint16_t port = 3000;       // 0: ephemeral
   std::string runtime = "auto";  // auto | process | kvm
   std::string agent_path;        // default: sandgate-agent beside the sandgate binary
+  std::string vmm_path;          // default: sandgate-vmm beside the sandgate binary
+  std::string guest_dir;         // microVM guest image (default data_dir/guest)
   std::string cgroup_parent = "sandgate";
   std::string port_file;         // if set, the bound port is written here once listening
   std::string public_url;        // what the banner prints; default http://ADDRESS:PORT

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "gateway/app.h"
+#include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "storage/store.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -32,6 +33,7 @@ commands:
   key list TENANT               list a tenant's keys (prefixes only)
   key revoke KEY_ID             revoke one key
   template build                build the base template if missing
+  template image                build the base template's ext4 image (kvm backend)
   version                       print the version
 
 common options:
@@ -42,6 +44,9 @@ serve options:
   --templates-dir DIR           default DATA_DIR/templates
   --runtime auto|process|kvm    backend (default auto)
   --agent PATH                  sandgate-agent binary (default: beside sandgate)
+  --vmm PATH                    sandgate-vmm binary (default: beside sandgate)
+  --guest-dir DIR               microVM kernel + initramfs (default DATA_DIR/guest,
+                                built by scripts/guest-image.sh)
   --cgroup-parent NAME          cgroup directory for this instance (default sandgate)
   --port-file FILE              write the bound port here once listening
   --domain DOMAIN               route Host PORT-ID.DOMAIN to sandbox ports
@@ -113,7 +118,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     return 0;
   }
   static const std::set<std::string> kKnown = {
-      "data-dir", "listen", "templates-dir", "runtime", "agent", "cgroup-parent", "port-file", "read-timeout-ms",
+      "data-dir", "listen", "templates-dir", "runtime", "agent", "vmm", "guest-dir", "cgroup-parent", "port-file", "read-timeout-ms",
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key"};
   for (const auto& [k, v] : a.opts)
@@ -160,6 +165,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("templates-dir")) cfg.templates_dir = a.opts["templates-dir"];
     if (a.opts.count("runtime")) cfg.runtime = a.opts["runtime"];
     if (a.opts.count("agent")) cfg.agent_path = a.opts["agent"];
+    if (a.opts.count("vmm")) cfg.vmm_path = a.opts["vmm"];
+    if (a.opts.count("guest-dir")) cfg.guest_dir = a.opts["guest-dir"];
     if (a.opts.count("cgroup-parent")) cfg.cgroup_parent = a.opts["cgroup-parent"];
     if (a.opts.count("port-file")) cfg.port_file = a.opts["port-file"];
     if (a.opts.count("public-url")) cfg.public_url = a.opts["public-url"];
@@ -193,12 +200,13 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
 
   if (cmd == "template") {
-    if (p.size() != 2 || p[1] != "build") {
-      err << "usage: sandgate template build [--templates-dir DIR]\n";
+    if (p.size() != 2 || (p[1] != "build" && p[1] != "image")) {
+      err << "usage: sandgate template build|image [--templates-dir DIR]\n";
       return 2;
     }
     std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
     Result<std::string> r = ensure_base_template(dir);
+    if (r && p[1] == "image") r = microvm::ensure_rootfs_image(*r);
     if (!r) {
       err << "sandgate: " << r.error().message() << "\n";
       return 1;

@@ -1,0 +1,519 @@
+// The microVM backend: spawning sandgate-vmm, template snapshots, clones.
+#include "microvm/microvm_runtime.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <linux/kvm.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "channel/frame.h"
+#include "process/host_channel.h"
+#include "sys/log.h"
+#include "sys/sys.h"
+
+extern char** environ;
+
+namespace sg::microvm {
+
+using json = nlohmann::json;
+
+namespace {
+
+constexpr const char* kCmdline =
+    "console=ttyS0 reboot=k panic=-1 quiet loglevel=4 i8042.nokbd i8042.noaux i8042.nopnp pci=off "
+    "random.trust_cpu=on sandgate.hostname=sandbox";
+
+uint64_t mtime_ns(const struct stat& st) {
+  return static_cast<uint64_t>(st.st_mtim.tv_sec) * 1000000000ull + static_cast<uint64_t>(st.st_mtim.tv_nsec);
+}
+
+Result<struct stat> stat_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return sys::errno_error("stat", path);
+  return st;
+}
+
+// Runs argv, waits, returns its exit status; output goes to log_path.
+Status run_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return sys::errno_error("spawn", argv[0], rc);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return sys::errno_error("waitpid", argv[0]);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    auto out = sys::read_file(log_path, 4096);
+    return internal_error(argv[0] + " failed: " + (out ? *out : std::string("(no output)")));
+  }
+  return {};
+}
+
+uint64_t tree_bytes = 0;  // only touched under image_mu
+std::mutex image_mu;
+
+int add_size(const char*, const struct stat* st, int, struct FTW*) {
+  tree_bytes += static_cast<uint64_t>(st->st_blocks) * 512 + 4096;
+  return 0;
+}
+
+// A SOCK_SEQPACKET request/reply client for the VMM's control socket.
+class Control {
+ public:
+  explicit Control(UniqueFd fd) : fd_(std::move(fd)) {}
+  Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout) {
+    std::lock_guard lock(mu_);
+    if (::send(fd_.get(), cmd.data(), cmd.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cmd.size()))
+      return Error(ErrorKind::kUnavailable, "microVM control socket: " + std::string(std::strerror(errno)));
+    struct pollfd p = {fd_.get(), POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    if (n == 0) return Error(ErrorKind::kTimeout, "microVM did not answer \"" + cmd + "\" in time");
+    char buf[4096];
+    ssize_t r = ::recv(fd_.get(), buf, sizeof buf, 0);
+    if (r <= 0) return Error(ErrorKind::kUnavailable, "microVM control socket closed (the VMM exited)");
+    std::string reply(buf, static_cast<size_t>(r));
+    if (reply.rfind("ok", 0) == 0) return reply.size() > 3 ? reply.substr(3) : std::string();
+    return internal_error("microVM: " + reply);
+  }
+
+ private:
+  std::mutex mu_;
+  UniqueFd fd_;
+};
+
+struct Spawned {
+  pid_t pid = -1;
+  UniqueFd channel;  // host end
+  std::unique_ptr<Control> control;
+};
+
+Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args, const std::string& dir) {
+  int ch[2], ctl[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ch) != 0) return sys::errno_error("socketpair", "channel");
+  UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
+  if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) != 0) return sys::errno_error("socketpair", "control");
+  UniqueFd ctl_host(ctl[0]), ctl_vm(ctl[1]);
+  std::vector<std::string> argv = {vmm};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const char* a : {"--channel-fd", "3", "--control-fd", "4", "--die-with-parent"}) argv.emplace_back(a);
+  argv.emplace_back("--serial-log");
+  argv.push_back(dir + "/serial.log");
+  std::string log = dir + "/vmm.log";
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_adddup2(&fa, ch_vm.get(), 3);
+  posix_spawn_file_actions_adddup2(&fa, ctl_vm.get(), 4);
+  std::vector<char*> cargs;
+  for (auto& a : argv) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  char* envp[] = {nullptr};
+  Spawned s;
+  int rc = ::posix_spawn(&s.pid, vmm.c_str(), &fa, nullptr, cargs.data(), envp);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return sys::errno_error("spawn", vmm, rc);
+  s.channel = std::move(ch_host);
+  s.control = std::make_unique<Control>(std::move(ctl_host));
+  return s;
+}
+
+void kill_and_reap(pid_t pid) {
+  if (pid <= 0) return;
+  ::kill(pid, SIGKILL);
+  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+}
+
+std::string tail_of(const std::string& path, size_t n) {
+  auto s = sys::read_file(path, 1 << 22);
+  if (!s) return "";
+  return s->size() > n ? s->substr(s->size() - n) : *s;
+}
+
+// Reads exactly the agent's ready frame from fd (a booting VM).
+Status read_ready(int fd, pid_t pid, uint64_t deadline_ns, const std::string& dir) {
+  std::string buf;
+  for (;;) {
+    channel::DecodeResult dr = channel::decode(buf);
+    if (dr.status == channel::DecodeStatus::kInvalid) return internal_error("agent's first frame is malformed: " + dr.error);
+    if (dr.status == channel::DecodeStatus::kOk) {
+      json msg = json::parse(dr.frame.payload, nullptr, false);
+      if (dr.frame.stream != 0 || !msg.is_object() || msg.value("type", "") != "ready")
+        return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
+      return {};
+    }
+    uint64_t now = sys::monotonic_ns();
+    if (now >= deadline_ns)
+      return Error(ErrorKind::kTimeout, "timed out waiting for the microVM's agent; serial console tail: " + tail_of(dir + "/serial.log", 1500));
+    struct pollfd p = {fd, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(std::min<uint64_t>((deadline_ns - now) / 1000000 + 1, 1000)));
+    if (n < 0 && errno != EINTR) return sys::errno_error("poll", "channel");
+    if (n <= 0) {
+      if (::waitpid(pid, nullptr, WNOHANG) == pid)
+        return internal_error("sandgate-vmm exited before the agent was ready: " + tail_of(dir + "/vmm.log", 600) +
+                              " serial: " + tail_of(dir + "/serial.log", 1500));
+      continue;
+    }
+    // Read one byte at a time past the header so nothing after the ready
+    // frame is taken from the socket (the agent sends nothing more anyway).
+    size_t want = buf.size() < channel::kHeaderSize ? channel::kHeaderSize - buf.size() : 1;
+    if (buf.size() >= channel::kHeaderSize) {
+      uint32_t len = 0;
+      std::memcpy(&len, buf.data() + 8, 4);
+      want = channel::kHeaderSize + len - buf.size();
+    }
+    char tmp[4096];
+    ssize_t r = ::read(fd, tmp, std::min(want, sizeof tmp));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return internal_error("the microVM closed the channel before its agent was ready; serial: " + tail_of(dir + "/serial.log", 1500));
+    buf.append(tmp, static_cast<size_t>(r));
+  }
+}
+
+class MicrovmSandbox final : public runtime::Sandbox {
+ public:
+  MicrovmSandbox(std::string id, std::string dir, Spawned s, uint64_t mem_limit)
+      : id_(std::move(id)), dir_(std::move(dir)), pid_(s.pid), channel_(std::move(s.channel)),
+        control_(std::move(s.control)), mem_limit_(mem_limit) {}
+  ~MicrovmSandbox() override { (void)kill(); }
+
+  void attach_channel() { host_ = std::make_shared<process::HostChannel>(id_, channel_.get()); }
+
+  const std::string& id() const override { return id_; }
+  int init_pid() const override { return pid_; }
+  int channel_fd() const override { return channel_.get(); }
+
+  Status pause() override {
+    auto r = control_->call("pause", std::chrono::milliseconds(10000));
+    return r ? Status() : Status(r.error());
+  }
+  Status resume() override {
+    auto r = control_->call("resume", std::chrono::milliseconds(10000));
+    return r ? Status() : Status(r.error());
+  }
+  Status kill() override {
+    std::shared_ptr<process::HostChannel> h;
+    {
+      std::lock_guard lock(mu_);
+      if (killed_) return {};
+      killed_ = true;
+      h = std::move(host_);
+    }
+    if (h) h->stop();
+    {
+      std::lock_guard lock(mu_);
+      if (!reaped_) {
+        kill_and_reap(pid_);
+        reaped_ = true;
+      }
+    }
+    return sys::remove_tree(dir_);
+  }
+  bool alive() override {
+    std::lock_guard lock(mu_);
+    if (reaped_ || killed_) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      reaped_ = true;
+      LOG_WARN("sandbox " << id_ << ": sandgate-vmm exited (" << (WIFEXITED(st) ? "status " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)))
+                          << "): " << tail_of(dir_ + "/vmm.log", 300));
+      return false;
+    }
+    return true;
+  }
+  Result<runtime::Usage> usage() override {
+    runtime::Usage u;
+    u.mem_limit_bytes = mem_limit_;
+    auto stat = sys::read_file("/proc/" + std::to_string(pid_) + "/stat", 4096);
+    if (!stat) return Error(ErrorKind::kUnavailable, "microVM is gone");
+    size_t rp = stat->rfind(')');
+    if (rp != std::string::npos) {
+      // Fields after ')': state(3) ppid(4) ... utime(14) stime(15).
+      std::vector<std::string> f;
+      size_t pos = rp + 2;
+      while (pos < stat->size() && f.size() < 13) {
+        size_t sp = stat->find(' ', pos);
+        f.push_back(stat->substr(pos, sp - pos));
+        if (sp == std::string::npos) break;
+        pos = sp + 1;
+      }
+      if (f.size() >= 13) {
+        uint64_t ticks = std::strtoull(f[11].c_str(), nullptr, 10) + std::strtoull(f[12].c_str(), nullptr, 10);
+        u.cpu_usage_ns = ticks * (1000000000ull / static_cast<uint64_t>(::sysconf(_SC_CLK_TCK)));
+      }
+    }
+    auto status = sys::read_file("/proc/" + std::to_string(pid_) + "/status", 16384);
+    if (status) {
+      size_t p = status->find("VmRSS:");
+      if (p != std::string::npos) u.mem_used_bytes = std::strtoull(status->c_str() + p + 6, nullptr, 10) * 1024;
+    }
+    return u;
+  }
+  Result<UniqueFd> open_port(uint16_t port) override {
+    auto h = host();
+    if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
+    return h->open_port(port);
+  }
+  Result<std::string> control(std::string request, std::chrono::milliseconds timeout) override {
+    auto h = host();
+    if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
+    return h->control(std::move(request), timeout);
+  }
+  Result<std::string> vmm(const std::string& cmd, std::chrono::milliseconds timeout) { return control_->call(cmd, timeout); }
+
+ private:
+  std::shared_ptr<process::HostChannel> host() {
+    std::lock_guard lock(mu_);
+    return host_;
+  }
+
+  std::string id_, dir_;
+  pid_t pid_;
+  UniqueFd channel_;
+  std::unique_ptr<Control> control_;
+  uint64_t mem_limit_;
+  std::mutex mu_;
+  std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
+  bool killed_ = false, reaped_ = false;         // GUARDED_BY(mu_)
+};
+
+class MicrovmRuntime final : public runtime::Runtime {
+ public:
+  explicit MicrovmRuntime(MicrovmConfig cfg) : cfg_(std::move(cfg)) {}
+  std::string name() const override { return "kvm"; }
+
+  Status cleanup_stale() override {
+    // VMMs of a previous run died with it (--die-with-parent); their
+    // directories remain. Snapshots stay: they are still valid.
+    if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
+    DIR* d = ::opendir(cfg_.state_root.c_str());
+    if (!d) return sys::errno_error("opendir", cfg_.state_root);
+    std::vector<std::string> stale;
+    while (struct dirent* e = ::readdir(d)) {
+      std::string n = e->d_name;
+      if (n == "." || n == ".." || n == "snapshots") continue;
+      stale.push_back(cfg_.state_root + "/" + n);
+    }
+    ::closedir(d);
+    for (const auto& p : stale)
+      if (Status s = sys::remove_tree(p); !s) return s;
+    return {};
+  }
+
+  Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
+    uint64_t t0 = sys::monotonic_ns();
+    auto image = ensure_rootfs_image(spec.rootfs);
+    if (!image) return image.error();
+    std::string dir = cfg_.state_root + "/" + spec.id;
+    if (::mkdir(dir.c_str(), 0700) != 0) return sys::errno_error("mkdir", dir);
+    auto sb = cfg_.use_snapshots ? clone(spec, *image, dir) : boot(spec, *image, dir);
+    if (!sb) {
+      sys::remove_tree(dir);
+      return sb.error();
+    }
+    LOG_DEBUG("sandbox " << spec.id << " microVM ready in " << (sys::monotonic_ns() - t0) / 1000 << " us");
+    return std::unique_ptr<runtime::Sandbox>(std::move(*sb));
+  }
+
+ private:
+  std::vector<std::string> boot_args(const runtime::SandboxSpec& spec, const std::string& image) const {
+    std::string cmdline = kCmdline;
+    if (!cfg_.extra_cmdline.empty()) cmdline += " " + cfg_.extra_cmdline;
+    return {"--kernel", cfg_.guest_dir + "/vmlinuz", "--initrd", cfg_.guest_dir + "/initramfs.cpio",
+            "--initrd-file", "sandgate-agent=" + cfg_.agent_path, "--disk", image, "--mem-mib",
+            std::to_string(spec.memory_mb), "--cpus", std::to_string(spec.cpu_count), "--cmdline", cmdline};
+  }
+
+  // Boots a VM to agent-ready (the ready frame consumed).
+  Result<std::unique_ptr<MicrovmSandbox>> boot_to_ready(const runtime::SandboxSpec& spec, const std::string& image,
+                                                        const std::string& dir, std::chrono::milliseconds timeout) {
+    auto s = spawn_vmm(cfg_.vmm_path, boot_args(spec, image), dir);
+    if (!s) return s.error();
+    pid_t pid = s->pid;
+    int ch = s->channel.get();
+    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
+    uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
+    if (Status r = read_ready(ch, pid, deadline, dir); !r) return r.error();
+    return sb;
+  }
+
+  Status configure(MicrovmSandbox& sb, const runtime::SandboxSpec& spec) {
+    json env = json::object();
+    for (const auto& [k, v] : spec.env) env[k] = v;
+    struct timespec ts {};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    json req = {{"type", "configure"},
+                {"sandboxId", spec.id},
+                {"envdAccessToken", spec.envd_access_token},
+                {"env", env},
+                {"unixTimeNs", static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec},
+                {"entropy", sys::random_hex(64)}};
+    auto r = sb.control(req.dump(), std::max(spec.ready_timeout, std::chrono::milliseconds(30000)));
+    if (!r) return r.error().with_context("configure the microVM's agent");
+    json reply = json::parse(*r, nullptr, false);
+    if (!reply.is_object() || reply.value("type", "") != "configured")
+      return internal_error("agent refused configure: " + r->substr(0, 200));
+    return {};
+  }
+
+  Result<std::unique_ptr<MicrovmSandbox>> boot(const runtime::SandboxSpec& spec, const std::string& image,
+                                               const std::string& dir) {
+    auto sb = boot_to_ready(spec, image, dir, std::max(spec.ready_timeout, cfg_.boot_timeout));
+    if (!sb) return sb.error();
+    (*sb)->attach_channel();
+    if (Status s = configure(**sb, spec); !s) return s.error();
+    return sb;
+  }
+
+  // The snapshot directory for this template and shape, built on first use.
+  Result<std::string> snapshot_for(const runtime::SandboxSpec& spec, const std::string& image) {
+    std::string key;
+    for (const std::string& p : {image, cfg_.guest_dir + "/vmlinuz", cfg_.guest_dir + "/initramfs.cpio", cfg_.agent_path, cfg_.vmm_path}) {
+      auto st = stat_of(p);
+      if (!st) return st.error();
+      key += p + ":" + std::to_string(st->st_size) + ":" + std::to_string(mtime_ns(*st)) + ";";
+    }
+    key += std::to_string(spec.memory_mb) + "m" + std::to_string(spec.cpu_count) + "c" + cfg_.extra_cmdline;
+    std::string name = std::to_string(std::hash<std::string>{}(key)) + "-" + std::to_string(spec.memory_mb) + "m" +
+                       std::to_string(spec.cpu_count) + "c";
+    std::string snap = cfg_.state_root + "/snapshots/" + name;
+    std::mutex* mu;
+    {
+      std::lock_guard lock(map_mu_);
+      mu = &snapshot_mu_[name];
+    }
+    std::lock_guard lock(*mu);
+    if (sys::path_exists(snap + "/vm.state")) return snap;
+    uint64_t t0 = sys::monotonic_ns();
+    LOG_INFO("kvm: booting a template microVM for " << image << " (" << spec.memory_mb << " MiB, " << spec.cpu_count
+                                                   << " vCPUs) to snapshot it");
+    std::string work = cfg_.state_root + "/snapshots/" + name + ".partial";
+    sys::remove_tree(work);
+    std::string vmdir = cfg_.state_root + "/snapshots/" + name + ".boot";
+    sys::remove_tree(vmdir);
+    if (Status s = sys::make_dirs(vmdir, 0700); !s) return s.error();
+    runtime::SandboxSpec tspec = spec;
+    tspec.id = "template";
+    auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout);
+    if (!vm) return vm.error().with_context("template microVM");
+    uint64_t t1 = sys::monotonic_ns();
+    auto p = (*vm)->vmm("pause", std::chrono::milliseconds(10000));
+    if (!p) return p.error();
+    auto r = (*vm)->vmm("snapshot " + work, std::chrono::milliseconds(300000));
+    if (!r) return r.error().with_context("snapshot the template microVM");
+    (void)(*vm)->kill();
+    sys::remove_tree(vmdir);
+    if (::rename(work.c_str(), snap.c_str()) != 0) return sys::errno_error("rename", work);
+    LOG_INFO("kvm: template snapshot " << snap << " ready: boot " << (t1 - t0) / 1000000 << " ms, snapshot "
+                                       << (sys::monotonic_ns() - t1) / 1000000 << " ms");
+    return snap;
+  }
+
+  Result<std::unique_ptr<MicrovmSandbox>> clone(const runtime::SandboxSpec& spec, const std::string& image,
+                                                const std::string& dir) {
+    auto snap = snapshot_for(spec, image);
+    if (!snap) return snap.error();
+    auto s = spawn_vmm(cfg_.vmm_path, {"--restore", *snap}, dir);
+    if (!s) return s.error();
+    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
+    sb->attach_channel();
+    if (Status c = configure(*sb, spec); !c) {
+      std::string why = c.error().message();
+      if (!sb->alive()) why += "; sandgate-vmm: " + tail_of(dir + "/vmm.log", 600);
+      return Error(c.error().kind(), why);
+    }
+    return sb;
+  }
+
+  MicrovmConfig cfg_;
+  std::mutex map_mu_;
+  std::map<std::string, std::mutex> snapshot_mu_;  // GUARDED_BY(map_mu_) (the map; each mutex guards its snapshot)
+};
+
+}  // namespace
+
+bool kvm_usable(std::string* why) {
+  UniqueFd fd(::open("/dev/kvm", O_RDWR | O_CLOEXEC));
+  if (!fd) {
+    *why = "/dev/kvm: " + std::string(std::strerror(errno));
+    return false;
+  }
+  if (::ioctl(fd.get(), KVM_GET_API_VERSION, 0) != KVM_API_VERSION) {
+    *why = "/dev/kvm has an unexpected API version";
+    return false;
+  }
+  for (long cap : {KVM_CAP_IRQCHIP, KVM_CAP_IRQFD, KVM_CAP_IMMEDIATE_EXIT, KVM_CAP_PIT2})
+    if (::ioctl(fd.get(), KVM_CHECK_EXTENSION, cap) <= 0) {
+      *why = "/dev/kvm lacks capability " + std::to_string(cap);
+      return false;
+    }
+  // PVM (kvm_pvm) is software virtualisation that runs only PVM-enabled
+  // guest kernels; the guest image is a stock Debian kernel.
+  bool hw = sys::path_exists("/sys/module/kvm_intel") || sys::path_exists("/sys/module/kvm_amd");
+  if (!hw && sys::path_exists("/sys/module/kvm_pvm")) {
+    *why = "/dev/kvm is PVM (kvm_pvm), which boots only PVM-enabled guest kernels, not the stock Debian kernel of the guest image";
+    return false;
+  }
+  return true;
+}
+
+Status check_guest_dir(const std::string& guest_dir) {
+  for (const char* f : {"vmlinuz", "initramfs.cpio"})
+    if (::access((guest_dir + "/" + f).c_str(), R_OK) != 0)
+      return Error(ErrorKind::kNotFound, "guest image " + guest_dir + "/" + f +
+                                             " not found: build it with scripts/guest-image.sh " + guest_dir);
+  return {};
+}
+
+Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
+  std::string image = rootfs_dir + ".ext4";
+  std::lock_guard lock(image_mu);
+  auto marker = stat_of(rootfs_dir + "/.sandgate-template");
+  auto img = stat_of(image);
+  if (img && (!marker || mtime_ns(*img) >= mtime_ns(*marker))) return image;
+  if (!marker) return marker.error().with_context("template " + rootfs_dir + " is not complete");
+  tree_bytes = 0;
+  if (::nftw(rootfs_dir.c_str(), add_size, 64, FTW_PHYS | FTW_MOUNT) != 0) return sys::errno_error("walk", rootfs_dir);
+  uint64_t mib = (tree_bytes + tree_bytes / 4) / (1 << 20) + 128;
+  std::string tmp = image + ".partial";
+  ::unlink(tmp.c_str());
+  LOG_INFO("kvm: building the root filesystem image " << image << " (" << mib << " MiB) from " << rootfs_dir);
+  if (Status s = run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "sandgate-root", "-d", rootfs_dir,
+                               tmp, std::to_string(mib) + "M"},
+                              image + ".log");
+      !s)
+    return s.error().with_context("build " + image);
+  ::unlink((image + ".log").c_str());
+  if (::rename(tmp.c_str(), image.c_str()) != 0) return sys::errno_error("rename", tmp);
+  return image;
+}
+
+std::unique_ptr<runtime::Runtime> make_microvm_runtime(const MicrovmConfig& cfg) {
+  return std::make_unique<MicrovmRuntime>(cfg);
+}
+
+}  // namespace sg::microvm

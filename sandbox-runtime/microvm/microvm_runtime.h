@@ -1,0 +1,48 @@
+// The microVM backend: every sandbox is one sandgate-vmm process (a KVM
+// microVM, sandbox-runtime/vmm) whose PID 1 is the same sandgate-agent the
+// process backend runs, reached over the same channel (the VM's virtio
+// console). See docs/vmm.md.
+//
+// Create path: the template's root filesystem directory is turned into an
+// ext4 image once (<rootfs>.ext4, mkfs.ext4 -d), shared read-only by all
+// its sandboxes. The first create for a (template image, guest image,
+// memory, vCPUs) key boots a template VM to agent-ready, snapshots it and
+// stops it; every create then restores a clone of that snapshot (RAM mapped
+// MAP_PRIVATE, so creating a sandbox does not boot) and sends the agent
+// "configure" (id, token, environment, wall clock, fresh entropy).
+//
+// Thread safety: as runtime.h. Snapshot building is serialised per key.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "runtime.h"
+
+namespace sg::microvm {
+
+struct MicrovmConfig {
+  std::string state_root;  // <state_root>/<id>/ per sandbox, <state_root>/snapshots/
+  std::string vmm_path;    // sandgate-vmm
+  std::string agent_path;  // sandgate-agent (static), appended to the initramfs
+  std::string guest_dir;   // vmlinuz + initramfs.cpio (scripts/guest-image.sh)
+  bool use_snapshots = true;
+  // Booting a template VM: generous, a nested TCG guest takes ~10 s.
+  std::chrono::milliseconds boot_timeout{180000};
+  std::string extra_cmdline;  // appended to the guest kernel command line
+};
+
+// Whether /dev/kvm can run sandgate's microVMs here; why not, if not.
+bool kvm_usable(std::string* why);
+
+// What the guest image needs: vmlinuz and initramfs.cpio in guest_dir.
+Status check_guest_dir(const std::string& guest_dir);
+
+// Builds <rootfs_dir>.ext4 from the directory if it is missing or older
+// than the template's marker file; returns its path.
+Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir);
+
+std::unique_ptr<runtime::Runtime> make_microvm_runtime(const MicrovmConfig& cfg);
+
+}  // namespace sg::microvm
