@@ -34,6 +34,8 @@ commands:
   key revoke KEY_ID             revoke one key
   template build                build the base template if missing
   template image                build the base template's ext4 image (kvm backend)
+  kvm check                     say whether this host's /dev/kvm can run microVMs
+                                (exit 0: yes, 1: no, with the reason)
   version                       print the version
 
 common options:
@@ -199,6 +201,19 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     return serve(cfg);
   }
 
+  if (cmd == "kvm") {
+    if (p.size() != 2 || p[1] != "check") {
+      err << "usage: sandgate kvm check\n";
+      return 2;
+    }
+    std::string why;
+    if (!microvm::kvm_usable(&why)) {
+      out << "KVM unusable: " << why << "\n";
+      return 1;
+    }
+    out << "KVM usable: microVMs can run here\n";
+    return 0;
+  }
   if (cmd == "template") {
     if (p.size() != 2 || (p[1] != "build" && p[1] != "image")) {
       err << "usage: sandgate template build|image [--templates-dir DIR]\n";
