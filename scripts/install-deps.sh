@@ -9,7 +9,11 @@ PKGS=(
   libsqlite3-dev sqlite3 doctest-dev
   debootstrap iproute2 util-linux curl ca-certificates
   clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
+  e2fsprogs cpio busybox-static qemu-system-x86
 )
+# e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
+# guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
+# harness (tests/kvm-harness), which runs microVMs under QEMU TCG.
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
 # image usually has them, Debian's packages are the fallback.

@@ -16,5 +16,9 @@ scripts/install-deps.sh
 cmake --preset debug -DSANDGATE_TESTS=ON >/dev/null
 cmake --build --preset debug -j"$(nproc)"
 build/debug/bin/sandgate template build --templates-dir build/debug/tests-rootfs
+# microVMs boot the template as an ext4 image and the guest image (kernel +
+# initramfs, from Debian packages); both are cached.
+build/debug/bin/sandgate template image --templates-dir build/debug/tests-rootfs >/dev/null
+scripts/guest-image.sh build/debug/guest
 export SANDGATE_TEST_ROOTFS="$PWD/build/debug/tests-rootfs/base"
 ctest --preset debug "$@"

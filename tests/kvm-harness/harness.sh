@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# KVM test harness for machines without /dev/kvm: boots an outer Linux guest
+# under QEMU TCG (-cpu max emulates AMD SVM, so kvm_amd loads inside and
+# /dev/kvm works there), runs `sandgate serve` inside it, forwards its port to
+# 127.0.0.1 on the host with QEMU user networking, and runs E2B SDK e2e test
+# files from the host against it (SANDGATE_E2E_URL / SANDGATE_E2E_KEY).
+# Exits with the tests' status (or non-zero if the guest never got that far,
+# or sandgate did not stop cleanly after passing tests).
+# See docs/kvm-harness.md; the recipe is in shared/notes/kvm-in-tcg.md.
+#
+# usage: tests/kvm-harness/harness.sh [TEST_FILE...]   (default tests/e2e/kvm.test.mjs)
+#        tests/kvm-harness/harness.sh [--with FILE]... --exec 'SHELL COMMAND'
+# The second form runs the command inside the outer guest instead of sandgate
+# (after the same set-up; FILEs, e.g. a doctest binary, are copied with their
+# libraries to /opt/sandgate/extra, which is on PATH) and exits with its
+# status; its output is on the serial console, which is printed.
+#
+# Environment (CTest sets the first three and the cache):
+#   SANDGATE_BIN_DIR              sandgate, sandgate-agent, sandgate-vmm (default build/dev/bin)
+#   SANDGATE_GUEST_DIR            scripts/guest-image.sh's DEST: vmlinuz, initramfs.cpio,
+#                                 kernel/ (the unpacked kernel .deb; its modules boot the
+#                                 outer guest too). The harness runs guest-image.sh on it first.
+#   SANDGATE_TESTS_TEMPLATES_DIR  templates dir holding base/ (and base.ext4 for kvm)
+#   SANDGATE_HARNESS_RUNTIME      kvm|process|auto (default: kvm if sandgate-vmm is in
+#                                 SANDGATE_BIN_DIR and `sandgate --help` lists
+#                                 --guest-dir, else process)
+#   SANDGATE_HARNESS_CACHE        cache of initramfs and assets disk (default BIN_DIR/../kvm-harness)
+#   SANDGATE_HARNESS_LOG          the serial log is copied here (default CACHE/console.log)
+#   SANDGATE_HARNESS_MEM_MB, SANDGATE_HARNESS_CPUS   outer guest size (4096, 2)
+#   SANDGATE_HARNESS_BOOT_TIMEOUT, SANDGATE_HARNESS_TEST_TIMEOUT   seconds (240, 480)
+#   SANDGATE_HARNESS_MODULES      extra kernel modules to load (names, e.g. "tun vhost_vsock")
+#   SANDGATE_HARNESS_ARGS         extra `sandgate serve` arguments (no commas)
+#   SANDGATE_HARNESS_LOG_LEVEL    sandgate --log-level inside (default info)
+#   SANDGATE_HARNESS_KEEP=1       keep the run's temp dir (scratch disk, serial log)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+t_start=$(date +%s.%N)
+elapsed() { awk -v a="$t_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+log() { echo "kvm-harness [$(elapsed) s]: $*" >&2; }
+fail() {
+  log "FAILED: $*"
+  exit 1
+}
+
+bin_dir=$(cd "${SANDGATE_BIN_DIR:-$root/build/dev/bin}" && pwd)
+guest_dir=${SANDGATE_GUEST_DIR:-$bin_dir/../guest}
+templates_dir=${SANDGATE_TESTS_TEMPLATES_DIR:-$bin_dir/../tests-rootfs}
+cache=${SANDGATE_HARNESS_CACHE:-$bin_dir/../kvm-harness}
+mem_mb=${SANDGATE_HARNESS_MEM_MB:-4096}
+cpus=${SANDGATE_HARNESS_CPUS:-2}
+boot_timeout=${SANDGATE_HARNESS_BOOT_TIMEOUT:-240}
+test_timeout=${SANDGATE_HARNESS_TEST_TIMEOUT:-480}
+log_level=${SANDGATE_HARNESS_LOG_LEVEL:-info}
+exec_cmd=''
+extras=()
+tests=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --exec) exec_cmd=${2:?--exec needs a command}; shift 2 ;;
+    --with) extras+=("$(realpath "${2:?--with needs a file}")"); shift 2 ;;
+    *) tests+=("$1"); shift ;;
+  esac
+done
+[ ${#tests[@]} -gt 0 ] || tests=("$root/tests/e2e/kvm.test.mjs")
+
+for tool in qemu-system-x86_64 busybox cpio mkfs.ext4 node strip ldd flock; do
+  command -v "$tool" >/dev/null || fail "$tool not found: scripts/install-deps.sh installs qemu-system-x86, busybox-static, cpio, e2fsprogs, binutils and node"
+done
+if [ ! -x "$bin_dir/sandgate" ] || [ ! -x "$bin_dir/sandgate-agent" ]; then
+  fail "no sandgate/sandgate-agent in $bin_dir: build first or set SANDGATE_BIN_DIR"
+fi
+[ -f "$templates_dir/base/.sandgate-template" ] ||
+  fail "no base template in $templates_dir: run '$bin_dir/sandgate template build --templates-dir $templates_dir' (or set SANDGATE_TESTS_TEMPLATES_DIR)"
+# guest-image.sh returns at once when its DEST is up to date.
+if [ -x "$root/scripts/guest-image.sh" ]; then
+  "$root/scripts/guest-image.sh" "$guest_dir" >&2 || fail "scripts/guest-image.sh $guest_dir failed"
+fi
+[ -f "$guest_dir/vmlinuz" ] || fail "no $guest_dir/vmlinuz (scripts/guest-image.sh DEST builds it)"
+guest_dir=$(cd "$guest_dir" && pwd)
+if [ -f "$guest_dir/kernel-version" ]; then
+  moddir=$guest_dir/kernel/lib/modules/$(cat "$guest_dir/kernel-version")
+else
+  moddir=$(find "$guest_dir/kernel/lib/modules" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | head -n 1)
+fi
+[ -d "$moddir/kernel" ] || fail "no $moddir/kernel: the outer guest boots the guest image's kernel and loads its modules"
+
+runtime=${SANDGATE_HARNESS_RUNTIME:-}
+if [ -z "$runtime" ]; then
+  # The kvm runtime is in this build when sandgate-vmm is built and
+  # sandgate knows --guest-dir.
+  if [ ! -x "$bin_dir/sandgate-vmm" ]; then
+    runtime=process why="no sandgate-vmm in $bin_dir"
+  elif ! "$bin_dir/sandgate" --help 2>&1 | grep -q -- '--guest-dir'; then
+    runtime=process why="sandgate --help lists no --guest-dir"
+  else
+    runtime=kvm why="sandgate-vmm is built and sandgate takes --guest-dir"
+  fi
+  log "runtime $runtime ($why; SANDGATE_HARNESS_RUNTIME=kvm|process overrides)"
+fi
+case "$runtime" in kvm | process | auto) ;; *) fail "SANDGATE_HARNESS_RUNTIME must be kvm, process or auto, not '$runtime'" ;; esac
+
+mkdir -p "$cache"
+cache=$(cd "$cache" && pwd)
+console_copy=${SANDGATE_HARNESS_LOG:-$cache/console.log}
+work=$(mktemp -d "${TMPDIR:-/tmp}/sg-kvm-harness.XXXXXX")
+qemu_pid=
+# shellcheck disable=SC2317 # called by the EXIT trap
+cleanup() {
+  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+    kill -KILL "$qemu_pid" 2>/dev/null || true
+    wait "$qemu_pid" 2>/dev/null || true
+  fi
+  if [ -f "$work/console.log" ]; then cp "$work/console.log" "$console_copy" 2>/dev/null || true; fi
+  if [ -n "${SANDGATE_HARNESS_KEEP:-}" ]; then
+    log "kept $work (scratch.ext4: sandgate's data dir; loop-mount it to look inside)"
+  else
+    rm -rf "$work"
+  fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A cached artefact is rebuilt when the fingerprint of its inputs (names,
+# sizes, mtimes, plus the build recipe: this script and outer-init) changes.
+fingerprint() {
+  { stat -L -c '%n %s %Y' "$here/harness.sh" "$here/outer-init" "$@"; echo "runtime=$runtime modules=${SANDGATE_HARNESS_MODULES:-}"; } | sha256sum | cut -c1-16
+}
+
+# Two runs at once build the cache one after the other (a run's QEMU keeps
+# its own open copies: rebuilt artefacts are new files, not rewrites).
+exec 9>"$cache/lock"
+flock -w 900 9 || fail "$cache is locked by another harness run for 900 s"
+
+# --- kernel modules: the wanted ones plus their dependencies, in load order.
+declare -A mod_path=() mod_seen=()
+while IFS= read -r f; do
+  n=${f##*/}
+  n=${n%.ko}
+  mod_path[${n//-/_}]=$f
+done < <(find "$moddir/kernel" -name '*.ko')
+mod_order=()
+add_module() {
+  local n=${1//-/_} d deps
+  [ -n "${mod_seen[$n]:-}" ] && return
+  mod_seen[$n]=1
+  [ -n "${mod_path[$n]:-}" ] || fail "kernel module $n not found under $moddir"
+  deps=$(tr '\0' '\n' <"${mod_path[$n]}" | sed -n 's/^depends=//p' | head -n 1)
+  for d in ${deps//,/ }; do add_module "$d"; done
+  mod_order+=("${mod_path[$n]}")
+}
+# shellcheck disable=SC2086 # a word list
+for m in kvm_amd virtio_pci virtio_net virtio_blk overlay ${SANDGATE_HARNESS_MODULES:-}; do add_module "$m"; done
+
+# --- the outer initramfs: busybox, /init, modules, the binaries with their
+# shared libraries (stripped: 15x smaller, faster to boot) and, for the kvm
+# runtime, the nested guest's kernel and initramfs.
+vmm=()
+[ -x "$bin_dir/sandgate-vmm" ] && vmm=("$bin_dir/sandgate-vmm")
+guest_files=()
+if [ "$runtime" != process ]; then
+  for f in vmlinuz initramfs.cpio; do
+    [ -f "$guest_dir/$f" ] || fail "no $guest_dir/$f: the kvm runtime boots it (scripts/guest-image.sh builds it)"
+    guest_files+=("$guest_dir/$f")
+  done
+fi
+initrd=$cache/initramfs-$runtime${extras:+-with}.cpio
+initrd_key=$(fingerprint "$(command -v busybox)" "$bin_dir/sandgate" "$bin_dir/sandgate-agent" "${vmm[@]}" "${guest_files[@]}" "${mod_order[@]}" "${extras[@]}")
+if [ "$(cat "$initrd.key" 2>/dev/null)" != "$initrd_key" ]; then
+  log "building the outer initramfs"
+  st=$work/initramfs
+  mkdir -p "$st"/{bin,sbin,usr/bin,usr/sbin,etc/sg-harness,proc,sys,dev,opt/sandgate/bin,opt/sandgate/guest,opt/sandgate/extra,lib64}
+  cp "$(command -v busybox)" "$st/bin/busybox"
+  for a in $("$st/bin/busybox" --list-full); do [ -e "$st/$a" ] || ln -s /bin/busybox "$st/$a"; done
+  install -m 0755 "$here/outer-init" "$st/init"
+  : >"$st/etc/sg-harness/modules"
+  for f in "${mod_order[@]}"; do
+    rel=lib/modules/${moddir##*/}/${f#"$moddir"/}
+    mkdir -p "$st/${rel%/*}"
+    cp "$f" "$st/$rel"
+    echo "/$rel" >>"$st/etc/sg-harness/modules"
+  done
+  for b in "$bin_dir/sandgate" "$bin_dir/sandgate-agent" "${vmm[@]}" "${extras[@]}"; do
+    dir=bin
+    [ "${b%/*}" = "$bin_dir" ] || dir=extra
+    strip -o "$st/opt/sandgate/$dir/${b##*/}" "$b" 2>/dev/null || cp "$b" "$st/opt/sandgate/$dir/"
+    # Shared libraries at the paths ldd resolved them to, plus the loader.
+    { ldd "$b" 2>/dev/null || true; } | { grep -o -E '/[^ ]+' || true; } | while read -r lib; do
+      mkdir -p "$st/$(dirname "$lib")"
+      [ -e "$st/$lib" ] || cp -L "$lib" "$st/$lib"
+    done
+  done
+  for f in "${guest_files[@]}"; do cp "$f" "$st/opt/sandgate/guest/"; done
+  printf 'root:x:0:0:root:/root:/bin/sh\n' >"$st/etc/passwd"
+  printf 'root:x:0:\n' >"$st/etc/group"
+  printf '127.0.0.1 localhost\n::1 localhost\n127.0.1.1 sg-outer\n' >"$st/etc/hosts"
+  (cd "$st" && find . -print0 | cpio --null -o -H newc --quiet) >"$initrd.tmp"
+  mv "$initrd.tmp" "$initrd"
+  echo "$initrd_key" >"$initrd.key"
+  rm -rf "$st"
+fi
+
+# --- the assets disk (read-only in the guest): templates/base, the process
+# runtime's overlay lower layer (only its marker file for kvm), and
+# templates/base.ext4 for the kvm runtime.
+if [ "$runtime" != process ] && [ ! -f "$templates_dir/base.ext4" ]; then
+  if "$bin_dir/sandgate" --help 2>&1 | grep -q 'template image'; then
+    log "building $templates_dir/base.ext4 (sandgate template image)"
+    "$bin_dir/sandgate" template image --templates-dir "$templates_dir" >&2
+  fi
+fi
+base_img=$templates_dir/base.ext4
+if [ "$runtime" != process ] && [ ! -f "$base_img" ]; then
+  # Stand-in until `sandgate template image` exists.
+  base_img=$cache/base.ext4
+  key=$(fingerprint "$templates_dir/base" "$templates_dir/base/.sandgate-template")
+  if [ "$(cat "$base_img.key" 2>/dev/null)" != "$key" ]; then
+    log "building a stand-in base.ext4 with mkfs.ext4 -d"
+    mb=$(du -sm "$templates_dir/base" | cut -f1)
+    rm -f "$base_img"
+    truncate -s "$((mb * 13 / 10 + 256))M" "$base_img"
+    mkfs.ext4 -q -F -d "$templates_dir/base" "$base_img"
+    echo "$key" >"$base_img.key"
+  fi
+fi
+assets=$cache/assets-$runtime.ext4
+ext4_in=()
+[ "$runtime" != process ] && ext4_in=("$base_img")
+assets_key=$(fingerprint "$templates_dir/base" "$templates_dir/base/.sandgate-template" "${ext4_in[@]}")
+if [ "$(cat "$assets.key" 2>/dev/null)" != "$assets_key" ]; then
+  log "building the assets disk"
+  st=$cache/assets.staging
+  rm -rf "$st" "$assets"
+  mkdir -p "$st/templates"
+  # Hard links where the cache and the templates share a file system.
+  if [ "$runtime" = kvm ]; then
+    mkdir -p "$st/templates/base"
+    cp -a "$templates_dir/base/.sandgate-template" "$st/templates/base/"
+  else
+    cp -al "$templates_dir/base" "$st/templates/base" 2>/dev/null || cp -a "$templates_dir/base" "$st/templates/base"
+  fi
+  [ ${#ext4_in[@]} -eq 0 ] || cp -l "${ext4_in[0]}" "$st/templates/base.ext4" 2>/dev/null || cp --sparse=always "${ext4_in[0]}" "$st/templates/base.ext4"
+  mb=$(du -sm "$st" | cut -f1)
+  truncate -s "$((mb * 13 / 10 + 128))M" "$assets"
+  mkfs.ext4 -q -F -L sg-assets -d "$st" "$assets"
+  rm -rf "$st"
+  echo "$assets_key" >"$assets.key"
+fi
+
+flock -u 9
+
+# --- the scratch disk: sandgate's data dir, fresh each run (sparse).
+truncate -s 16G "$work/scratch.ext4"
+mkfs.ext4 -q -F -L sg-scratch "$work/scratch.ext4"
+mkfifo "$work/ctl.in" "$work/ctl.out"
+log "artefacts ready; booting the outer guest (TCG, ${mem_mb} MiB, $cpus vCPUs, runtime $runtime)"
+
+# --- boot. The forwarded port is picked by binding port 0; if another
+# process takes it before QEMU binds it, QEMU fails at once and we retry.
+args=${SANDGATE_HARNESS_ARGS:-}
+cmdline="console=ttyS0 quiet panic=-1 sandgate.runtime=$runtime sandgate.loglevel=$log_level${args:+ sandgate.args=${args// /,}}"
+[ -z "$exec_cmd" ] || cmdline+=" sandgate.exec=$(printf %s "$exec_cmd" | base64 -w0)"
+pdeathsig=
+setpriv --pdeathsig KILL true 2>/dev/null && pdeathsig="setpriv --pdeathsig KILL"
+free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
+start_qemu() {
+  port=$(free_port)
+  : >"$work/console.log"
+  # QEMU dies with this script, even if it is SIGKILLed (a CTest timeout).
+  $pdeathsig qemu-system-x86_64 -accel tcg -cpu max -m "$mem_mb" -smp "$cpus" \
+    -nodefaults -display none -vga none -no-reboot \
+    -kernel "$guest_dir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
+    -serial "file:$work/console.log" -serial "pipe:$work/ctl" \
+    -nic "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:8080" \
+    -drive "file=$assets,if=none,id=assets,format=raw,readonly=on" -device virtio-blk-pci,drive=assets,serial=sg-assets \
+    -drive "file=$work/scratch.ext4,if=none,id=scratch,format=raw,cache=unsafe" -device virtio-blk-pci,drive=scratch,serial=sg-scratch \
+    >"$work/qemu.out" 2>&1 &
+  qemu_pid=$!
+}
+
+show_console() {
+  log "serial console (last ${1:-60} lines; whole log in $console_copy):"
+  tail -n "${1:-60}" "$work/console.log" | sed 's/^/  | /' >&2
+  [ -s "$work/qemu.out" ] && { log "qemu said:"; sed 's/^/  | /' "$work/qemu.out" >&2; }
+  return 0
+}
+
+if [ -n "$exec_cmd" ]; then
+  start_qemu
+  deadline=$(($(date +%s) + boot_timeout + test_timeout))
+  while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+  rc=$(tr -d '\r' <"$work/console.log" | sed -n 's/^SG-HARNESS: exec exited rc=\([0-9]*\) .*/\1/p' | tail -n 1)
+  tr -d '\r' <"$work/console.log" | sed -n '/^SG-HARNESS: exec: /,$p' | sed 's/^/  | /' >&2
+  if [ -z "$rc" ]; then
+    show_console
+    kill -0 "$qemu_pid" 2>/dev/null || fail "QEMU exited before the command finished inside the guest"
+    fail "the command did not finish inside the guest within $((boot_timeout + test_timeout)) s"
+  fi
+  log "the command exited with status $rc"
+  exit "$rc"
+fi
+
+url=''
+key=''
+for attempt in 1 2 3; do
+  start_qemu
+  t_boot=$(date +%s)
+  while :; do
+    if grep -q '^SG-HARNESS: \(FAILED\|sandgate exited\)' "$work/console.log"; then
+      show_console
+      fail "the outer guest failed before sandgate was up"
+    fi
+    if ! kill -0 "$qemu_pid" 2>/dev/null; then
+      wait "$qemu_pid" && qrc=0 || qrc=$?
+      qemu_pid=
+      if grep -q 'Could not set up host forwarding' "$work/qemu.out" && [ "$attempt" -lt 3 ]; then
+        log "port $port was taken; retrying with another"
+        continue 2
+      fi
+      show_console
+      fail "QEMU exited (status $qrc) before sandgate was up"
+    fi
+    key=$(sed -n 's/^API key (tenant "local"): \(e2b_[0-9a-f]\{40\}\).*/\1/p' "$work/console.log" | head -n 1)
+    if grep -q 'listening on https\?://' "$work/console.log" && [ -n "$key" ]; then
+      url=http://127.0.0.1:$port
+      break 2
+    fi
+    if [ $(($(date +%s) - t_boot)) -ge "$boot_timeout" ]; then
+      show_console
+      fail "sandgate's banner did not appear on the serial console within $boot_timeout s"
+    fi
+    sleep 0.2
+  done
+done
+log "sandgate is up inside the guest; $url -> guest :8080 (guest uptime $(sed -n 's/^SG-HARNESS: starting sandgate.* at \([0-9.]*\) s.*/\1/p' "$work/console.log") s at sandgate start)"
+
+# --- the tests, from the host.
+set +e
+SANDGATE_E2E_URL=$url SANDGATE_E2E_KEY=$key SANDGATE_E2E_RUNTIME=$runtime \
+  timeout --kill-after=10 "$test_timeout" node --test --test-concurrency=1 "${tests[@]}"
+test_rc=$?
+set -e
+[ "$test_rc" -eq 124 ] && log "the tests ran past $test_timeout s"
+log "tests finished with status $test_rc"
+
+# --- shutdown: ask the guest to stop sandgate (SIGTERM) and power off.
+# After failed tests it first prints the sandboxes' logs on the console.
+word=stop
+[ "$test_rc" -eq 0 ] || word=dump
+# shellcheck disable=SC2016 # expanded by the inner sh
+timeout 10 sh -c 'echo "$2" >"$1"' sh "$work/ctl.in" "$word" || log "could not write to the guest's control port"
+stop_rc=
+deadline=$(($(date +%s) + 60))
+while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+if kill -0 "$qemu_pid" 2>/dev/null; then
+  log "the outer guest did not power off within 60 s; killing QEMU"
+else
+  wait "$qemu_pid" || true
+  qemu_pid=
+fi
+stop_rc=$(sed -n 's/^SG-HARNESS: sandgate exited rc=\([0-9]*\).*/\1/p' "$work/console.log" | tail -n 1)
+if [ "$test_rc" -ne 0 ]; then
+  show_console 200
+  exit "$test_rc"
+fi
+if [ "$stop_rc" != 0 ]; then
+  show_console
+  fail "the tests passed but sandgate did not stop cleanly (exit status '${stop_rc:-none}')"
+fi
+log "done: tests passed, sandgate stopped cleanly"
+exit 0
