@@ -69,17 +69,21 @@ void VirtioConsole::take_tx(VirtioMmio& t) {
   while (out_.size() < kOutMax) {
     auto c = q.pop(mem);
     if (!c) break;
-    any = true;
-    if (c->valid) {
-      for (const Descriptor& d : c->descs) {
-        if (d.write) continue;
-        // Never beyond the bound: a chain larger than the room left is
-        // taken whole only if it fits in twice the bound.
-        if (out_.size() + d.len > 2 * kOutMax) break;
-        const uint8_t* p = mem.span(d.addr, d.len);
-        out_.append(reinterpret_cast<const char*>(p), d.len);
+    uint64_t bytes = c->valid ? c->readable_bytes() : 0;
+    if (out_.size() + bytes > 2 * kOutMax) {
+      if (!out_.empty()) {
+        q.undo_pop();  // take it once the buffer has drained
+        break;
       }
+      // A single chain larger than the bound: the guest broke the rules
+      // (Linux sends page-sized buffers); drop it rather than buffer it.
+      ++dropped_chains_;
+      bytes = 0;
     }
+    any = true;
+    if (bytes > 0)
+      for (const Descriptor& d : c->descs)
+        if (!d.write) out_.append(reinterpret_cast<const char*>(mem.span(d.addr, d.len)), d.len);
     q.add_used(mem, c->head, 0);
   }
   if (q.broken()) t.needs_reset();

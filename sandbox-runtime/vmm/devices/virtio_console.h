@@ -78,6 +78,7 @@ class VirtioConsole final : public VirtioDevice {
   std::string out_;              // GUARDED_BY(transport lock)
   bool paused_ = false;          // GUARDED_BY(transport lock)
   bool disconnected_ = false;    // GUARDED_BY(transport lock)
+  uint64_t dropped_chains_ = 0;  // GUARDED_BY(transport lock): chains larger than 2 * kOutMax
   std::atomic<uint64_t> to_host_{0}, to_guest_{0};
 };
 

@@ -230,6 +230,8 @@ Status Machine::start() {
 }
 
 void Machine::kick_all() {
+  // threads_ is filled by start() under mu_; callers never hold mu_.
+  std::lock_guard lock(mu_);
   for (size_t i = 0; i < vcpus_.size(); ++i) {
     vcpus_[i]->run_state()->immediate_exit = 1;
     if (i < threads_.size()) ::pthread_kill(threads_[i].native_handle(), kKickSignal);
