@@ -68,11 +68,18 @@ Result<LoadedKernel> load_linux(const GuestMemory& mem, std::string_view img, st
   if (align == 0 || (align & (align - 1))) align = 0x200000;
   uint64_t load = pref ? pref : 0x1000000;
   if (load < 0x100000) load = 0x100000;
-  if (get<uint8_t>(img, kRelocatable) == 0 && load != pref && pref) load = pref;
-  load = align_up(load, get<uint8_t>(img, kRelocatable) ? align : 1);
-  uint64_t need = init_size > kernel_size ? init_size : kernel_size;
+  bool relocatable = get<uint8_t>(img, kRelocatable) != 0;
+  // A non-relocatable kernel runs at pref_address whatever we do: below
+  // 1 MiB it would land on the zero page, command line and page tables.
+  if (!relocatable && pref && pref < 0x100000) return invalid_error("kernel is not relocatable and wants to load below 1 MiB");
+  if (!relocatable && pref) load = pref;
   uint64_t low = mem.low_size();
-  if (load + need > low) return invalid_error("kernel does not fit in guest RAM (needs " + std::to_string((load + need) >> 20) + " MiB)");
+  // Checked before aligning: align_up of an address near 2^64 wraps to 0.
+  if (load > low) return invalid_error("kernel does not fit in guest RAM (load address past the end of low RAM)");
+  load = align_up(load, relocatable ? align : 1);
+  uint64_t need = init_size > kernel_size ? init_size : kernel_size;
+  if (load > low || need > low - load)
+    return invalid_error("kernel does not fit in guest RAM (needs " + std::to_string((load >> 20) + (need >> 20)) + " MiB)");
   if (!mem.write(load, img.data() + setup_size, kernel_size)) return invalid_error("kernel does not fit in guest RAM");
 
   LoadedKernel k;

@@ -138,20 +138,23 @@ Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::strin
   return {};
 }
 
+kvm::CpuidEntries vcpu_cpuid(const kvm::CpuidEntries& supported, uint32_t id) {
+  kvm::CpuidEntries c = supported;
+  for (auto& e : c.entries) {
+    if (e.function == 1) {
+      e.ebx = (e.ebx & 0x00ffffff) | (id << 24);  // initial APIC id
+      e.ecx |= 1u << 31;                          // hypervisor present: the guest looks for KVM's leaves
+    }
+    if (e.function == 0xb || e.function == 0x1f) e.edx = id;  // x2APIC id
+  }
+  return c;
+}
+
 Status Machine::setup_boot_vcpus(uint64_t entry) {
   auto cpuid = kvm_.supported_cpuid();
   if (!cpuid) return cpuid.error();
   for (auto& v : vcpus_) {
-    kvm::CpuidEntries c = *cpuid;
-    uint32_t id = v->index();
-    for (auto& e : c.entries) {
-      if (e.function == 1) {
-        e.ebx = (e.ebx & 0x00ffffff) | (id << 24);
-        e.ecx |= 1u << 31;  // hypervisor present: the guest looks for KVM's leaves
-      }
-      if (e.function == 0xb || e.function == 0x1f) e.edx = id;
-    }
-    if (Status s = v->set_cpuid(c); !s) return s;
+    if (Status s = v->set_cpuid(vcpu_cpuid(*cpuid, v->index())); !s) return s;
     if (Status s = v->set_msrs({{kMsrMtrrDefType, (1u << 11) | 6}}); !s) return s;
     (void)v->set_msrs({{kMsrMiscEnable, 1}});  // fast strings; not every host allows it
     auto lapic = v->get_lapic();

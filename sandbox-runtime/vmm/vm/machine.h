@@ -61,6 +61,10 @@ struct IoConfig {
   int serial_fd = -1;   // where the guest's serial output goes (borrowed), -1: dropped
 };
 
+// The CPUID a vCPU runs with: KVM's supported set with the hypervisor bit
+// and this vCPU's APIC ids. Booted and snapshotted vCPUs both use it.
+kvm::CpuidEntries vcpu_cpuid(const kvm::CpuidEntries& supported, uint32_t id);
+
 enum class State { kCreated, kRunning, kPaused, kStopped };
 const char* state_name(State s);
 

@@ -127,14 +127,7 @@ Status Machine::save_state(const std::string& path) {
   if (!cpuid) return cpuid.error();
   for (auto& v : vcpus_) {
     // The cpuid a vCPU runs with is what we set at boot: re-derive it.
-    kvm::CpuidEntries c = *cpuid;
-    for (auto& e : c.entries) {
-      if (e.function == 1) {
-        e.ebx = (e.ebx & 0x00ffffff) | (v->index() << 24);
-        e.ecx |= 1u << 31;
-      }
-      if (e.function == 0xb || e.function == 0x1f) e.edx = v->index();
-    }
+    kvm::CpuidEntries c = vcpu_cpuid(*cpuid, v->index());
     w.put(static_cast<uint32_t>(c.entries.size()));
     for (const auto& e : c.entries) w.put(e);
     auto mp = v->get_mp_state();
