@@ -69,8 +69,9 @@ export DEBIAN_FRONTEND=noninteractive
 apt_updated=0
 apt_update_once() {
   if [ "$apt_updated" = 0 ]; then
-    $SUDO apt-get update -qq >&2
     apt_updated=1
+    # Offline is fine as long as the cache or apt's lists have what we need.
+    $SUDO apt-get update -qq >&2 || echo "guest-image: apt-get update failed; carrying on with what apt and $DEST/cache have" >&2
   fi
 }
 
@@ -95,7 +96,7 @@ mkdir -p "$DEST/cache"
 # linux-image-6.1.0-57-cloud-amd64.
 resolve_kernel_pkg() {
   apt-cache depends "$KERNEL_META" 2>/dev/null |
-    sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)\(-unsigned\)\?$/\1/p' | head -n1
+    sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-cloud-amd64\)\(-unsigned\)\?$/\1/p' | head -n1 || true
 }
 
 kver=""
@@ -112,9 +113,9 @@ if [ -z "$kver" ]; then
     kver=${pkg#linux-image-}
   else
     # Offline with a cached package from an earlier run: use it.
-    cached=$(cd "$DEST/cache" && ls linux-image-*-cloud-amd64*_amd64.deb 2>/dev/null | sort -V | tail -n1 || true)
+    cached=$(find "$DEST/cache" -maxdepth 1 -name 'linux-image-*-cloud-amd64*_amd64.deb' | sort -V | tail -n1)
     [ -n "$cached" ] || die "apt-cache knows no $KERNEL_META and $DEST/cache holds no kernel package"
-    kver=$(dpkg-deb -f "$DEST/cache/$cached" Package)
+    kver=$(dpkg-deb -f "$cached" Package)
     kver=${kver#linux-image-}
     kver=${kver%-unsigned}
   fi
