@@ -51,10 +51,14 @@ uint8_t VirtioBlk::serve(VirtioMmio& t, const Chain& c, uint32_t* written) {
       bool in = h.type == kTypeIn;
       if (!in && read_only_) return kStatusIoErr;
       if (total % kSector != 0 || h.sector > sectors_ || total / kSector > sectors_ - h.sector) return kStatusIoErr;
+      // Every buffer's direction is checked before any I/O: a bad one
+      // later in the chain must not leave earlier ones half done (an OUT
+      // writing the disk, an IN filling guest memory, then IOERR).
+      for (size_t i = first; i < last; ++i)
+        if (c.descs[i].write != in) return kStatusIoErr;
       uint64_t off = h.sector * kSector;
       for (size_t i = first; i < last; ++i) {
         const Descriptor& d = c.descs[i];
-        if (d.write != in) return kStatusIoErr;
         uint8_t* p = mem.span(d.addr, d.len);
         if (!p) return kStatusIoErr;
         uint64_t done = 0;

@@ -44,6 +44,7 @@ void VirtioConsole::wake() {
 }
 
 void VirtioConsole::set_paused(bool paused) {
+  if (!transport_) return;  // not started: nothing moves data yet
   {
     auto lock = transport_->lock();
     paused_ = paused;
@@ -152,7 +153,10 @@ void VirtioConsole::queue_notify(VirtioMmio& t, size_t queue) {
   if (queue == 1) {
     take_tx(t);
     flush_out();
-    if (!out_.empty()) wake();  // the I/O thread waits for the socket to drain
+    // The I/O thread waits for the socket to drain, and takes the chains
+    // left in the ring when the buffer filled (the socket may have taken
+    // the whole buffer just now: then nothing else would wake it).
+    if (!out_.empty() || t.queue(1).has_available(t.memory())) wake();
   } else {
     wake();  // new receive buffers: the I/O thread may read again
   }
@@ -166,12 +170,17 @@ void VirtioConsole::loop() {
       if (!paused_ && !disconnected_ && transport_->active()) {
         if (!out_.empty()) events |= POLLOUT;
         if (transport_->queue(0).has_available(transport_->memory())) events |= POLLIN;
-        // Guest output waiting in the ring while the buffer was full.
-        if (out_.size() < kOutMax && transport_->queue(1).has_available(transport_->memory())) {
+        // Guest output waiting in the ring while the buffer was full: one
+        // round is not enough when the socket takes the whole buffer, so
+        // go on while the ring has chains and take_tx takes some.
+        Virtqueue& tx = transport_->queue(1);
+        while (!disconnected_ && out_.size() < kOutMax && tx.has_available(transport_->memory())) {
+          uint16_t before = tx.next_avail;
           take_tx(*transport_);
           flush_out();
-          if (!out_.empty()) events |= POLLOUT;
+          if (tx.next_avail == before) break;  // deferred until the buffer drains
         }
+        if (!out_.empty()) events |= POLLOUT;
       }
     }
     struct pollfd p[2] = {{wake_fd_.get(), POLLIN, 0}, {fd_, events, 0}};

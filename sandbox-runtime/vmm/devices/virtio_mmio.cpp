@@ -102,7 +102,10 @@ void VirtioMmio::write(uint64_t offset, const uint8_t* data, size_t len) {
     case 0x024: driver_features_sel_ = v; break;
     case 0x030: queue_sel_ = v; break;
     case 0x038:
-      if (q_configurable) q->size = static_cast<uint16_t>(v > 0xffff ? 0 : v);
+      // A size over QueueNumMax is stored as 0, which QueueReady refuses
+      // just the same; kept as written it made the device's saved state
+      // one that restore() rejects (Virtqueue::restore checks max_size).
+      if (q_configurable) q->size = static_cast<uint16_t>(v > q->max_size ? 0 : v);
       break;
     case 0x044:
       if (!q || active_) break;
