@@ -2,6 +2,7 @@
 #include "vm/exit.h"
 
 #include <cstdint>
+#include <cstdio>
 
 namespace sg::vmm {
 
@@ -44,9 +45,13 @@ ExitAction handle_exit(kvm_run& run, size_t run_size, const Bus& pio, const Bus&
       return ExitAction::kShutdown;
     case KVM_EXIT_INTR:
       return ExitAction::kContinue;
-    case KVM_EXIT_FAIL_ENTRY:
-      *why = "KVM_EXIT_FAIL_ENTRY, hardware reason 0x" + std::to_string(run.fail_entry.hardware_entry_failure_reason);
+    case KVM_EXIT_FAIL_ENTRY: {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "KVM_EXIT_FAIL_ENTRY, hardware reason 0x%llx",
+                    static_cast<unsigned long long>(run.fail_entry.hardware_entry_failure_reason));
+      *why = buf;
       return ExitAction::kFailed;
+    }
     case KVM_EXIT_INTERNAL_ERROR:
       *why = "KVM_EXIT_INTERNAL_ERROR, suberror " + std::to_string(run.internal.suberror);
       return ExitAction::kFailed;
