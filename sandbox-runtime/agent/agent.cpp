@@ -79,6 +79,13 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
 }
 
 namespace {
+
+// The "type" of a JSON object, or "" if it has none or it is not a string
+// (json::value would throw on a non-string: the bytes are untrusted).
+std::string type_of(const nlohmann::json& j) {
+  auto it = j.find("type");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
 // Parent pid from /proc/N/stat ("pid (comm) state ppid ..."; comm may hold
 // spaces and parentheses, so parse after the last ')').
 int parent_pid(const std::string& proc_dir, const char* pid) {
@@ -370,7 +377,7 @@ int run(const AgentConfig& cfg) {
   auto on_control = [&](std::string_view payload) {
     if (cfg.vm && payload.find("\"configure\"") != std::string_view::npos) {
       json probe = json::parse(payload.begin(), payload.end(), nullptr, false);
-      if (probe.is_object() && probe.value("type", "") == "configure") {
+      if (probe.is_object() && type_of(probe) == "configure") {
         json reply;
         auto c = parse_vm_configure(payload);
         if (!c) {

@@ -34,6 +34,13 @@ using json = nlohmann::json;
 
 namespace {
 
+// The "type" of a JSON object, or "" if it has none or it is not a string
+// (json::value would throw on a non-string: the bytes are untrusted).
+std::string type_of(const nlohmann::json& j) {
+  auto it = j.find("type");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 constexpr const char* kCmdline =
     "console=ttyS0 reboot=k panic=-1 quiet loglevel=4 i8042.nokbd i8042.noaux i8042.nopnp pci=off "
     "random.trust_cpu=on sandgate.hostname=sandbox";
@@ -162,7 +169,7 @@ Status read_ready(int fd, pid_t pid, uint64_t deadline_ns, const std::string& di
     if (dr.status == channel::DecodeStatus::kInvalid) return internal_error("agent's first frame is malformed: " + dr.error);
     if (dr.status == channel::DecodeStatus::kOk) {
       json msg = json::parse(dr.frame.payload, nullptr, false);
-      if (dr.frame.stream != 0 || !msg.is_object() || msg.value("type", "") != "ready")
+      if (dr.frame.stream != 0 || !msg.is_object() || type_of(msg) != "ready")
         return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
       return {};
     }
@@ -375,7 +382,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto r = sb.control(req.dump(), std::max(spec.ready_timeout, std::chrono::milliseconds(30000)));
     if (!r) return r.error().with_context("configure the microVM's agent");
     json reply = json::parse(*r, nullptr, false);
-    if (!reply.is_object() || reply.value("type", "") != "configured")
+    if (!reply.is_object() || type_of(reply) != "configured")
       return internal_error("agent refused configure: " + r->substr(0, 200));
     return {};
   }

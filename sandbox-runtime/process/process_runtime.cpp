@@ -41,6 +41,13 @@ namespace sg::process {
 
 namespace {
 
+// The "type" of a JSON object, or "" if it has none or it is not a string
+// (json::value would throw on a non-string: the bytes are untrusted).
+std::string type_of(const nlohmann::json& j) {
+  auto it = j.find("type");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
 using std::chrono::milliseconds;
 constexpr milliseconds kTeardownTimeout{5000};
 constexpr milliseconds kFreezeTimeout{5000};
@@ -544,7 +551,7 @@ class ProcessRuntime final : public runtime::Runtime {
         dr.frame.type != channel::FrameType::kData)
       return internal_error("agent's first frame is not a control message");
     auto msg = nlohmann::json::parse(dr.frame.payload, nullptr, false);
-    if (msg.is_discarded() || !msg.is_object() || msg.value("type", "") != "ready")
+    if (msg.is_discarded() || !msg.is_object() || type_of(msg) != "ready")
       return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
     sb.channel_ = std::move(host_chan);
     // The channel now belongs to the host Mux; nothing after ready is buffered.
