@@ -3,7 +3,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <linux/kvm.h>
 #include <poll.h>
 #include <signal.h>
@@ -16,6 +15,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -78,12 +78,24 @@ Status run_and_wait(const std::vector<std::string>& argv, const std::string& log
   return {};
 }
 
-uint64_t tree_bytes = 0;  // only touched under image_mu
+// Serialises image builds: two sandgate processes never share a templates
+// dir's writes, but two threads of one may both find the image missing.
 std::mutex image_mu;
 
-int add_size(const char*, const struct stat* st, int, struct FTW*) {
-  tree_bytes += static_cast<uint64_t>(st->st_blocks) * 512 + 4096;
-  return 0;
+// Bytes a directory tree needs on ext4: its blocks plus an inode's worth
+// per entry. Does not follow symlinks or cross into other file systems'
+// mounts (a template dir has none).
+Result<uint64_t> tree_bytes(const std::string& dir) {
+  std::error_code ec;
+  uint64_t total = 0;
+  auto it = std::filesystem::recursive_directory_iterator(dir, std::filesystem::directory_options::none, ec);
+  if (ec) return internal_error("walk " + dir + ": " + ec.message());
+  for (auto end = std::filesystem::recursive_directory_iterator(); it != end; it.increment(ec)) {
+    if (ec) return internal_error("walk " + dir + ": " + ec.message());
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0) total += static_cast<uint64_t>(st.st_blocks) * 512 + 4096;
+  }
+  return total;
 }
 
 // A SOCK_SEQPACKET request/reply client for the VMM's control socket.
@@ -503,9 +515,9 @@ Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
   auto img = stat_of(image);
   if (img && (!marker || mtime_ns(*img) >= mtime_ns(*marker))) return image;
   if (!marker) return marker.error().with_context("template " + rootfs_dir + " is not complete");
-  tree_bytes = 0;
-  if (::nftw(rootfs_dir.c_str(), add_size, 64, FTW_PHYS | FTW_MOUNT) != 0) return sys::errno_error("walk", rootfs_dir);
-  uint64_t mib = (tree_bytes + tree_bytes / 4) / (1 << 20) + 128;
+  auto bytes = tree_bytes(rootfs_dir);
+  if (!bytes) return bytes.error();
+  uint64_t mib = (*bytes + *bytes / 4) / (1 << 20) + 128;
   std::string tmp = image + ".partial";
   ::unlink(tmp.c_str());
   LOG_INFO("kvm: building the root filesystem image " << image << " (" << mib << " MiB) from " << rootfs_dir);
