@@ -205,25 +205,10 @@ fi
 # runtime's overlay lower layer (only its marker file for kvm), and
 # templates/base.ext4 for the kvm runtime.
 if [ "$runtime" != process ] && [ ! -f "$templates_dir/base.ext4" ]; then
-  if "$bin_dir/sandgate" --help 2>&1 | grep -q 'template image'; then
-    log "building $templates_dir/base.ext4 (sandgate template image)"
-    "$bin_dir/sandgate" template image --templates-dir "$templates_dir" >&2
-  fi
+  log "building $templates_dir/base.ext4 (sandgate template image)"
+  "$bin_dir/sandgate" template image --templates-dir "$templates_dir" >&2
 fi
 base_img=$templates_dir/base.ext4
-if [ "$runtime" != process ] && [ ! -f "$base_img" ]; then
-  # Stand-in until `sandgate template image` exists.
-  base_img=$cache/base.ext4
-  key=$(fingerprint "$templates_dir/base" "$templates_dir/base/.sandgate-template")
-  if [ "$(cat "$base_img.key" 2>/dev/null)" != "$key" ]; then
-    log "building a stand-in base.ext4 with mkfs.ext4 -d"
-    mb=$(du -sm "$templates_dir/base" | cut -f1)
-    rm -f "$base_img"
-    truncate -s "$((mb * 13 / 10 + 256))M" "$base_img"
-    mkfs.ext4 -q -F -d "$templates_dir/base" "$base_img"
-    echo "$key" >"$base_img.key"
-  fi
-fi
 assets=$cache/assets-$runtime.ext4
 ext4_in=()
 [ "$runtime" != process ] && ext4_in=("$base_img")
