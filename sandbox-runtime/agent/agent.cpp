@@ -28,6 +28,7 @@
 
 #include "agent/envd/server.h"
 #include "agent/reaper.h"
+#include "channel/control_message.h"
 #include "channel/mux.h"
 #include "sys/fd.h"
 #include "sys/log.h"
@@ -79,13 +80,6 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
 }
 
 namespace {
-
-// The "type" of a JSON object, or "" if it has none or it is not a string
-// (json::value would throw on a non-string: the bytes are untrusted).
-std::string type_of(const nlohmann::json& j) {
-  auto it = j.find("type");
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 // Parent pid from /proc/N/stat ("pid (comm) state ppid ..."; comm may hold
 // spaces and parentheses, so parse after the last ')').
 int parent_pid(const std::string& proc_dir, const char* pid) {
@@ -120,7 +114,9 @@ std::string ready_message(int pid) {
   return json{{"type", "ready"}, {"agent", kAgentName}, {"envdVersion", kEnvdVersion}, {"pid", pid}}.dump();
 }
 
-ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs) {
+static Result<VmConfigure> configure_from_json(const json& msg);
+
+ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs, bool vm) {
   ControlAction act;
   json msg = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
   if (msg.is_discarded() || !msg.is_object()) {
@@ -141,6 +137,10 @@ ControlAction handle_control(std::string_view payload, const std::function<size_
     act.reply = json{{"type", "status"}, {"processes", count_procs()}}.dump();
   } else if (type == "shutdown") {
     act.shutdown = true;
+  } else if (type == "configure" && vm) {
+    auto c = configure_from_json(msg);
+    if (c) act.configure = std::move(*c);
+    else act.reply = json{{"type", "error"}, {"message", c.error().message()}, {"request", type}}.dump();
   } else {
     // Forward compatibility: a newer host may send messages this agent does
     // not know; say so instead of closing the channel.
@@ -150,7 +150,10 @@ ControlAction handle_control(std::string_view payload, const std::function<size_
 }
 
 Result<VmConfigure> parse_vm_configure(std::string_view payload) {
-  json msg = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
+  return configure_from_json(json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false));
+}
+
+static Result<VmConfigure> configure_from_json(const json& msg) {
   if (!msg.is_object()) return invalid_error("configure: not a JSON object");
   VmConfigure c;
   auto str = [&](const char* k, std::string* out, size_t max) -> Status {
@@ -375,30 +378,22 @@ int run(const AgentConfig& cfg) {
   channel::Mux* mux_ptr = nullptr;
   auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
   auto on_control = [&](std::string_view payload) {
-    if (cfg.vm && payload.find("\"configure\"") != std::string_view::npos) {
-      json probe = json::parse(payload.begin(), payload.end(), nullptr, false);
-      if (probe.is_object() && type_of(probe) == "configure") {
-        json reply;
-        auto c = parse_vm_configure(payload);
-        if (!c) {
-          reply = {{"type", "error"}, {"message", c.error().message()}, {"request", "configure"}};
-        } else if (envd_server) {
-          reply = {{"type", "error"}, {"message", "already configured"}, {"request", "configure"}};
-        } else {
-          apply_vm_configure(*c);
-          std::vector<std::string> env = cfg.child_env;
-          env.insert(env.end(), c->env.begin(), c->env.end());
-          start_envd(c->envd_access_token, std::move(env));
-          reply = {{"type", "configured"}};
-        }
-        (void)mux_ptr->send_control(reply.dump());
-        return;
-      }
-    }
-    ControlAction act = handle_control(payload, [&] { return count_processes("/proc", ::getpid(), cfg.vm); });
+    ControlAction act =
+        handle_control(payload, [&] { return count_processes("/proc", ::getpid(), cfg.vm); }, cfg.vm);
     if (!act.error.empty()) {
       mux_ptr->fail(act.error);
       return;
+    }
+    if (act.configure) {
+      if (envd_server) {
+        act.reply = json{{"type", "error"}, {"message", "already configured"}, {"request", "configure"}}.dump();
+      } else {
+        apply_vm_configure(*act.configure);
+        std::vector<std::string> env = cfg.child_env;
+        env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
+        start_envd(act.configure->envd_access_token, std::move(env));
+        act.reply = json{{"type", "configured"}}.dump();
+      }
     }
     if (!act.reply.empty()) (void)mux_ptr->send_control(std::move(act.reply));  // failure closes the channel
     if (act.shutdown) {

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -86,11 +87,16 @@ Result<VmConfigure> parse_vm_configure(std::string_view payload);
 struct ControlAction {
   std::string reply;      // JSON to send back on stream 0, empty for none
   bool shutdown = false;  // the host asked the agent to exit
+  // vm mode: a valid "configure" for the caller to apply (it answers
+  // "configured", or "already configured" when envd already runs).
+  std::optional<VmConfigure> configure;
   std::string error;      // non-empty: malformed message; close the channel
 };
 
 // Pure handler of one stream-0 payload; count_procs answers "status".
-ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs);
+// "configure" is understood only with vm (elsewhere it is an unknown type);
+// a malformed one gets an error reply.
+ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs, bool vm = false);
 
 // Non-blocking connect to 127.0.0.1:port, waiting at most timeout.
 // ECONNREFUSED becomes kNotFound "connection refused on port N" (the RESET

@@ -10,6 +10,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "channel/frame.h"
+#include "channel/control_message.h"
 #include "process/host_channel.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -33,13 +34,6 @@ namespace sg::microvm {
 using json = nlohmann::json;
 
 namespace {
-
-// The "type" of a JSON object, or "" if it has none or it is not a string
-// (json::value would throw on a non-string: the bytes are untrusted).
-std::string type_of(const nlohmann::json& j) {
-  auto it = j.find("type");
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 constexpr const char* kCmdline =
     "console=ttyS0 reboot=k panic=-1 quiet loglevel=4 i8042.nokbd i8042.noaux i8042.nopnp pci=off "
@@ -167,52 +161,6 @@ void kill_and_reap(pid_t pid) {
   }
 }
 
-std::string tail_of(const std::string& path, size_t n) {
-  auto s = sys::read_file(path, 1 << 22);
-  if (!s) return "";
-  return s->size() > n ? s->substr(s->size() - n) : *s;
-}
-
-// Reads exactly the agent's ready frame from fd (a booting VM).
-Status read_ready(int fd, pid_t pid, uint64_t deadline_ns, const std::string& dir) {
-  std::string buf;
-  for (;;) {
-    channel::DecodeResult dr = channel::decode(buf);
-    if (dr.status == channel::DecodeStatus::kInvalid) return internal_error("agent's first frame is malformed: " + dr.error);
-    if (dr.status == channel::DecodeStatus::kOk) {
-      json msg = json::parse(dr.frame.payload, nullptr, false);
-      if (dr.frame.stream != 0 || !msg.is_object() || type_of(msg) != "ready")
-        return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
-      return {};
-    }
-    uint64_t now = sys::monotonic_ns();
-    if (now >= deadline_ns)
-      return Error(ErrorKind::kTimeout, "timed out waiting for the microVM's agent; serial console tail: " + tail_of(dir + "/serial.log", 1500));
-    struct pollfd p = {fd, POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(std::min<uint64_t>((deadline_ns - now) / 1000000 + 1, 1000)));
-    if (n < 0 && errno != EINTR) return sys::errno_error("poll", "channel");
-    if (n <= 0) {
-      if (::waitpid(pid, nullptr, WNOHANG) == pid)
-        return internal_error("sandgate-vmm exited before the agent was ready: " + tail_of(dir + "/vmm.log", 600) +
-                              " serial: " + tail_of(dir + "/serial.log", 1500));
-      continue;
-    }
-    // Read one byte at a time past the header so nothing after the ready
-    // frame is taken from the socket (the agent sends nothing more anyway).
-    size_t want = buf.size() < channel::kHeaderSize ? channel::kHeaderSize - buf.size() : 1;
-    if (buf.size() >= channel::kHeaderSize) {
-      uint32_t len = 0;
-      std::memcpy(&len, buf.data() + 8, 4);
-      want = channel::kHeaderSize + len - buf.size();
-    }
-    char tmp[4096];
-    ssize_t r = ::read(fd, tmp, std::min(want, sizeof tmp));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return internal_error("the microVM closed the channel before its agent was ready; serial: " + tail_of(dir + "/serial.log", 1500));
-    buf.append(tmp, static_cast<size_t>(r));
-  }
-}
-
 class MicrovmSandbox final : public runtime::Sandbox {
  public:
   MicrovmSandbox(std::string id, std::string dir, Spawned s, uint64_t mem_limit)
@@ -259,7 +207,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       reaped_ = true;
       LOG_WARN("sandbox " << id_ << ": sandgate-vmm exited (" << (WIFEXITED(st) ? "status " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)))
-                          << "): " << tail_of(dir_ + "/vmm.log", 300));
+                          << "): " << sys::read_tail(dir_ + "/vmm.log", 300));
       return false;
     }
     return true;
@@ -376,7 +324,13 @@ class MicrovmRuntime final : public runtime::Runtime {
     int ch = s->channel.get();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
     uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
-    if (Status r = read_ready(ch, pid, deadline, dir); !r) return r.error();
+    // A pidfd of the VMM: its exit means no ready will come.
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!pidfd) return sys::errno_error("pidfd_open", "sandgate-vmm");
+    if (Status r = process::read_ready_frame(ch, pidfd.get(), deadline); !r)
+      return Error(r.error().kind(), "microVM: " + r.error().message() + "; sandgate-vmm: " +
+                                         sys::read_tail(dir + "/vmm.log", 600) +
+                                         "; serial console: " + sys::read_tail(dir + "/serial.log", 1500));
     return sb;
   }
 
@@ -394,7 +348,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto r = sb.control(req.dump(), std::max(spec.ready_timeout, std::chrono::milliseconds(30000)));
     if (!r) return r.error().with_context("configure the microVM's agent");
     json reply = json::parse(*r, nullptr, false);
-    if (!reply.is_object() || type_of(reply) != "configured")
+    if (!reply.is_object() || channel::control_type(reply) != "configured")
       return internal_error("agent refused configure: " + r->substr(0, 200));
     return {};
   }
@@ -462,7 +416,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     sb->attach_channel();
     if (Status c = configure(*sb, spec); !c) {
       std::string why = c.error().message();
-      if (!sb->alive()) why += "; sandgate-vmm: " + tail_of(dir + "/vmm.log", 600);
+      if (!sb->alive()) why += "; sandgate-vmm: " + sys::read_tail(dir + "/vmm.log", 600);
       return Error(c.error().kind(), why);
     }
     return sb;

@@ -1,6 +1,14 @@
 // HostChannel implementation (host_channel.h).
 #include "process/host_channel.h"
 
+#include <poll.h>
+
+#include <cerrno>
+#include <nlohmann/json.hpp>
+
+#include "channel/control_message.h"
+#include "channel/frame.h"
+
 #include <sys/socket.h>
 
 #include "sys/log.h"
@@ -18,6 +26,66 @@ channel::MuxConfig host_config(int fd) {
 }
 
 }  // namespace
+
+namespace {
+
+// Reads exactly n bytes from a (blocking or not) fd before the deadline,
+// watching pidfd for the agent's death. Never reads past n, so bytes after
+// the ready frame stay in the socket for the channel's owner.
+Status read_exact(int fd, int pidfd, char* buf, size_t n, uint64_t deadline_ns) {
+  size_t got = 0;
+  while (got < n) {
+    uint64_t now = sys::monotonic_ns();
+    if (now >= deadline_ns) return Error(ErrorKind::kTimeout, "timed out waiting for the agent's ready message");
+    struct pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
+    int r = ::poll(p, 2, static_cast<int>((deadline_ns - now) / 1000000 + 1));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return sys::errno_error("poll", "channel");
+    }
+    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+      ssize_t k = ::recv(fd, buf + got, n - got, MSG_DONTWAIT);
+      if (k < 0) {
+        if (errno == EINTR || errno == EAGAIN) continue;
+        return sys::errno_error("read", "channel");
+      }
+      if (k == 0) {
+        return internal_error("agent closed the channel before sending ready");
+      }
+      got += static_cast<size_t>(k);
+      continue;
+    }
+    if (p[1].revents & POLLIN) {
+      return internal_error("agent exited before sending ready");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status read_ready_frame(int channel_fd, int exit_fd, uint64_t deadline) {
+  // Header first, then exactly its payload.
+  char head[channel::kHeaderSize];
+  if (Status s = read_exact(channel_fd, exit_fd, head, sizeof head, deadline); !s) return s;
+  std::string frame(head, sizeof head);
+  channel::DecodeResult dr = channel::decode(frame);
+  if (dr.status == channel::DecodeStatus::kInvalid) return internal_error("agent sent an invalid frame: " + dr.error);
+  if (dr.status == channel::DecodeStatus::kNeedMore) {
+    size_t len = static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8) |
+                 (static_cast<uint8_t>(head[10]) << 16) | (static_cast<size_t>(static_cast<uint8_t>(head[11])) << 24);
+    frame.resize(sizeof head + len);
+    if (Status s = read_exact(channel_fd, exit_fd, frame.data() + sizeof head, len, deadline); !s) return s;
+    dr = channel::decode(frame);
+  }
+  if (dr.status != channel::DecodeStatus::kOk || dr.frame.stream != channel::kControlStream ||
+      dr.frame.type != channel::FrameType::kData)
+    return internal_error("agent's first frame is not a control message");
+  auto msg = nlohmann::json::parse(dr.frame.payload, nullptr, false);
+  if (channel::control_type(msg) != "ready")
+    return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
+  return {};
+}
 
 HostChannel::HostChannel(std::string sandbox_id, int channel_fd)
     : id_(std::move(sandbox_id)),

@@ -30,6 +30,13 @@
 
 namespace sg::process {
 
+// Reads exactly the agent's first frame from channel_fd before deadline_ns
+// (monotonic) and checks it is the "ready" control message. exit_fd is a
+// pidfd of the process whose death means no ready will come (the agent, or
+// the VMM running it). Never reads past the frame, so nothing after it is
+// taken from the socket the host Mux then owns. Both backends use it.
+Status read_ready_frame(int channel_fd, int exit_fd, uint64_t deadline_ns);
+
 class HostChannel {
  public:
   // channel_fd is borrowed and must stay open until stop() returns.

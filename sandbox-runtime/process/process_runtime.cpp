@@ -30,6 +30,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "channel/control_message.h"
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/child.h"
@@ -40,13 +41,6 @@
 namespace sg::process {
 
 namespace {
-
-// The "type" of a JSON object, or "" if it has none or it is not a string
-// (json::value would throw on a non-string: the bytes are untrusted).
-std::string type_of(const nlohmann::json& j) {
-  auto it = j.find("type");
-  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
-}
 
 using std::chrono::milliseconds;
 constexpr milliseconds kTeardownTimeout{5000};
@@ -128,49 +122,6 @@ uint64_t disk_usage(int dfd, dev_t dev, int depth) {
   }
   ::closedir(d);
   return total;
-}
-
-std::string tail_of(const std::string& path, size_t n) {
-  auto t = sys::read_file(path, 4 << 20);
-  if (!t || t->empty()) return "";
-  std::string s = t->size() > n ? t->substr(t->size() - n) : *t;
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
-}
-
-// Reads exactly n bytes from a (blocking or not) fd before the deadline,
-// watching pidfd for the agent's death. Never reads past n, so bytes after
-// the ready frame stay in the socket for the channel's owner.
-Status read_exact(int fd, int pidfd, char* buf, size_t n, uint64_t deadline_ns, bool& agent_died) {
-  size_t got = 0;
-  while (got < n) {
-    uint64_t now = sys::monotonic_ns();
-    if (now >= deadline_ns) return Error(ErrorKind::kTimeout, "timed out waiting for the agent's ready message");
-    struct pollfd p[2] = {{fd, POLLIN, 0}, {pidfd, POLLIN, 0}};
-    int r = ::poll(p, 2, static_cast<int>((deadline_ns - now) / 1000000 + 1));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return sys::errno_error("poll", "channel");
-    }
-    if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
-      ssize_t k = ::recv(fd, buf + got, n - got, MSG_DONTWAIT);
-      if (k < 0) {
-        if (errno == EINTR || errno == EAGAIN) continue;
-        return sys::errno_error("read", "channel");
-      }
-      if (k == 0) {
-        agent_died = true;
-        return internal_error("agent closed the channel before sending ready");
-      }
-      got += static_cast<size_t>(k);
-      continue;
-    }
-    if (p[1].revents & POLLIN) {
-      agent_died = true;
-      return internal_error("agent exited before sending ready");
-    }
-  }
-  return Status::Ok();
 }
 
 class ProcessSandbox final : public runtime::Sandbox {
@@ -524,35 +475,11 @@ class ProcessRuntime final : public runtime::Runtime {
       return sys::errno_error(describe_step(static_cast<ChildStep>(ce.step), a), "", ce.err);
     if (got != 0) return internal_error("sandbox init reported a truncated error");
 
-    // The ready frame: header first, then exactly its payload.
-    bool died = false;
-    char head[channel::kHeaderSize];
-    Status rs = read_exact(host_chan.get(), sb.pidfd_.get(), head, sizeof head, deadline, died);
-    channel::DecodeResult dr;
-    std::string frame;
-    if (rs) {
-      frame.assign(head, sizeof head);
-      dr = channel::decode(frame);
-      if (dr.status == channel::DecodeStatus::kInvalid) rs = internal_error("agent sent an invalid frame: " + dr.error);
-    }
-    if (rs && dr.status == channel::DecodeStatus::kNeedMore) {
-      size_t len = static_cast<uint8_t>(head[8]) | (static_cast<uint8_t>(head[9]) << 8) |
-                   (static_cast<uint8_t>(head[10]) << 16) | (static_cast<size_t>(static_cast<uint8_t>(head[11])) << 24);
-      frame.resize(sizeof head + len);
-      rs = read_exact(host_chan.get(), sb.pidfd_.get(), frame.data() + sizeof head, len, deadline, died);
-      if (rs) dr = channel::decode(frame);
-    }
-    if (!rs) {
-      std::string log = tail_of(log_path, 2000);
+    if (Status rs = read_ready_frame(host_chan.get(), sb.pidfd_.get(), deadline); !rs) {
+      std::string log = sys::read_tail(log_path, 2000);
       if (!log.empty()) return Error(rs.error().kind(), rs.error().message() + "; agent log: " + log);
       return rs;
     }
-    if (dr.status != channel::DecodeStatus::kOk || dr.frame.stream != channel::kControlStream ||
-        dr.frame.type != channel::FrameType::kData)
-      return internal_error("agent's first frame is not a control message");
-    auto msg = nlohmann::json::parse(dr.frame.payload, nullptr, false);
-    if (msg.is_discarded() || !msg.is_object() || type_of(msg) != "ready")
-      return internal_error("agent's first message is not \"ready\": " + dr.frame.payload.substr(0, 200));
     sb.channel_ = std::move(host_chan);
     // The channel now belongs to the host Mux; nothing after ready is buffered.
     std::lock_guard<std::mutex> cl(sb.chan_mu_);

@@ -207,4 +207,12 @@ std::string random_hex(size_t n_bytes) {
   return out;
 }
 
+std::string read_tail(const std::string& path, size_t n) {
+  auto t = read_file(path, 4 << 20);
+  if (!t || t->empty()) return "";
+  std::string s = t->size() > n ? t->substr(t->size() - n) : *t;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
 }  // namespace sg::sys

@@ -21,6 +21,10 @@ Status write_file(const std::string& path, std::string_view data);
 // Writes to a temp file beside path, fsyncs and renames over path.
 Status write_file_atomic(const std::string& path, std::string_view data);
 
+// The last n bytes of a (log) file, trailing newlines and spaces trimmed;
+// "" if it cannot be read. For error messages that quote a log.
+std::string read_tail(const std::string& path, size_t n);
+
 // mkdir -p; ok if it exists.
 Status make_dirs(const std::string& path, unsigned mode = 0755);
 // rm -rf that stays on one filesystem and never follows symlinks.

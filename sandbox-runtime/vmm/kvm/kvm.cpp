@@ -53,12 +53,6 @@ std::string vcpu_name(uint32_t i) { return "vcpu " + std::to_string(i); }
 
 }  // namespace
 
-kvm_cpuid_entry2* CpuidEntries::find(uint32_t function, uint32_t index) {
-  for (auto& e : entries)
-    if (e.function == function && (!(e.flags & KVM_CPUID_FLAG_SIGNIFCANT_INDEX) || e.index == index)) return &e;
-  return nullptr;
-}
-
 Result<Kvm> Kvm::open(const std::string& path) {
   Kvm k;
   k.fd_.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));

@@ -26,7 +26,6 @@ namespace sg::vmm::kvm {
 // kvm_cpuid2 / kvm_msrs with their flexible arrays, as vectors.
 struct CpuidEntries {
   std::vector<kvm_cpuid_entry2> entries;
-  kvm_cpuid_entry2* find(uint32_t function, uint32_t index = 0);
 };
 // kvm_xsave without its flexible array (KVM_GET_XSAVE fills 4 KiB).
 struct XsaveArea {

@@ -1,0 +1,18 @@
+// control_type(): the "type" of a control message (docs/channel.md), or ""
+// when it has none or it is not a string. Every reader of control messages
+// uses it: json::value() would throw on a non-string "type", and the bytes
+// come from the other end of the channel.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace sg::channel {
+
+inline std::string control_type(const nlohmann::json& msg) {
+  if (!msg.is_object()) return {};
+  auto it = msg.find("type");
+  return it != msg.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+}  // namespace sg::channel
