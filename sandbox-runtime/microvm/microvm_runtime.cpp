@@ -98,11 +98,23 @@ class Control {
   explicit Control(UniqueFd fd) : fd_(std::move(fd)) {}
   Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout) {
     std::lock_guard lock(mu_);
+    // Replies carry no request id: after a timeout a late reply would be
+    // taken for the next request's, so the socket is not used again.
+    if (out_of_step_) return Error(ErrorKind::kUnavailable, "microVM control socket unusable after an earlier timeout");
     if (::send(fd_.get(), cmd.data(), cmd.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cmd.size()))
       return Error(ErrorKind::kUnavailable, "microVM control socket: " + std::string(std::strerror(errno)));
-    struct pollfd p = {fd_.get(), POLLIN, 0};
-    int n = ::poll(&p, 1, static_cast<int>(timeout.count()));
-    if (n == 0) return Error(ErrorKind::kTimeout, "microVM did not answer \"" + cmd + "\" in time");
+    uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
+    for (;;) {
+      uint64_t now = sys::monotonic_ns();
+      if (now >= deadline) {
+        out_of_step_ = true;
+        return Error(ErrorKind::kTimeout, "microVM did not answer \"" + cmd + "\" in time");
+      }
+      struct pollfd p = {fd_.get(), POLLIN, 0};
+      int n = ::poll(&p, 1, static_cast<int>((deadline - now) / 1000000 + 1));
+      if (n > 0) break;
+      if (n < 0 && errno != EINTR) return sys::errno_error("poll", "microVM control socket");
+    }
     char buf[4096];
     ssize_t r = ::recv(fd_.get(), buf, sizeof buf, 0);
     if (r <= 0) return Error(ErrorKind::kUnavailable, "microVM control socket closed (the VMM exited)");
@@ -113,7 +125,8 @@ class Control {
 
  private:
   std::mutex mu_;
-  UniqueFd fd_;
+  UniqueFd fd_;         // GUARDED_BY(mu_)
+  bool out_of_step_ = false;  // GUARDED_BY(mu_)
 };
 
 struct Spawned {
