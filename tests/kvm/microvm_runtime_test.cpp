@@ -16,7 +16,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <sys/time.h>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -189,6 +191,9 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
   posix_spawn_file_actions_destroy(&fa);
   ::close(ch[1]);
   ::close(ctl[1]);
+  // Every reply within 60 s, or the test fails instead of hanging.
+  struct timeval tv = {60, 0};
+  REQUIRE(::setsockopt(ctl[0], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0);
 
   REQUIRE(::send(ctl[0], "pause", 5, 0) == 5);
   std::string reply;
@@ -216,16 +221,28 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
   REQUIRE(::send(ctl[0], "stats", 5, 0) == 5);
   (void)recv_fd(ctl[0], &reply);
   CHECK(reply.find("\"state\":\"paused\"") != std::string::npos);
-  // Closing the control socket stops the VMM.
+  // Closing the control socket stops the VMM (within 60 s, else it is killed).
   ::close(ctl[0]);
   int status = 0;
-  CHECK(::waitpid(pid, &status, 0) == pid);
+  bool exited = false;
+  for (int i = 0; i < 3000 && !exited; ++i) {
+    exited = ::waitpid(pid, &status, WNOHANG) == pid;
+    if (!exited) std::this_thread::sleep_for(20ms);  // polling a process state
+  }
+  if (!exited) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+  }
+  CHECK(exited);
   ::close(memfd);
   if (uffd >= 0) ::close(uffd);
   ::close(ch[0]);
 }
 
 int main(int argc, char** argv) {
+  // Line-buffered: inside the harness stdout is the serial console, and a
+  // test killed at its timeout must still show how far it got.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   std::string why;
   if (!microvm::kvm_usable(&why)) {
     std::printf("SKIP: KVM not usable here (%s); run through tests/kvm-harness\n", why.c_str());
