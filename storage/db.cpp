@@ -1,7 +1,13 @@
 // SQLite wrapper implementation.
 #include "storage/db.h"
 
+#include <fcntl.h>
+#include <cerrno>
+#include <unistd.h>
+
 #include <memory>
+
+#include "sys/sys.h"
 
 namespace sg::storage {
 
@@ -40,6 +46,11 @@ Stmt& Stmt::bind(int i, std::nullopt_t) {
   return *this;
 }
 
+void Stmt::reset() {
+  sqlite3_reset(s_);
+  sqlite3_clear_bindings(s_);
+}
+
 Result<bool> Stmt::step() {
   int rc = sqlite3_step(s_);
   if (rc == SQLITE_ROW) return true;
@@ -64,6 +75,16 @@ int64_t Stmt::int64(int col) const { return sqlite3_column_int64(s_, col); }
 bool Stmt::is_null(int col) const { return sqlite3_column_type(s_, col) == SQLITE_NULL; }
 
 Result<std::unique_ptr<Db>> Db::open(const std::string& path) {
+  if (path != ":memory:" && path.rfind("file:", 0) != 0) {
+    // Create the file ourselves so it is never world-readable, whatever the
+    // umask; EEXIST leaves an existing file's mode alone.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+    } else if (errno != EEXIST) {
+      return sys::errno_error("create database", path);
+    }
+  }
   sqlite3* raw = nullptr;
   int rc = sqlite3_open_v2(path.c_str(), &raw,
                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);

@@ -51,6 +51,9 @@ class Stmt {
   Result<bool> step();
   // Steps to completion, for statements without rows.
   Status run();
+  // Rewinds the statement and clears its bindings, to run it again with new
+  // values (batched inserts prepare once).
+  void reset();
 
   std::string text(int col) const;
   int64_t int64(int col) const;
@@ -64,7 +67,9 @@ class Stmt {
 class Db {
  public:
   // Opens (creating if needed) the database file, sets WAL, a busy timeout,
-  // foreign keys and synchronous=NORMAL. ":memory:" works for tests.
+  // foreign keys and synchronous=NORMAL. ":memory:" works for tests. A new
+  // file is created with mode 0600 (it holds provider keys, docs/schema.md);
+  // SQLite gives the -wal and -shm files the same mode.
   static Result<std::unique_ptr<Db>> open(const std::string& path);
   ~Db();
   Db(const Db&) = delete;

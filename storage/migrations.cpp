@@ -73,6 +73,50 @@ CREATE TABLE events (
 );
 CREATE INDEX events_sandbox ON events(sandbox_id);
 )sql"},
+      // The model API proxy (wait-engine/llm): virtual keys, upstreams and
+      // per-request token usage.
+      {2, "llm proxy",
+       R"sql(
+CREATE TABLE llm_keys (
+  id         TEXT PRIMARY KEY,
+  tenant_id  TEXT NOT NULL REFERENCES tenants(id),
+  key_hash   TEXT NOT NULL UNIQUE,
+  key_prefix TEXT NOT NULL,
+  name       TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  revoked_at INTEGER
+);
+CREATE INDEX llm_keys_tenant ON llm_keys(tenant_id);
+CREATE TABLE llm_upstreams (
+  tenant_id  TEXT NOT NULL,
+  provider   TEXT NOT NULL,
+  base_url   TEXT NOT NULL,
+  api_key    TEXT NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (tenant_id, provider)
+);
+CREATE TABLE llm_usage (
+  seq                INTEGER PRIMARY KEY AUTOINCREMENT,
+  at                 INTEGER NOT NULL,
+  tenant_id          TEXT NOT NULL,
+  sandbox_id         TEXT,
+  provider           TEXT NOT NULL,
+  route              TEXT NOT NULL,
+  model              TEXT NOT NULL,
+  stream             INTEGER NOT NULL,
+  status             INTEGER NOT NULL,
+  outcome            TEXT NOT NULL,
+  input_tokens       INTEGER NOT NULL,
+  output_tokens      INTEGER NOT NULL,
+  cache_read_tokens  INTEGER NOT NULL,
+  cache_write_tokens INTEGER NOT NULL,
+  usage_found        INTEGER NOT NULL,
+  duration_ms        INTEGER NOT NULL,
+  wait_paused_ms     INTEGER NOT NULL
+);
+CREATE INDEX llm_usage_tenant_at ON llm_usage(tenant_id, at);
+CREATE INDEX llm_usage_sandbox ON llm_usage(sandbox_id);
+)sql"},
   };
   return kList;
 }

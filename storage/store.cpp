@@ -2,33 +2,16 @@
 #include "storage/store.h"
 
 #include "storage/migrations.h"
+#include "storage/store_internal.h"
 
 namespace sg::storage {
 
 namespace {
 
-#define SG_TRY_STMT(var, tx, sql)        \
-  Result<Stmt> var##_r = (tx).prepare(sql); \
-  if (!var##_r) return var##_r.error();  \
-  Stmt& var = *var##_r
-
-#define SG_TRY(expr)                        \
-  do {                                      \
-    if (Status sg_s_ = (expr); !sg_s_) return sg_s_.error(); \
-  } while (0)
-
-constexpr const char* kTenantCols = "id, name, created_at, max_sandboxes, max_memory_mb, disabled";
-
-TenantRow tenant_from(const Stmt& s, int o = 0) {
-  TenantRow t;
-  t.id = s.text(o + 0);
-  t.name = s.text(o + 1);
-  t.created_at = s.int64(o + 2);
-  t.max_sandboxes = s.int64(o + 3);
-  t.max_memory_mb = s.int64(o + 4);
-  t.disabled = s.int64(o + 5) != 0;
-  return t;
-}
+using internal::collect;
+using internal::first;
+using internal::kTenantCols;
+using internal::tenant_from;
 
 constexpr const char* kTemplateCols =
     "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at";
@@ -79,25 +62,6 @@ SandboxRow sandbox_from(const Stmt& s) {
   if (!s.is_null(21)) r.ended_at = s.int64(21);
   if (!s.is_null(22)) r.end_reason = s.text(22);
   return r;
-}
-
-template <typename T, typename F>
-Result<std::vector<T>> collect(Stmt& st, F from) {
-  std::vector<T> out;
-  for (;;) {
-    Result<bool> row = st.step();
-    if (!row) return row.error();
-    if (!*row) return out;
-    out.push_back(from(st));
-  }
-}
-
-template <typename T, typename F>
-Result<std::optional<T>> first(Stmt& st, F from) {
-  Result<bool> row = st.step();
-  if (!row) return row.error();
-  if (!*row) return std::optional<T>();
-  return std::optional<T>(from(st));
 }
 
 std::string sandbox_select(const std::string& where) {
@@ -206,6 +170,10 @@ Result<int64_t> Store::revoke_tenant(const std::string& tenant_id, int64_t now) 
   keys.bind(1, now).bind(2, tenant_id);
   SG_TRY(keys.run());
   int64_t n = tx.changes();
+  SG_TRY_STMT(llm, tx, "UPDATE llm_keys SET revoked_at = ? WHERE tenant_id = ? AND revoked_at IS NULL");
+  llm.bind(1, now).bind(2, tenant_id);
+  SG_TRY(llm.run());
+  n += tx.changes();
   SG_TRY_STMT(t, tx, "UPDATE tenants SET disabled = 1 WHERE id = ?");
   t.bind(1, tenant_id);
   SG_TRY(t.run());
@@ -375,6 +343,19 @@ Status Store::add_event(const std::optional<std::string>& tenant_id, const std::
   SG_TRY_STMT(st, tx, "INSERT INTO events(at, tenant_id, sandbox_id, kind, detail) VALUES(?,?,?,?,?)");
   st.bind(1, now).bind(2, tenant_id).bind(3, sandbox_id).bind(4, kind).bind(5, detail);
   return st.run();
+}
+
+Status Store::add_events(const std::vector<EventRow>& rows) {
+  if (rows.empty()) return Status::Ok();
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  SG_TRY_STMT(st, tx, "INSERT INTO events(at, tenant_id, sandbox_id, kind, detail) VALUES(?,?,?,?,?)");
+  for (const EventRow& e : rows) {
+    st.reset();
+    st.bind(1, e.at).bind(2, e.tenant_id).bind(3, e.sandbox_id).bind(4, e.kind).bind(5, e.detail);
+    SG_TRY(st.run());
+  }
+  return tx.commit();
 }
 
 Result<std::vector<EventRow>> Store::events_for_sandbox(const std::string& sandbox_id) {

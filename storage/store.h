@@ -90,6 +90,59 @@ struct EventRow {
   std::string detail;
 };
 
+// Model API proxy (wait-engine/llm). A virtual key: what a sandbox presents
+// to the proxy instead of a provider key; separate from the E2B API keys.
+struct LlmKeyRow {
+  std::string id;          // "lk_" + 16 hex, what `llm key revoke` takes
+  std::string tenant_id;
+  std::string key_hash;    // hex SHA-256 of the whole key; the key itself is never stored
+  std::string key_prefix;  // "sk-sg-" + 6 hex + "...", for listings
+  std::string name;        // operator's label, may be empty
+  int64_t created_at = 0;  // unix seconds
+  std::optional<int64_t> revoked_at;
+};
+
+// Where the proxy sends a provider's requests. api_key is the provider's
+// secret: stored (the file is 0600) but never printed or logged.
+struct UpstreamRow {
+  std::string tenant_id;  // "" = global, for tenants without their own
+  std::string provider;   // "openai" | "anthropic"
+  std::string base_url;   // normalised by tenancy::check_upstream
+  std::string api_key;
+  int64_t updated_at = 0;
+};
+
+// One proxied model request. Token counts are stored as SQLite's signed
+// 64-bit integers, saturated at INT64_MAX.
+struct LlmUsageRow {
+  int64_t seq = 0;     // assigned on insert; ignored by insert_llm_usage
+  int64_t at_ms = 0;   // unix milliseconds
+  std::string tenant_id;
+  std::optional<std::string> sandbox_id;  // nullopt: the key was not bound to a sandbox
+  std::string provider;
+  std::string route;   // e.g. "/v1/chat/completions"
+  std::string model;
+  bool stream = false;
+  int status = 0;       // HTTP status sent to the client, 0 if none
+  std::string outcome;  // completed | upstream_error | client_gone | cancelled | refused
+  uint64_t input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0;
+  bool usage_found = false;
+  int64_t duration_ms = 0;
+  int64_t wait_paused_ms = 0;
+};
+
+struct LlmUsageQuery {
+  std::string tenant_id;                  // required: rows of other tenants are never returned
+  std::optional<std::string> sandbox_id;  // only this sandbox's rows
+  int64_t after_seq = 0;                  // pagination cursor (exclusive)
+  size_t limit = 100;                     // capped at kMaxLlmUsagePage
+};
+inline constexpr size_t kMaxLlmUsagePage = 1000;
+
+struct LlmUsageTotals {
+  uint64_t requests = 0, input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0;
+};
+
 struct SandboxQuery {
   std::string tenant_id;
   std::vector<std::string> states;  // empty: running and paused
@@ -120,7 +173,8 @@ class Store {
   Result<std::vector<ApiKeyRow>> list_keys(const std::string& tenant_id);
   // Revokes one key (by id); returns false when no unrevoked key had that id.
   Result<bool> revoke_key(const std::string& key_id, int64_t now);
-  // Revokes all keys of a tenant and disables it; returns keys revoked.
+  // Revokes all keys of a tenant (API and model-proxy keys) and disables it;
+  // returns the number of keys revoked.
   Result<int64_t> revoke_tenant(const std::string& tenant_id, int64_t now);
 
   // Templates.
@@ -151,7 +205,39 @@ class Store {
   // Events.
   Status add_event(const std::optional<std::string>& tenant_id, const std::optional<std::string>& sandbox_id,
                    const std::string& kind, const std::string& detail, int64_t now);
+  // Many events in one transaction (the wait coordinator records every
+  // state transition); each row's own `at` is stored, seq is assigned. All
+  // or none are inserted.
+  Status add_events(const std::vector<EventRow>& rows);
   Result<std::vector<EventRow>> events_for_sandbox(const std::string& sandbox_id);
+
+  // Model-proxy keys (store_llm.cpp). Ids and hashes are random, so a
+  // duplicate is an internal error.
+  Status insert_llm_key(const LlmKeyRow& k);
+  // The tenant of an unrevoked key with this hash whose tenant is not
+  // disabled; nullopt otherwise.
+  Result<std::optional<TenantRow>> tenant_for_llm_key_hash(const std::string& key_hash);
+  Result<std::vector<LlmKeyRow>> list_llm_keys(const std::string& tenant_id);
+  // False when no unrevoked key had that id.
+  Result<bool> revoke_llm_key(const std::string& key_id, int64_t now);
+
+  // Upstreams: insert or replace the (tenant_id, provider) row.
+  Status upsert_upstream(const UpstreamRow& u);
+  // The tenant's own upstream for provider, else the global one, else nullopt.
+  Result<std::optional<UpstreamRow>> find_upstream(const std::string& tenant_id, const std::string& provider);
+  // Every row, global ones first, then by tenant id and provider.
+  Result<std::vector<UpstreamRow>> list_upstreams();
+  // False when there was no such row.
+  Result<bool> remove_upstream(const std::string& tenant_id, const std::string& provider);
+
+  // Usage: all rows in one transaction (the proxy batches them from a writer
+  // thread); all or none are inserted.
+  Status insert_llm_usage(const std::vector<LlmUsageRow>& rows);
+  // The tenant's rows (optionally one sandbox's) with seq > after_seq, in
+  // seq order, at most min(limit, kMaxLlmUsagePage).
+  Result<std::vector<LlmUsageRow>> list_llm_usage(const LlmUsageQuery& q);
+  // Sums over the tenant's rows (optionally one sandbox's); saturating.
+  Result<LlmUsageTotals> llm_usage_totals(const std::string& tenant_id, const std::optional<std::string>& sandbox_id);
 
  private:
   explicit Store(std::unique_ptr<Db> db) : db_(std::move(db)) {}

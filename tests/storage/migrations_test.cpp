@@ -19,10 +19,58 @@ TEST_CASE("migrate brings an empty database to the newest version and is idempot
   CHECK(*again == *v);
   auto tx = (*db)->lock();
   auto st = tx.prepare("SELECT count(*) FROM sqlite_master WHERE type='table' AND name IN "
-                       "('tenants','api_keys','templates','sandboxes','events')");
+                       "('tenants','api_keys','templates','sandboxes','events','llm_keys','llm_upstreams',"
+                       "'llm_usage')");
   REQUIRE(st.ok());
   REQUIRE(*st->step());
-  CHECK(st->int64(0) == 5);
+  CHECK(st->int64(0) == 8);
+  auto ix = tx.prepare("SELECT count(*) FROM sqlite_master WHERE type='index' AND name IN "
+                       "('llm_keys_tenant','llm_usage_tenant_at','llm_usage_sandbox')");
+  REQUIRE(ix.ok());
+  REQUIRE(*ix->step());
+  CHECK(ix->int64(0) == 3);
+}
+
+TEST_CASE("migration 2 applies to a database at version 1 and keeps its rows") {
+  test::TempDir dir;
+  std::string path = dir.sub("v1.db");
+  {
+    auto db = Db::open(path);
+    REQUIRE(db.ok());
+    std::vector<Migration> v1(migrations().begin(), migrations().begin() + 1);
+    REQUIRE(*migrate(**db, v1) == 1);
+    auto tx = (*db)->lock();
+    REQUIRE(tx.exec("INSERT INTO tenants VALUES('t1','acme',1,5,1024,0);"
+                    "INSERT INTO api_keys VALUES('k1','t1','h1','e2b_ab...',1,NULL);"
+                    "INSERT INTO events(at, tenant_id, sandbox_id, kind, detail) VALUES(3,'t1','s1','created','{}');")
+                .ok());
+    auto none = tx.prepare("SELECT count(*) FROM sqlite_master WHERE name = 'llm_keys'");
+    REQUIRE(*none->step());
+    CHECK(none->int64(0) == 0);
+  }
+  auto db = Db::open(path);
+  REQUIRE(db.ok());
+  REQUIRE(*migrate(**db) == 2);
+  auto tx = (*db)->lock();
+  auto t = tx.prepare("SELECT name, max_sandboxes FROM tenants WHERE id = 't1'");
+  REQUIRE(*t->step());
+  CHECK(t->text(0) == "acme");
+  CHECK(t->int64(1) == 5);
+  auto k = tx.prepare("SELECT key_hash FROM api_keys WHERE id = 'k1'");
+  REQUIRE(*k->step());
+  CHECK(k->text(0) == "h1");
+  auto e = tx.prepare("SELECT count(*) FROM events");
+  REQUIRE(*e->step());
+  CHECK(e->int64(0) == 1);
+  // The new tables work against the old rows: a key for the existing tenant
+  // is accepted, one for an unknown tenant refused (foreign keys are on).
+  CHECK(tx.exec("INSERT INTO llm_keys VALUES('lk1','t1','lh1','sk-sg-ab...','',2,NULL)").ok());
+  CHECK_FALSE(tx.exec("INSERT INTO llm_keys VALUES('lk2','zz','lh2','sk-sg-ab...','',2,NULL)").ok());
+  CHECK(tx.exec("INSERT INTO llm_upstreams VALUES('','openai','https://x',  'k', 2)").ok());
+  CHECK(tx.exec("INSERT INTO llm_usage(at, tenant_id, provider, route, model, stream, status, outcome, "
+                "input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, usage_found, duration_ms, "
+                "wait_paused_ms) VALUES(1,'t1','openai','/v1/x','m',0,200,'completed',1,2,3,4,1,5,0)")
+            .ok());
 }
 
 TEST_CASE("the database is in WAL mode") {

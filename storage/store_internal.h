@@ -1,0 +1,56 @@
+// Helpers shared by the Store's implementation files (store.cpp,
+// store_llm.cpp): statement macros and row mapping. Not part of the Store's
+// interface; include only from storage/*.cpp.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "storage/store.h"
+
+#define SG_TRY_STMT(var, tx, sql)           \
+  Result<Stmt> var##_r = (tx).prepare(sql); \
+  if (!var##_r) return var##_r.error();     \
+  Stmt& var = *var##_r
+
+#define SG_TRY(expr)                                             \
+  do {                                                           \
+    if (Status sg_s_ = (expr); !sg_s_) return sg_s_.error();     \
+  } while (0)
+
+namespace sg::storage::internal {
+
+inline constexpr const char* kTenantCols = "id, name, created_at, max_sandboxes, max_memory_mb, disabled";
+
+// A tenant from kTenantCols starting at column o (joins select "t." + them).
+inline TenantRow tenant_from(const Stmt& s, int o = 0) {
+  TenantRow t;
+  t.id = s.text(o + 0);
+  t.name = s.text(o + 1);
+  t.created_at = s.int64(o + 2);
+  t.max_sandboxes = s.int64(o + 3);
+  t.max_memory_mb = s.int64(o + 4);
+  t.disabled = s.int64(o + 5) != 0;
+  return t;
+}
+
+template <typename T, typename F>
+Result<std::vector<T>> collect(Stmt& st, F from) {
+  std::vector<T> out;
+  for (;;) {
+    Result<bool> row = st.step();
+    if (!row) return row.error();
+    if (!*row) return out;
+    out.push_back(from(st));
+  }
+}
+
+template <typename T, typename F>
+Result<std::optional<T>> first(Stmt& st, F from) {
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return std::optional<T>();
+  return std::optional<T>(from(st));
+}
+
+}  // namespace sg::storage::internal
