@@ -10,13 +10,14 @@ namespace sg::tenancy {
 
 std::string generate_api_key() { return std::string(kKeyPrefix) + sys::random_hex(kKeyHexDigits / 2); }
 
-bool is_well_formed_api_key(std::string_view key) {
-  if (key.size() != kKeyPrefix.size() + kKeyHexDigits || key.substr(0, kKeyPrefix.size()) != kKeyPrefix)
-    return false;
-  for (char c : key.substr(kKeyPrefix.size()))
+bool is_prefixed_hex(std::string_view key, std::string_view prefix, size_t hex_digits) {
+  if (key.size() != prefix.size() + hex_digits || key.substr(0, prefix.size()) != prefix) return false;
+  for (char c : key.substr(prefix.size()))
     if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
   return true;
 }
+
+bool is_well_formed_api_key(std::string_view key) { return is_prefixed_hex(key, kKeyPrefix, kKeyHexDigits); }
 
 std::string hash_api_key(std::string_view key) {
   unsigned char md[EVP_MAX_MD_SIZE];
