@@ -2,11 +2,14 @@
 // server uses (WAL lets them run while it serves).
 #include "gateway/cli.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "gateway/app.h"
@@ -14,6 +17,7 @@
 #include "storage/store.h"
 #include "sys/log.h"
 #include "sys/sys.h"
+#include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
 
 namespace sg::gateway {
@@ -32,6 +36,20 @@ commands:
   key create TENANT             add an API key to a tenant; prints it
   key list TENANT               list a tenant's keys (prefixes only)
   key revoke KEY_ID             revoke one key
+  llm key create TENANT [--name LABEL]
+                                add a model-proxy key (sk-sg-...) to a tenant;
+                                prints it once
+  llm key list TENANT           list a tenant's model-proxy keys (prefixes only)
+  llm key revoke KEY_ID         revoke one model-proxy key
+  llm upstream set PROVIDER --base-url URL --key-file FILE [--tenant NAME]
+                                where the model proxy sends PROVIDER (openai or
+                                anthropic) requests: globally, or for one tenant
+                                (a tenant's own wins); FILE holds the provider
+                                key, which is stored but never printed
+  llm upstream list             list upstreams (keys as their last 4 characters)
+  llm upstream remove PROVIDER [--tenant NAME]
+  llm usage TENANT [--sandbox ID]
+                                model-proxy requests and tokens used
   template build                build the base template if missing
   template image                build the base template's ext4 image (kvm backend)
   kvm check                     say whether this host's /dev/kvm can run microVMs
@@ -59,6 +77,20 @@ serve options:
   --tick-ms N                   timeout sweep period (default 1000)
   --rate N                      requests per second per tenant (default 200)
   --create-rate N               creates per second per tenant (default 20)
+  --openai-base-url URL         global OpenAI-compatible upstream of the model
+                                proxy (http[s]://HOST[:PORT][/PATH])
+  --openai-key-file FILE        its provider key
+  --anthropic-base-url URL      global Anthropic upstream
+  --anthropic-key-file FILE     its provider key
+  --llm-body-limit BYTES        model request body limit (default 33554432)
+  --llm-rate N                  model requests per second per tenant (default 50)
+  --llm-tokens-per-min N        model tokens per minute per tenant (default 2000000)
+  --llm-grace-ms N              pause a sandbox waiting on a model after N ms
+                                (0-10000, default 30)
+  --llm-cooldown-ms N           never pause sooner than N ms after a resume
+                                (0-600000, default 250)
+  --no-llm-pause                never pause sandboxes that wait on a model
+  --no-local-tenant             do not create the "local" tenant
   --log-level debug|info|warn|error
 )";
 
@@ -66,6 +98,11 @@ struct Args {
   std::vector<std::string> positional;
   std::map<std::string, std::string> opts;
 };
+
+// Options that take no value; "--flag=false" (or "=0") turns one off.
+const std::set<std::string> kFlags = {"help", "no-local-tenant", "no-llm-pause"};
+
+bool flag_on(const std::string& v) { return v != "false" && v != "0"; }
 
 bool parse(const std::vector<std::string>& in, Args& a, std::ostream& err) {
   for (size_t i = 0; i < in.size(); ++i) {
@@ -76,7 +113,7 @@ bool parse(const std::vector<std::string>& in, Args& a, std::ostream& err) {
       if (eq != std::string::npos) {
         value = name.substr(eq + 1);
         name = name.substr(0, eq);
-      } else if (name == "help") {
+      } else if (kFlags.count(name)) {
         value = "1";
       } else {
         if (i + 1 >= in.size()) {
@@ -102,6 +139,122 @@ bool to_int(const std::string& s, int64_t& out) {
   return true;
 }
 
+// `sandgate llm ...`: model-proxy keys, upstreams and usage. Provider keys
+// are read from files and never written to out or err.
+int run_llm(const std::vector<std::string>& p, Args& a, storage::Store& store, const std::string& db_path,
+            std::ostream& out, std::ostream& err) {
+  tenancy::Tenants tenants(store);
+  tenancy::LlmKeys keys(store);
+  const std::string what = p.size() > 1 ? p[1] : "";
+  const std::string sub = p.size() > 2 ? p[2] : "";
+  auto fail = [&](const Error& e) {
+    err << "sandgate: " << e.message() << "\n";
+    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
+  };
+  auto opt = [&](const char* name) -> std::optional<std::string> {
+    auto it = a.opts.find(name);
+    if (it == a.opts.end()) return std::nullopt;
+    return it->second;
+  };
+  // --tenant NAME as a tenant id, or "" (global) without it.
+  auto tenant_scope = [&]() -> Result<std::string> {
+    std::optional<std::string> name = opt("tenant");
+    if (!name) return std::string();
+    Result<storage::TenantRow> t = tenants.by_name(*name);
+    if (!t) return t.error();
+    if (t->disabled) return conflict_error("tenant '" + *name + "' is revoked");
+    return t->id;
+  };
+  auto scope_name = [&](const std::optional<std::string>& name) {
+    return name ? "tenant " + *name : std::string("global");
+  };
+
+  if (what == "key" && sub == "create" && p.size() == 4) {
+    Result<tenancy::CreatedLlmKey> k = keys.create(p[3], opt("name").value_or(""));
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    err << "model-proxy key " << k->row.id << " created for tenant " << p[3]
+        << "; the key above is shown only once\n";
+    return 0;
+  }
+  if (what == "key" && sub == "list" && p.size() == 4) {
+    Result<storage::TenantRow> t = tenants.by_name(p[3]);
+    if (!t) return fail(t.error());
+    Result<std::vector<storage::LlmKeyRow>> ks = store.list_llm_keys(t->id);
+    if (!ks) return fail(ks.error());
+    out << "ID\tPREFIX\tNAME\tSTATUS\tCREATED\n";
+    for (const auto& k : *ks)
+      out << k.id << "\t" << k.key_prefix << "\t" << (k.name.empty() ? "-" : k.name) << "\t"
+          << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
+    return 0;
+  }
+  if (what == "key" && sub == "revoke" && p.size() == 4) {
+    Result<bool> r = store.revoke_llm_key(p[3], sys::unix_seconds());
+    if (!r) return fail(r.error());
+    if (!*r) return fail(not_found_error("no active model-proxy key with id " + p[3]));
+    out << "model-proxy key " << p[3] << " revoked\n";
+    return 0;
+  }
+  if (what == "upstream" && sub == "set" && p.size() == 4) {
+    std::optional<std::string> url = opt("base-url"), key_file = opt("key-file");
+    if (!url || !key_file) {
+      err << "usage: sandgate llm upstream set PROVIDER --base-url URL --key-file FILE [--tenant NAME]\n";
+      return 2;
+    }
+    Result<std::string> normalised = tenancy::check_upstream(p[3], *url);
+    if (!normalised) return fail(normalised.error().with_context("--base-url"));
+    Result<std::string> secret = tenancy::read_upstream_key_file(*key_file);
+    if (!secret) return fail(secret.error());
+    Result<std::string> tenant_id = tenant_scope();
+    if (!tenant_id) return fail(tenant_id.error());
+    // The file now holds a secret: keep it 0600 even if an older sandgate
+    // created it with the umask's mode (the server does the same at start).
+    ::chmod(db_path.c_str(), 0600);
+    storage::UpstreamRow u{*tenant_id, p[3], *normalised, *secret, sys::unix_seconds()};
+    if (Status s = store.upsert_upstream(u); !s) return fail(s.error());
+    out << "upstream " << p[3] << " (" << scope_name(opt("tenant")) << "): " << u.base_url << ", key "
+        << tenancy::upstream_key_hint(u.api_key) << "\n";
+    return 0;
+  }
+  if (what == "upstream" && sub == "list" && p.size() == 3) {
+    Result<std::vector<storage::UpstreamRow>> us = store.list_upstreams();
+    if (!us) return fail(us.error());
+    Result<std::vector<storage::TenantRow>> ts = store.list_tenants();
+    if (!ts) return fail(ts.error());
+    std::map<std::string, std::string> names;
+    for (const auto& t : *ts) names[t.id] = t.name;
+    out << "TENANT\tPROVIDER\tBASE_URL\tKEY\n";
+    for (const auto& u : *us) {
+      auto n = names.find(u.tenant_id);
+      out << (u.tenant_id.empty() ? "(global)" : n != names.end() ? n->second : u.tenant_id) << "\t" << u.provider
+          << "\t" << u.base_url << "\t" << tenancy::upstream_key_hint(u.api_key) << "\n";
+    }
+    return 0;
+  }
+  if (what == "upstream" && sub == "remove" && p.size() == 4) {
+    if (!tenancy::valid_provider(p[3]))
+      return fail(invalid_error("unknown model provider '" + p[3] + "': use openai or anthropic"));
+    Result<std::string> tenant_id = tenant_scope();
+    if (!tenant_id) return fail(tenant_id.error());
+    Result<bool> r = store.remove_upstream(*tenant_id, p[3]);
+    if (!r) return fail(r.error());
+    if (!*r) return fail(not_found_error("no " + scope_name(opt("tenant")) + " upstream for " + p[3]));
+    out << "upstream " << p[3] << " (" << scope_name(opt("tenant")) << ") removed\n";
+    return 0;
+  }
+  if (what == "usage" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    Result<storage::LlmUsageTotals> u = store.llm_usage_totals(t->id, opt("sandbox"));
+    if (!u) return fail(u.error());
+    out << "REQUESTS\tINPUT_TOKENS\tOUTPUT_TOKENS\tCACHE_READ_TOKENS\tCACHE_WRITE_TOKENS\n"
+        << u->requests << "\t" << u->input_tokens << "\t" << u->output_tokens << "\t" << u->cache_read_tokens
+        << "\t" << u->cache_write_tokens << "\n";
+    return 0;
+  }
+  err << "sandgate: bad llm command\n" << kUsage;
+  return 2;
+}
 
 }  // namespace
 
@@ -122,7 +275,9 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   static const std::set<std::string> kKnown = {
       "data-dir", "listen", "templates-dir", "runtime", "agent", "vmm", "guest-dir", "cgroup-parent", "port-file", "read-timeout-ms",
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
-      "no-local-tenant", "domain", "tls-cert", "tls-key"};
+      "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
+      "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
@@ -175,7 +330,26 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("domain")) cfg.domain = a.opts["domain"];
     if (a.opts.count("tls-cert")) cfg.tls_cert_file = a.opts["tls-cert"];
     if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
-    if (a.opts.count("no-local-tenant")) cfg.local_tenant = a.opts["no-local-tenant"] == "false";
+    if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
+    if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
+    struct UrlOpt {
+      const char* name;
+      const char* provider;
+      std::string& url;
+    };
+    for (const UrlOpt& o : {UrlOpt{"openai-base-url", "openai", cfg.openai_base_url},
+                            UrlOpt{"anthropic-base-url", "anthropic", cfg.anthropic_base_url}}) {
+      auto it = a.opts.find(o.name);
+      if (it == a.opts.end()) continue;
+      Result<std::string> u = tenancy::check_upstream(o.provider, it->second);
+      if (!u) {
+        err << "sandgate: --" << o.name << ": " << u.error().message() << "\n";
+        return 2;
+      }
+      o.url = *u;
+    }
+    if (a.opts.count("openai-key-file")) cfg.openai_key_file = a.opts["openai-key-file"];
+    if (a.opts.count("anthropic-key-file")) cfg.anthropic_key_file = a.opts["anthropic-key-file"];
     struct IntOpt {
       const char* name;
       int64_t lo, hi;
@@ -187,6 +361,12 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
         {"rate", 0, 1000000, [&](int64_t v) { cfg.requests_per_s = static_cast<double>(v); }},
         {"create-rate", 0, 1000000, [&](int64_t v) { cfg.creates_per_s = static_cast<double>(v); }},
+        {"llm-body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.llm_body_limit = static_cast<size_t>(v); }},
+        {"llm-rate", 0, 1000000, [&](int64_t v) { cfg.llm_requests_per_s = static_cast<double>(v); }},
+        {"llm-tokens-per-min", 0, 1'000'000'000'000LL,
+         [&](int64_t v) { cfg.llm_tokens_per_min = static_cast<double>(v); }},
+        {"llm-grace-ms", 0, 10000, [&](int64_t v) { cfg.llm_grace_ms = v; }},
+        {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
     };
     for (const IntOpt& o : ints) {
       auto it = a.opts.find(o.name);
@@ -230,7 +410,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     return 0;
   }
 
-  if (cmd != "tenant" && cmd != "key") {
+  if (cmd != "tenant" && cmd != "key" && cmd != "llm") {
     err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   }
@@ -238,7 +418,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     err << "sandgate: " << s.error().message() << "\n";
     return 1;
   }
-  Result<std::unique_ptr<storage::Store>> store = storage::Store::open(data_dir + "/sandgate.db");
+  const std::string db_path = data_dir + "/sandgate.db";
+  Result<std::unique_ptr<storage::Store>> store = storage::Store::open(db_path);
   if (!store) {
     err << "sandgate: " << store.error().message() << "\n";
     return 1;
@@ -295,6 +476,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     out << "tenant " << p[2] << " revoked (" << *n << " keys)\n";
     return 0;
   }
+  if (cmd == "llm") return run_llm(p, a, **store, db_path, out, err);
   if (cmd == "key" && sub == "create" && p.size() == 3) {
     Result<tenancy::CreatedKey> k = tenants.add_key(p[2]);
     if (!k) return fail(k.error());

@@ -89,6 +89,50 @@ int parent_pid(const std::string& proc_dir, const char* pid) {
   if (rp == std::string::npos || rp + 4 > stat->size()) return -1;
   return std::atoi(stat->c_str() + rp + 4);
 }
+
+bool numeric_name(const char* s) {
+  if (*s == '\0') return false;
+  for (const char* c = s; *c; ++c)
+    if (*c < '0' || *c > '9') return false;
+  return true;
+}
+
+// The state letter of a /proc stat file ("pid (comm) S ..."), 0 if malformed.
+char stat_state(const std::string& path) {
+  auto stat = sys::read_file(path, 4096);
+  if (!stat) return 0;
+  size_t rp = stat->rfind(')');
+  if (rp == std::string::npos || rp + 2 >= stat->size() || (*stat)[rp + 1] != ' ') return 0;
+  return (*stat)[rp + 2];
+}
+
+bool busy_state(char c) { return c == 'R' || c == 'D'; }
+
+enum class ThreadScan { kIdle, kBusy, kTruncated };
+
+// Whether any of the first max_threads threads of process dir is R or D.
+ThreadScan scan_threads(const std::string& dir, size_t max_threads) {
+  DIR* d = ::opendir((dir + "/task").c_str());
+  // No task directory (gone meanwhile, or a procfs without one): the main
+  // thread's state in PID/stat is all there is.
+  if (!d) return busy_state(stat_state(dir + "/stat")) ? ThreadScan::kBusy : ThreadScan::kIdle;
+  ThreadScan r = ThreadScan::kIdle;
+  size_t seen = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    if (!numeric_name(e->d_name)) continue;
+    if (seen == max_threads) {
+      r = ThreadScan::kTruncated;
+      break;
+    }
+    ++seen;
+    if (busy_state(stat_state(dir + "/task/" + e->d_name + "/stat"))) {
+      r = ThreadScan::kBusy;
+      break;
+    }
+  }
+  ::closedir(d);
+  return r;
+}
 }  // namespace
 
 size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kernel_threads) {
@@ -97,11 +141,7 @@ size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kern
   size_t n = 0;
   while (struct dirent* e = ::readdir(d)) {
     const char* s = e->d_name;
-    if (*s == '\0') continue;
-    bool numeric = true;
-    for (const char* c = s; *c; ++c)
-      if (*c < '0' || *c > '9') numeric = false;
-    if (!numeric) continue;
+    if (!numeric_name(s)) continue;
     if (std::atoi(s) == self_pid) continue;
     if (skip_kernel_threads && (std::atoi(s) == 2 || parent_pid(proc_dir, s) == 2)) continue;
     ++n;
@@ -110,13 +150,39 @@ size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kern
   return n;
 }
 
+RunnableCount count_runnable(const std::string& proc_dir, int self_pid, bool skip_kernel_threads, size_t max_processes,
+                             size_t max_threads) {
+  RunnableCount rc;
+  DIR* d = ::opendir(proc_dir.c_str());
+  if (!d) return rc;
+  size_t scanned = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    const char* s = e->d_name;
+    if (!numeric_name(s)) continue;
+    if (std::atoi(s) == self_pid) continue;
+    if (skip_kernel_threads && (std::atoi(s) == 2 || parent_pid(proc_dir, s) == 2)) continue;
+    if (scanned == max_processes) {
+      rc.truncated = true;
+      break;
+    }
+    ++scanned;
+    switch (scan_threads(proc_dir + "/" + s, max_threads)) {
+      case ThreadScan::kBusy: ++rc.runnable; break;
+      case ThreadScan::kTruncated: rc.truncated = true; break;
+      case ThreadScan::kIdle: break;
+    }
+  }
+  ::closedir(d);
+  return rc;
+}
+
 std::string ready_message(int pid) {
   return json{{"type", "ready"}, {"agent", kAgentName}, {"envdVersion", kEnvdVersion}, {"pid", pid}}.dump();
 }
 
 static Result<VmConfigure> configure_from_json(const json& msg);
 
-ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs, bool vm) {
+ControlAction handle_control(std::string_view payload, const std::function<ProcessCounts()>& count_procs, bool vm) {
   ControlAction act;
   json msg = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
   if (msg.is_discarded() || !msg.is_object()) {
@@ -134,7 +200,10 @@ ControlAction handle_control(std::string_view payload, const std::function<size_
     if (auto id = msg.find("id"); id != msg.end()) reply["id"] = *id;
     act.reply = reply.dump();
   } else if (type == "status") {
-    act.reply = json{{"type", "status"}, {"processes", count_procs()}}.dump();
+    ProcessCounts pc = count_procs();
+    json reply{{"type", "status"}, {"processes", pc.processes}, {"runnable", pc.runnable}};
+    if (pc.truncated) reply["truncated"] = true;
+    act.reply = reply.dump();
   } else if (type == "shutdown") {
     act.shutdown = true;
   } else if (type == "configure" && vm) {
@@ -377,9 +446,16 @@ int run(const AgentConfig& cfg) {
   mc.max_control_out = kMaxOutputBuffer;
   channel::Mux* mux_ptr = nullptr;
   auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
+  auto scan_procs = [&] {
+    ProcessCounts pc;
+    pc.processes = count_processes("/proc", ::getpid(), cfg.vm);
+    RunnableCount rc = count_runnable("/proc", ::getpid(), cfg.vm);
+    pc.runnable = rc.runnable;
+    pc.truncated = rc.truncated;
+    return pc;
+  };
   auto on_control = [&](std::string_view payload) {
-    ControlAction act =
-        handle_control(payload, [&] { return count_processes("/proc", ::getpid(), cfg.vm); }, cfg.vm);
+    ControlAction act = handle_control(payload, scan_procs, cfg.vm);
     if (!act.error.empty()) {
       mux_ptr->fail(act.error);
       return;

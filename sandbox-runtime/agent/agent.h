@@ -44,6 +44,13 @@ inline constexpr uint16_t kEnvdPort = 49983;
 // Environment variables addressed to the agent itself. They are removed from
 // the environment that processes started by the agent inherit.
 inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
+// Streams the agent opens for sandbox connections to gateway services stop
+// at this many open streams in all, keeping the rest of the Mux's 1024 for
+// host opens (envd, user ports).
+inline constexpr size_t kMaxServiceStreams = 768;
+// Bounds of one runnable scan for "status" (count_runnable).
+inline constexpr size_t kMaxScanProcesses = 4096;
+inline constexpr size_t kMaxScanThreads = 64;
 
 struct AgentConfig {
   int channel_fd = 3;
@@ -72,6 +79,28 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp);
 // children are not counted.
 size_t count_processes(const std::string& proc_dir, int self_pid, bool skip_kernel_threads = false);
 
+// Processes in proc_dir other than self_pid (and, with skip_kernel_threads,
+// other than kernel threads, as count_processes) that have at least one
+// thread running or runnable (state R) or in uninterruptible sleep (D),
+// read from /proc/PID/task/TID/stat. This is the wait coordinator's idle
+// evidence: a sandbox is idle when none is. The scan is bounded: at most
+// max_processes processes and max_threads threads of each; truncated says a
+// bound was hit, so runnable may be short of the truth. Unreadable or
+// malformed stat files (a process that just exited) count as not runnable.
+struct RunnableCount {
+  size_t runnable = 0;
+  bool truncated = false;
+};
+RunnableCount count_runnable(const std::string& proc_dir, int self_pid, bool skip_kernel_threads = false,
+                             size_t max_processes = kMaxScanProcesses, size_t max_threads = kMaxScanThreads);
+
+// What "status" reports: count_processes and count_runnable of one moment.
+struct ProcessCounts {
+  size_t processes = 0;
+  size_t runnable = 0;
+  bool truncated = false;
+};
+
 // The "configure" control message of --vm mode, parsed.
 struct VmConfigure {
   std::string sandbox_id;
@@ -93,10 +122,12 @@ struct ControlAction {
   std::string error;      // non-empty: malformed message; close the channel
 };
 
-// Pure handler of one stream-0 payload; count_procs answers "status".
-// "configure" is understood only with vm (elsewhere it is an unknown type);
-// a malformed one gets an error reply.
-ControlAction handle_control(std::string_view payload, const std::function<size_t()>& count_procs, bool vm = false);
+// Pure handler of one stream-0 payload; count_procs answers "status"
+// ({"type":"status","processes":N,"runnable":R}, plus "truncated":true when
+// the runnable scan hit a bound). "configure" is understood only with vm
+// (elsewhere it is an unknown type); a malformed one gets an error reply.
+ControlAction handle_control(std::string_view payload, const std::function<ProcessCounts()>& count_procs,
+                             bool vm = false);
 
 // Non-blocking connect to 127.0.0.1:port, waiting at most timeout.
 // ECONNREFUSED becomes kNotFound "connection refused on port N" (the RESET

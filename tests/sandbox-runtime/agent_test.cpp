@@ -1,6 +1,6 @@
 // Agent pieces that need no sandbox: config parsing and environment
-// scrubbing, control message handling, process counting on a fake /proc,
-// OPEN targets against a listener on 127.0.0.1.
+// scrubbing, control message handling, process and runnable counting on a
+// fake /proc, OPEN targets against a listener on 127.0.0.1.
 // The event loop itself is tested through a real sandbox in
 // process_runtime_test.
 #include <doctest/doctest.h>
@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/agent.h"
+#include "support/temp_dir.h"
 #include "sys/sys.h"
 
 using namespace sg;
@@ -45,12 +46,15 @@ TEST_CASE("agent: parse_config rejects unknown arguments") {
 }
 
 TEST_CASE("agent: ping, status, shutdown, unknown and malformed control messages") {
-  auto procs = [] { return size_t{4}; };
+  auto procs = [] { return agent::ProcessCounts{4, 1, false}; };
   auto r = agent::handle_control(R"({"type":"ping","id":42})", procs);
   CHECK(r.error.empty());
   CHECK(json::parse(r.reply) == json{{"type", "pong"}, {"id", 42}});
   r = agent::handle_control(R"({"type":"status"})", procs);
-  CHECK(json::parse(r.reply) == json{{"type", "status"}, {"processes", 4}});
+  CHECK(json::parse(r.reply) == json{{"type", "status"}, {"processes", 4}, {"runnable", 1}});
+  // "truncated" appears only when the runnable scan hit a bound.
+  r = agent::handle_control(R"({"type":"status"})", [] { return agent::ProcessCounts{5000, 0, true}; });
+  CHECK(json::parse(r.reply) == json{{"type", "status"}, {"processes", 5000}, {"runnable", 0}, {"truncated", true}});
   r = agent::handle_control(R"({"type":"shutdown"})", procs);
   CHECK(r.shutdown);
   CHECK(r.reply.empty());
@@ -109,4 +113,107 @@ TEST_CASE("agent: OPEN targets: {\"port\":N} connects to loopback, refusals carr
   auto svc = agent::open_stream_target(R"({"service":"x"})", ms);
   REQUIRE_FALSE(svc);
   CHECK(svc.error().kind() == ErrorKind::kNotFound);
+}
+
+namespace {
+
+// A fake procfs: PID/stat plus PID/task/TID/stat for each thread.
+struct FakeProc {
+  test::TempDir dir;
+  void thread(int pid, int tid, const std::string& comm, const std::string& rest) {
+    std::string t = dir.path() + "/" + std::to_string(pid) + "/task/" + std::to_string(tid);
+    REQUIRE(sys::make_dirs(t));
+    REQUIRE(sys::write_file(t + "/stat", std::to_string(tid) + " (" + comm + ") " + rest));
+    if (pid == tid)
+      REQUIRE(sys::write_file(dir.path() + "/" + std::to_string(pid) + "/stat",
+                              std::to_string(pid) + " (" + comm + ") " + rest));
+  }
+  // A single-threaded process in state st with parent ppid.
+  void process(int pid, const std::string& comm, char st, int ppid = 1) {
+    thread(pid, pid, comm, std::string(1, st) + " " + std::to_string(ppid) + " 1 1 0 -1 4194304 0 0");
+  }
+  void raw_thread_stat(int pid, const std::string& content) {
+    std::string t = dir.path() + "/" + std::to_string(pid) + "/task/" + std::to_string(pid);
+    REQUIRE(sys::make_dirs(t));
+    REQUIRE(sys::write_file(t + "/stat", content));
+    REQUIRE(sys::write_file(dir.path() + "/" + std::to_string(pid) + "/stat", content));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("agent: count_runnable counts processes with an R or D thread") {
+  FakeProc p;
+  p.process(1, "sandgate-agent", 'R', 0);  // the agent itself: never counted
+  p.process(10, "python3", 'R');
+  p.process(11, "dd", 'D');
+  p.process(12, "bash", 'S');
+  p.process(13, "defunct", 'Z');
+  p.process(17, "stopped", 'T');
+  p.process(18, "idle", 'I');
+  // Multi-threaded: main thread asleep, one worker runnable; counted once.
+  p.thread(14, 14, "node", "S 1 14 14 0 -1");
+  p.thread(14, 15, "node-worker", "S 1 14 14 0 -1");
+  p.thread(14, 16, "node-worker", "R 1 14 14 0 -1");
+  p.thread(14, 19, "node-worker", "D 1 14 14 0 -1");
+  // comm with spaces and parentheses that look like a state: the state is after the last ')'.
+  p.thread(20, 20, "x) R (y", "S 1 20 20 0 -1");
+  p.thread(21, 21, "a (b) c", "R 1 21 21 0 -1");
+  // Malformed stat files count as not runnable.
+  p.raw_thread_stat(30, "");
+  p.raw_thread_stat(31, "31 (no closing paren R 1");
+  p.raw_thread_stat(32, "32 (trunc)");
+  p.raw_thread_stat(33, "33 (nospace)R 1");
+  // A process directory without task/ (it exited mid-scan, or an old
+  // procfs): its PID/stat decides.
+  REQUIRE(sys::make_dirs(p.dir.path() + "/40"));
+  REQUIRE(sys::write_file(p.dir.path() + "/40/stat", "40 (solo) R 1 40 40 0 -1"));
+  REQUIRE(sys::make_dirs(p.dir.path() + "/41"));  // neither task/ nor stat
+  // Not processes.
+  for (const char* n : {"self", "sys", "12a"}) REQUIRE(sys::make_dirs(p.dir.path() + "/" + n));
+
+  auto rc = agent::count_runnable(p.dir.path(), 1);
+  CHECK(rc.runnable == 5);  // 10, 11, 14, 21, 40
+  CHECK_FALSE(rc.truncated);
+  // Seen from another pid, the "agent" at 1 is a runnable process too.
+  CHECK(agent::count_runnable(p.dir.path(), 99).runnable == 6);
+  CHECK(agent::count_runnable(p.dir.path() + "/missing", 1).runnable == 0);
+}
+
+TEST_CASE("agent: count_runnable leaves out kernel threads in vm mode") {
+  FakeProc p;
+  p.process(1, "sandgate-agent", 'S', 0);
+  p.process(2, "kthreadd", 'R', 0);
+  p.process(3, "kworker/0:0-events", 'R', 2);
+  p.process(4, "kworker/u2:1", 'D', 2);
+  p.process(40, "bash", 'S');
+  p.process(41, "make", 'R', 40);
+  CHECK(agent::count_runnable(p.dir.path(), 1, /*skip_kernel_threads=*/true).runnable == 1);
+  CHECK(agent::count_runnable(p.dir.path(), 1, /*skip_kernel_threads=*/false).runnable == 4);
+}
+
+TEST_CASE("agent: count_runnable is bounded and says so when truncated") {
+  FakeProc p;
+  // Three asleep threads: with a bound of two, whether a third would be
+  // runnable is unknown.
+  for (int tid : {50, 51, 52}) p.thread(50, tid, "busy", "S 1 50 50 0 -1");
+  auto all = agent::count_runnable(p.dir.path(), 1, false, 4096, 64);
+  CHECK(all.runnable == 0);
+  CHECK_FALSE(all.truncated);
+  auto few = agent::count_runnable(p.dir.path(), 1, false, 4096, 2);
+  CHECK(few.runnable == 0);
+  CHECK(few.truncated);
+  // A runnable thread found within the bound needs no more reading.
+  FakeProc q;
+  q.process(60, "one", 'R');
+  CHECK_FALSE(agent::count_runnable(q.dir.path(), 1, false, 4096, 1).truncated);
+  // The process bound.
+  FakeProc r;
+  for (int pid = 70; pid < 75; ++pid) r.process(pid, "w", 'R');
+  auto capped = agent::count_runnable(r.dir.path(), 1, false, 3, 64);
+  CHECK(capped.runnable == 3);
+  CHECK(capped.truncated);
+  auto uncapped = agent::count_runnable(r.dir.path(), 1, false, 5, 64);
+  CHECK(uncapped.runnable == 5);
+  CHECK_FALSE(uncapped.truncated);
 }

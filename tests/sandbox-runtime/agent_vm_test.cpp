@@ -12,7 +12,7 @@
 using namespace sg;
 
 namespace {
-auto no_procs = [] { return size_t{0}; };
+auto no_procs = [] { return agent::ProcessCounts{}; };
 }
 
 TEST_CASE("configure is handled only in vm mode and carries its fields") {
