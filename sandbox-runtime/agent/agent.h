@@ -44,10 +44,6 @@ inline constexpr uint16_t kEnvdPort = 49983;
 // Environment variables addressed to the agent itself. They are removed from
 // the environment that processes started by the agent inherit.
 inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
-// Streams the agent opens for sandbox connections to gateway services stop
-// at this many open streams in all, keeping the rest of the Mux's 1024 for
-// host opens (envd, user ports).
-inline constexpr size_t kMaxServiceStreams = 768;
 // Bounds of one runnable scan for "status" (count_runnable).
 inline constexpr size_t kMaxScanProcesses = 4096;
 inline constexpr size_t kMaxScanThreads = 64;
