@@ -28,6 +28,7 @@
 
 #include "agent/envd/server.h"
 #include "agent/reaper.h"
+#include "agent/service_forwarder.h"
 #include "channel/control_message.h"
 #include "channel/mux.h"
 #include "sys/fd.h"
@@ -45,14 +46,22 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
     if (a == "--channel-fd" && i + 1 < argc) {
       char* end = nullptr;
       long v = std::strtol(argv[++i], &end, 10);
-      if (*end != '\0' || v < 0 || v > 1 << 20) return invalid_error(std::string("bad --channel-fd ") + argv[i]);
+      if (end == argv[i] || *end != '\0' || v < 0 || v > 1 << 20)
+        return invalid_error(std::string("bad --channel-fd ") + argv[i]);
       cfg.channel_fd = static_cast<int>(v);
     } else if (a == "--no-loopback") {
       cfg.bring_up_loopback = false;
     } else if (a == "--vm") {
       cfg.vm = true;
+    } else if (a == "--model-proxy-port" && i + 1 < argc) {
+      char* end = nullptr;
+      long v = std::strtol(argv[++i], &end, 10);
+      if (end == argv[i] || *end != '\0' || v < 0 || v > 65535)
+        return invalid_error(std::string("bad --model-proxy-port ") + argv[i] + " (0..65535; 0 disables the listener)");
+      cfg.model_proxy_port = static_cast<uint16_t>(v);
     } else {
-      return invalid_error("unknown argument " + std::string(a) + " (usage: sandgate-agent [--channel-fd N] [--no-loopback] [--vm])");
+      return invalid_error("unknown argument " + std::string(a) +
+                           " (usage: sandgate-agent [--channel-fd N] [--no-loopback] [--vm] [--model-proxy-port N])");
     }
   }
   if (!envp) return cfg;
@@ -491,6 +500,19 @@ int run(const AgentConfig& cfg) {
     // PID 1 duty: collect every zombie, ours or reparented to us.
     reaper.reap_all();
   });
+  // The model API proxy: sandbox connections to 127.0.0.1:49982 become
+  // {"service":"llm"} streams to the host. Listening before "configure" is
+  // fine in a microVM: loopback is up and the host's opener needs no token.
+  std::optional<ServiceForwarder> llm;
+  if (cfg.model_proxy_port != 0) {
+    llm.emplace(mux, std::string(channel::kServiceLlm), kMaxServiceStreams);
+    if (Status ls = llm->listen(cfg.model_proxy_port); !ls) {
+      LOG_WARN("agent: model API proxy: " << ls.error().message() << "; the sandbox runs without it");
+      llm.reset();
+    } else {
+      mux.watch_fd(llm->fd(), [&] { llm->on_readable(); });
+    }
+  }
   if (Status s = mux.send_control(ready_message(::getpid())); !s) {
     LOG_ERROR("agent: " << s.error().message());
     return 1;

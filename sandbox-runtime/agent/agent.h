@@ -10,7 +10,9 @@
 // epoll loop over the channel, the signalfd (SIGCHLD reaps through the
 // Reaper, SIGTERM shuts down) and every data stream, each bridged to a TCP
 // connection to 127.0.0.1:PORT inside the sandbox (envd on 49983 and user
-// servers). envd runs on threads of its own. The host is trusted more than
+// servers), and the model API proxy listener on 127.0.0.1:49982, whose
+// connections become streams the agent opens {"service":"llm"}
+// (service_forwarder.h). envd runs on threads of its own. The host is trusted more than
 // sandbox processes but its bytes are still validated: a malformed frame
 // closes the channel (framing is lost).
 #pragma once
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "channel/frame.h"
+#include "channel/services.h"
 #include "sys/fd.h"
 #include "sys/status.h"
 
@@ -44,6 +47,10 @@ inline constexpr uint16_t kEnvdPort = 49983;
 // Environment variables addressed to the agent itself. They are removed from
 // the environment that processes started by the agent inherit.
 inline constexpr std::string_view kAgentEnvPrefix = "SANDGATE_";
+// Streams the agent opens for sandbox connections to gateway services stop
+// at this many open streams in all, keeping the rest of the Mux's 1024 for
+// host opens (envd, user ports).
+inline constexpr size_t kMaxServiceStreams = 768;
 // Bounds of one runnable scan for "status" (count_runnable).
 inline constexpr size_t kMaxScanProcesses = 4096;
 inline constexpr size_t kMaxScanThreads = 64;
@@ -57,6 +64,9 @@ struct AgentConfig {
   // "configure" (the sandbox id, token and environment), because a microVM
   // cloned from a template snapshot learns them only after it resumes.
   bool vm = false;
+  // 127.0.0.1:PORT inside the sandbox forwarded to the host's model API
+  // proxy ({"service":"llm"} streams); 0: no listener (--model-proxy-port).
+  uint16_t model_proxy_port = channel::kModelProxyPort;
   std::string envd_access_token;    // SANDGATE_ENVD_TOKEN
   std::string sandbox_id;           // SANDGATE_SANDBOX_ID
   // Environment for processes the agent starts: the agent's own
@@ -64,7 +74,8 @@ struct AgentConfig {
   std::vector<std::string> child_env;
 };
 
-// Parses argv ("--channel-fd N", "--no-loopback") and the environment.
+// Parses argv ("--channel-fd N", "--no-loopback", "--vm",
+// "--model-proxy-port N") and the environment.
 // envp's SANDGATE_* strings are overwritten in place with zeros afterwards,
 // so /proc/1/environ no longer shows the token either.
 Result<AgentConfig> parse_config(int argc, char** argv, char** envp);

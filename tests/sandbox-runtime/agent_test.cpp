@@ -43,6 +43,35 @@ TEST_CASE("agent: parse_config rejects unknown arguments") {
   std::string a0 = "sandgate-agent", a1 = "--bogus";
   char* argv[] = {a0.data(), a1.data(), nullptr};
   CHECK_FALSE(agent::parse_config(2, argv, nullptr));
+  // An empty number is not 0.
+  std::string b1 = "--channel-fd", b2 = "";
+  char* argv2[] = {a0.data(), b1.data(), b2.data(), nullptr};
+  CHECK_FALSE(agent::parse_config(3, argv2, nullptr));
+}
+
+TEST_CASE("agent: --model-proxy-port sets or disables the model API proxy listener") {
+  auto parse = [](std::vector<std::string> args) {
+    args.insert(args.begin(), "sandgate-agent");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    return agent::parse_config(static_cast<int>(args.size()), argv.data(), nullptr);
+  };
+  auto def = parse({});
+  REQUIRE(def);
+  CHECK(def->model_proxy_port == 49982);
+  auto off = parse({"--model-proxy-port", "0"});
+  REQUIRE(off);
+  CHECK(off->model_proxy_port == 0);
+  auto other = parse({"--vm", "--model-proxy-port", "8080"});
+  REQUIRE(other);
+  CHECK(other->model_proxy_port == 8080);
+  CHECK(other->vm);
+  for (std::string bad : {"65536", "-1", "80x", ""}) {
+    CAPTURE(bad);
+    CHECK_FALSE(parse({"--model-proxy-port", bad}));
+  }
+  CHECK_FALSE(parse({"--model-proxy-port"}));  // missing value
 }
 
 TEST_CASE("agent: ping, status, shutdown, unknown and malformed control messages") {
