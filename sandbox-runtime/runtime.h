@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -21,6 +22,21 @@
 #include "sys/status.h"
 
 namespace sg::runtime {
+
+// Serves a stream a sandbox process opened to a gateway service: the agent
+// forwards each connection to 127.0.0.1:49982 inside the sandbox as a
+// channel stream {"service":"llm"} (docs/channel.md), and the sandbox's
+// HostChannel calls this with the sandbox's id and the service name (already
+// validated: [a-z0-9-]{1,32}). Return one end of a socketpair whose other
+// end the gateway serves (HTTP for "llm"); the channel bridges the stream to
+// it and owns it from then on. An Error refuses the stream: its message is
+// the RESET reason the agent sees (kNotFound for a service this host does
+// not offer). Called on the sandbox's channel thread, so it must not block:
+// create the socketpair, hand one end to the gateway's io_context, return.
+// Sandbox::kill() joins that thread, so the opener must not take a lock
+// that a caller of kill() may hold. It may be called from several
+// sandboxes' threads at once.
+using ServiceOpener = std::function<Result<UniqueFd>(const std::string& sandbox_id, const std::string& service)>;
 
 struct RuntimeConfig {
   // Directory under which each sandbox gets state_root/<id>/ (overlay upper,
@@ -33,6 +49,9 @@ struct RuntimeConfig {
   // instance, e.g. "sandgate" or "sandgate-test-1234". Per-sandbox cgroups
   // are <controller root>/<cgroup_parent>/<sandbox id>.
   std::string cgroup_parent = "sandgate";
+  // Gateway services for streams the agent opens; empty: every such stream
+  // is refused ("no gateway services on this host").
+  ServiceOpener open_service;
 };
 
 struct SandboxSpec {

@@ -181,7 +181,9 @@ class MicrovmSandbox final : public runtime::Sandbox {
         control_(std::move(s.control)), mem_limit_(mem_limit) {}
   ~MicrovmSandbox() override { (void)kill(); }
 
-  void attach_channel() { host_ = std::make_shared<process::HostChannel>(id_, channel_.get()); }
+  void attach_channel(const runtime::ServiceOpener& open_service) {
+    host_ = std::make_shared<process::HostChannel>(id_, channel_.get(), open_service);
+  }
 
   const std::string& id() const override { return id_; }
   int init_pid() const override { return pid_; }
@@ -370,7 +372,7 @@ class MicrovmRuntime final : public runtime::Runtime {
                                                const std::string& dir) {
     auto sb = boot_to_ready(spec, image, dir, std::max(spec.ready_timeout, cfg_.boot_timeout));
     if (!sb) return sb.error();
-    (*sb)->attach_channel();
+    (*sb)->attach_channel(cfg_.open_service);
     if (Status s = configure(**sb, spec); !s) return s.error();
     return sb;
   }
@@ -426,7 +428,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto s = spawn_vmm(cfg_.vmm_path, {"--restore", *snap}, dir);
     if (!s) return s.error();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
-    sb->attach_channel();
+    sb->attach_channel(cfg_.open_service);
     if (Status c = configure(*sb, spec); !c) {
       std::string why = c.error().message();
       if (!sb->alive()) why += "; sandgate-vmm: " + sys::read_tail(dir + "/vmm.log", 600);

@@ -31,6 +31,8 @@ struct MicrovmConfig {
   // Booting a template VM: generous, a nested TCG guest takes ~10 s.
   std::chrono::milliseconds boot_timeout{180000};
   std::string extra_cmdline;  // appended to the guest kernel command line
+  // Gateway services for streams the agent opens (runtime.h); empty: refused.
+  runtime::ServiceOpener open_service;
 };
 
 // Whether /dev/kvm can run sandgate's microVMs here; why not, if not.

@@ -8,6 +8,7 @@
 
 #include "channel/control_message.h"
 #include "channel/frame.h"
+#include "channel/services.h"
 
 #include <sys/socket.h>
 
@@ -87,16 +88,26 @@ Status read_ready_frame(int channel_fd, int exit_fd, uint64_t deadline) {
   return {};
 }
 
-HostChannel::HostChannel(std::string sandbox_id, int channel_fd)
+HostChannel::HostChannel(std::string sandbox_id, int channel_fd, runtime::ServiceOpener open_service)
     : id_(std::move(sandbox_id)),
       channel_fd_(channel_fd),
+      open_service_(std::move(open_service)),
       mux_(
-          host_config(channel_fd),
-          // Streams the agent opens ({"service":...}) reach gateway services,
-          // which do not exist yet.
-          [](std::string_view) -> Result<UniqueFd> { return not_found_error("no gateway services on this host"); },
+          host_config(channel_fd), [this](std::string_view p) { return on_agent_open(p); },
           [this](std::string_view p) { on_control(p); }) {
   thread_ = std::thread([this] { loop(); });
+}
+
+// Streams the agent opens: a sandbox process connected to a gateway
+// service. The payload comes from the sandbox: parsed strictly, and the
+// error messages (RESET reasons) never carry the payload back.
+Result<UniqueFd> HostChannel::on_agent_open(std::string_view payload) {
+  if (!open_service_) return not_found_error("no gateway services on this host");
+  Result<std::string> service = channel::parse_service_open(payload);
+  if (!service) return service.error();
+  Result<UniqueFd> fd = open_service_(id_, *service);
+  if (!fd) LOG_DEBUG("sandbox " << id_ << ": service " << *service << " refused: " << fd.error().message());
+  return fd;
 }
 
 HostChannel::~HostChannel() { stop(); }

@@ -2,12 +2,15 @@
 // ready. It runs a channel::Mux (odd stream ids) on a thread it owns and
 // offers what runtime::Sandbox exposes on top of it: open_port() (a
 // socketpair end bridged to 127.0.0.1:PORT inside) and control() (one
-// request, its reply). Backend-neutral: the process backend uses it, the
-// microVM backend will too.
+// request, its reply). Streams the agent opens ({"service":"name"}: a
+// sandbox process connecting to a gateway service) go to the ServiceOpener
+// the backend passes in (runtime.h). Backend-neutral: the process and
+// microVM backends both use it.
 //
 // Thread safety: every method may be called from any thread. stop() joins
 // the Mux thread; callbacks on that thread take only this object's own
-// locks, so stop() may be called with a sandbox lock held. When the agent
+// locks (and whatever the ServiceOpener takes, which must not be held around
+// stop()), so stop() may be called with a sandbox lock held. When the agent
 // dies (channel EOF) or breaks the protocol, the Mux thread ends by itself;
 // on a protocol error it also shuts the channel down so the agent, seeing
 // EOF, kills the sandbox's processes. Afterwards open_port() and control()
@@ -25,6 +28,7 @@
 #include <thread>
 
 #include "channel/mux.h"
+#include "runtime.h"
 #include "sys/fd.h"
 #include "sys/status.h"
 
@@ -40,7 +44,11 @@ Status read_ready_frame(int channel_fd, int exit_fd, uint64_t deadline_ns);
 class HostChannel {
  public:
   // channel_fd is borrowed and must stay open until stop() returns.
-  HostChannel(std::string sandbox_id, int channel_fd);
+  // open_service serves agent OPENs, called on the Mux thread (it must not
+  // block); a payload that is not {"service":"name"} is RESET with the parse
+  // error, and so is every agent OPEN when open_service is empty ("no
+  // gateway services on this host").
+  HostChannel(std::string sandbox_id, int channel_fd, runtime::ServiceOpener open_service = {});
   ~HostChannel();  // stop()s
   HostChannel(const HostChannel&) = delete;
   HostChannel& operator=(const HostChannel&) = delete;
@@ -60,10 +68,12 @@ class HostChannel {
     std::optional<std::string> reply;
   };
   void on_control(std::string_view payload);
+  Result<UniqueFd> on_agent_open(std::string_view payload);
   void loop();
 
   std::string id_;
   int channel_fd_;
+  runtime::ServiceOpener open_service_;  // fixed at construction, used on the Mux thread
   channel::Mux mux_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -483,7 +483,7 @@ class ProcessRuntime final : public runtime::Runtime {
     sb.channel_ = std::move(host_chan);
     // The channel now belongs to the host Mux; nothing after ready is buffered.
     std::lock_guard<std::mutex> cl(sb.chan_mu_);
-    sb.host_channel_ = std::make_shared<HostChannel>(spec.id, sb.channel_.get());
+    sb.host_channel_ = std::make_shared<HostChannel>(spec.id, sb.channel_.get(), cfg_.open_service);
     return Status::Ok();
   }
 

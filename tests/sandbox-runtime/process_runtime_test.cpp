@@ -21,6 +21,7 @@
 #include <mutex>
 #include <thread>
 #include <cstdlib>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "channel/frame.h"
@@ -728,4 +729,143 @@ TEST_CASE("process runtime: envd answers on 49983 through open_port; its process
   int pid = s.init_pid();
   REQUIRE(s.kill());
   check_gone(env, id, pid);
+}
+
+// ---- Gateway services: sandbox -> host streams ----
+
+namespace {
+
+// Runs one process inside the sandbox through envd (process.Process/Start,
+// Connect streaming JSON, over open_port(49983)) and returns the whole HTTP
+// response, which ends when the process has exited.
+std::string envd_run(runtime::Sandbox& s, const std::string& token, const std::string& script) {
+  std::string msg = json{{"process", {{"cmd", "/bin/bash"}, {"args", {"-c", script}}}}}.dump();
+  std::string body(5, '\0');
+  for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>((msg.size() >> (8 * (3 - i))) & 0xff);
+  body += msg;
+  std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n"
+                    "X-Access-Token: " + token + "\r\n"
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  auto c = s.open_port(49983);
+  REQUIRE(c);
+  set_timeouts(c->get(), 20);
+  REQUIRE(send_all(c->get(), req.data(), req.size()));
+  std::string resp;
+  size_t n = 0;
+  REQUIRE(drain(c->get(), &resp, n));
+  return resp;
+}
+
+// A stand-in for the gateway's model API proxy: every stream the opener
+// hands out is served on a thread that reads one request head and answers
+// a fixed response, then closes.
+struct FakeModelProxy {
+  static constexpr const char* kResponse = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok";
+  std::mutex mu;
+  std::vector<std::thread> threads;                        // GUARDED_BY(mu)
+  std::vector<std::string> heads;                          // GUARDED_BY(mu)
+  std::vector<std::pair<std::string, std::string>> calls;  // GUARDED_BY(mu)
+
+  runtime::ServiceOpener opener() {
+    return [this](const std::string& id, const std::string& service) -> Result<UniqueFd> {
+      std::lock_guard<std::mutex> l(mu);
+      calls.emplace_back(id, service);
+      if (service != "llm") return not_found_error("no service " + service);
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return internal_error("socketpair");
+      threads.emplace_back([this, fd = sv[0]] {
+        UniqueFd f(fd);
+        set_timeouts(f.get(), 20);
+        std::string head;
+        char buf[4096];
+        while (head.find("\r\n\r\n") == std::string::npos && head.size() < 65536) {
+          ssize_t k = ::recv(f.get(), buf, sizeof buf, 0);
+          if (k < 0 && errno == EINTR) continue;
+          if (k <= 0) break;
+          head.append(buf, static_cast<size_t>(k));
+        }
+        {
+          std::lock_guard<std::mutex> l(mu);
+          heads.push_back(head);
+        }
+        send_all(f.get(), kResponse, std::strlen(kResponse));
+      });
+      return UniqueFd(sv[1]);
+    };
+  }
+  ~FakeModelProxy() {
+    std::vector<std::thread> ts;
+    {
+      std::lock_guard<std::mutex> l(mu);
+      ts.swap(threads);
+    }
+    for (auto& t : ts) t.join();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("process runtime: a sandbox process reaches the model proxy at 127.0.0.1:49982; status counts runnable") {
+  Env env;
+  FakeModelProxy proxy;
+  runtime::RuntimeConfig cfg = env.cfg;
+  cfg.open_service = proxy.opener();
+  auto rt = process::make_process_runtime(cfg);
+  std::string id = new_id();
+  auto spec = env.spec(id);
+  auto sb = rt->create(spec);
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  auto& s = **sb;
+  json st = control(s, {{"type", "status"}});
+  CHECK(st == json{{"type", "status"}, {"processes", 0}, {"runnable", 0}});
+
+  // bash inside talks HTTP to the proxy port; exit 42 says the answer was
+  // exactly the fake proxy's response.
+  std::string script = R"(exec 3<>/dev/tcp/127.0.0.1/49982 || exit 2
+printf 'GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:49982\r\n\r\n' >&3
+resp=$(cat <&3)
+want=$(printf 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok')
+[ "$resp" = "$want" ] && exit 42
+printf 'got: %q' "$resp"
+exit 3)";
+  std::string resp = envd_run(s, spec.envd_access_token, script);
+  CHECK_MESSAGE(resp.rfind("HTTP/1.1 200", 0) == 0, resp.substr(0, 300));
+  CHECK_MESSAGE(resp.find("\"exitCode\":42") != std::string::npos, resp.substr(0, 2000));
+  {
+    std::lock_guard<std::mutex> l(proxy.mu);
+    CHECK(proxy.calls == std::vector<std::pair<std::string, std::string>>{{id, "llm"}});
+    REQUIRE(proxy.heads.size() == 1);
+    CHECK(proxy.heads[0] == "GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1:49982\r\n\r\n");
+  }
+
+  // A busy loop left running in the background: one runnable process.
+  resp = envd_run(s, spec.envd_access_token, "(while :; do :; done) </dev/null >/dev/null 2>&1 & exit 0");
+  CHECK_MESSAGE(resp.rfind("HTTP/1.1 200", 0) == 0, resp.substr(0, 300));
+  st = control(s, {{"type", "status"}});
+  CHECK(st["processes"] == 1);
+  CHECK(st["runnable"] == 1);
+  CHECK_FALSE(st.contains("truncated"));
+  int pid = s.init_pid();
+  REQUIRE(s.kill());
+  check_gone(env, id, pid);
+}
+
+TEST_CASE("process runtime: without an opener the model proxy port resets the connection's stream") {
+  Env env;
+  std::string id = new_id();
+  auto spec = env.spec(id);
+  auto sb = env.rt->create(spec);
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  // The agent accepts (it listens), the host refuses the stream, the agent
+  // closes the connection: the client reads EOF at once.
+  std::string script = R"(exec 3<>/dev/tcp/127.0.0.1/49982 || exit 2
+printf 'GET / HTTP/1.1\r\n\r\n' >&3
+resp=$(cat <&3)
+[ -z "$resp" ] && exit 43
+exit 3)";
+  std::string resp = envd_run(**sb, spec.envd_access_token, script);
+  CHECK_MESSAGE(resp.find("\"exitCode\":43") != std::string::npos, resp.substr(0, 2000));
+  CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  REQUIRE((*sb)->kill());
 }
