@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "sys/fd.h"
+#include "sys/log.h"
 #include "sys/sys.h"
 
 extern char** environ;
@@ -202,6 +203,9 @@ bool rootfs_ready(const std::string& dir) {
   return j.is_object() && j.value("format", 0) == kTemplateFormat;
 }
 
+// The first template format with today's package list.
+constexpr int kFirstFormatOfThisPackageSet = 3;
+
 Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress) {
   if (dest_dir.empty() || dest_dir.back() == '/') return invalid_error("template dir must be a path without a trailing '/'");
   if (rootfs_ready(dest_dir)) return Status::Ok();
@@ -209,9 +213,22 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
   if (auto text = sys::read_file(dest_dir + "/" + kMarkerFile, 64 * 1024); text.ok()) {
     auto j = nlohmann::json::parse(*text, nullptr, false);
     int format = j.is_object() ? j.value("format", 0) : 0;
-    if (format > 0 && format < kTemplateFormat) {
+    if (format >= kFirstFormatOfThisPackageSet && format < kTemplateFormat) {
       if (progress) progress("I: upgrading template " + dest_dir + " from format " + std::to_string(format));
       return finalize_rootfs(dest_dir);
+    }
+    if (format > 0 && format < kFirstFormatOfThisPackageSet) {
+      // Other packages: build anew, then drop the old tree. (Nothing runs
+      // on it: templates are built before sandboxes start.)
+      if (progress) progress("I: rebuilding template " + dest_dir + " (format " + std::to_string(format) + " lacks curl and git)");
+      std::string old = dest_dir + ".old";
+      if (Status r = sys::remove_tree(old); !r) return r.error().with_context("remove " + old);
+      if (::rename(dest_dir.c_str(), old.c_str()) != 0) return sys::errno_error("rename", dest_dir + " to " + old);
+      Status b = build_base_rootfs(dest_dir, progress);
+      if (b) {
+        if (Status r = sys::remove_tree(old); !r) LOG_WARN("remove the old template " << old << ": " << r.error().message());
+      }
+      return b;
     }
   }
   if (sys::path_exists(dest_dir))
@@ -225,7 +242,7 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
   }
   const char* m = std::getenv("SANDGATE_DEBIAN_MIRROR");
   std::string mirror = m && *m ? m : kDefaultMirror;
-  Status s = run_streaming({"debootstrap", "--variant=minbase", "--include=bash,coreutils,procps,python3,ca-certificates",
+  Status s = run_streaming({"debootstrap", "--variant=minbase", "--include=bash,coreutils,procps,python3,ca-certificates,curl,git",
                             "bookworm", partial, mirror},
                            progress);
   if (!s) return s.error().with_context("build template " + dest_dir);

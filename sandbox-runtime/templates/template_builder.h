@@ -21,7 +21,9 @@ namespace sg::templates {
 // 1: debootstrap + user + marker. 2: /etc/profile asks bash's $EUID before
 // forking id(1) (a login shell starts ~2 ms faster). Older formats are
 // upgraded in place by build_base_rootfs (only while no sandbox uses them).
-inline constexpr int kTemplateFormat = 2;
+// 3: curl and git in the package set (E2B's base has both); a template of
+// an older format with another package set is rebuilt.
+inline constexpr int kTemplateFormat = 3;
 inline constexpr const char* kMarkerFile = ".sandgate-template";
 inline constexpr const char* kDefaultMirror = "http://deb.debian.org/debian";
 
