@@ -396,6 +396,12 @@ void Conn::on_request_head(Stream& s) {
     start_discard(s);
     return;
   }
+  if (deps.stream_hooks.owns && deps.stream_hooks.owns(s.head)) {
+    std::string msg = "this route is served over HTTP/1.1 only: retry without HTTP/2";
+    respond(s, deps.stream_hooks.error ? deps.stream_hooks.error(s.head, 505, msg) : json_error(505, msg));
+    start_discard(s);
+    return;
+  }
   if (deps.proxy_hooks.route) {
     Result<std::optional<ProxyTarget>> target = deps.proxy_hooks.route(s.head);
     if (!target) {

@@ -35,6 +35,7 @@ struct H2Deps {
   const ServerConfig& cfg;
   const Handler& handler;
   const ProxyHooks& proxy_hooks;
+  const StreamHooks& stream_hooks;
   boost::asio::thread_pool& workers;
 };
 

@@ -20,6 +20,9 @@ struct HttpRequest {
   std::map<std::string, std::string> headers;  // lowercase names; repeated headers joined with ", "
   std::string body;
   std::string remote;  // peer address, for logs
+  // Set by the server on connections that arrive over a sandbox's channel
+  // (the in-sandbox model proxy address): the sandbox they come from.
+  std::string bound_sandbox;
 
   // Header value or empty.
   std::string header(const std::string& lower_name) const {

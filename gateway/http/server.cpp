@@ -25,7 +25,10 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <openssl/ssl.h>
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -47,6 +50,7 @@ struct HttpServer::Impl {
   ServerConfig cfg;
   Handler handler;
   ProxyHooks proxy_hooks;
+  StreamHooks stream_hooks;
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   asio::thread_pool workers;
@@ -57,17 +61,27 @@ struct HttpServer::Impl {
 
   std::mutex conns_mu;
   std::set<beast::tcp_stream*> conns;  // GUARDED_BY(conns_mu): open connections (lowest layer), closed on stop
+  using LocalStream = beast::basic_stream<asio::local::stream_protocol>;
+  std::set<LocalStream*> local_conns;  // GUARDED_BY(conns_mu): adopted channel connections
   std::unique_ptr<asio::ssl::context> tls;  // set when serving TLS
 
-  Impl(ServerConfig c, Handler h, ProxyHooks p)
-      : cfg(std::move(c)), handler(std::move(h)), proxy_hooks(std::move(p)), workers(static_cast<size_t>(std::max(1, cfg.worker_threads))),
-        acceptor(ioc) {}
+  Impl(ServerConfig c, Handler h, ProxyHooks p, StreamHooks st)
+      : cfg(std::move(c)), handler(std::move(h)), proxy_hooks(std::move(p)), stream_hooks(std::move(st)),
+        workers(static_cast<size_t>(std::max(1, cfg.worker_threads))), acceptor(ioc) {}
 
   asio::awaitable<void> accept_loop();
   asio::awaitable<void> session(tcp::socket sock);
   // Serves requests on one connection (plain or TLS) until it closes.
+  // bound_sandbox: set for connections adopted from a sandbox's channel.
   template <class Stream>
-  asio::awaitable<void> serve(Stream& stream, const std::string& remote);
+  asio::awaitable<void> serve(Stream& stream, const std::string& remote, const std::string& bound_sandbox = {});
+  asio::awaitable<void> local_session(asio::local::stream_protocol::socket sock, std::string sandbox_id);
+  // Reads the body of a streaming route and runs its handler; returns
+  // whether the connection may carry another request.
+  template <class Stream>
+  asio::awaitable<bool> serve_stream(Stream& stream, beast::flat_buffer& buf,
+                                     bhttp::request_parser<bhttp::empty_body>&& head, const std::string& remote,
+                                     const std::string& bound_sandbox);
   asio::awaitable<HttpResponse> dispatch(HttpRequest req);
   // Relays one request to a sandbox; returns whether the client connection
   // may carry another request.
@@ -123,6 +137,128 @@ bhttp::response<bhttp::string_body> to_beast(HttpResponse&& r, unsigned version,
   return res;
 }
 
+// ResponseWriter over one HTTP/1.1 client connection.
+template <class Stream>
+class StreamWriter final : public ResponseWriter {
+ public:
+  StreamWriter(Stream& s, unsigned version, bool keep_alive, std::chrono::milliseconds write_timeout)
+      : s_(s), version_(version), keep_alive_(keep_alive), write_timeout_(write_timeout) {}
+  ~StreamWriter() override { unwatch_closed(); }
+
+  asio::awaitable<bool> write_head(int status, const std::vector<std::pair<std::string, std::string>>& headers,
+                                   std::optional<uint64_t> content_length) override {
+    unwatch_closed();
+    if (sr_ || failed_) co_return false;
+    res_.version(version_);
+    res_.result(static_cast<unsigned>(status));
+    res_.set(bhttp::field::server, "sandgate");
+    for (const auto& [k, v] : headers) res_.insert(k, v);
+    if (content_length)
+      res_.content_length(*content_length);
+    else
+      res_.chunked(true);
+    res_.keep_alive(keep_alive_);
+    res_.body().data = nullptr;
+    res_.body().size = 0;
+    res_.body().more = true;
+    sr_.emplace(res_);
+    boost::system::error_code ec;
+    arm();
+    co_await bhttp::async_write_header(s_, *sr_, asio::redirect_error(asio::use_awaitable, ec));
+    co_return ok(ec);
+  }
+
+  asio::awaitable<bool> write_body(std::string_view bytes) override {
+    if (!sr_ || failed_) co_return false;
+    if (bytes.empty()) co_return true;  // an empty chunk would end the body
+    res_.body().data = const_cast<char*>(bytes.data());
+    res_.body().size = bytes.size();
+    res_.body().more = true;
+    boost::system::error_code ec;
+    arm();
+    // Writes the piece, then stops asking for the next one (need_buffer).
+    co_await bhttp::async_write(s_, *sr_, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == bhttp::error::need_buffer) ec = {};
+    res_.body().data = nullptr;
+    res_.body().size = 0;
+    co_return ok(ec);
+  }
+
+  asio::awaitable<bool> finish() override {
+    if (!sr_ || failed_) co_return false;
+    res_.body().data = nullptr;
+    res_.body().size = 0;
+    res_.body().more = false;
+    boost::system::error_code ec;
+    arm();
+    co_await bhttp::async_write(s_, *sr_, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == bhttp::error::need_buffer) ec = {};
+    finished_ = !ec;
+    co_return ok(ec);
+  }
+
+  asio::awaitable<bool> respond(HttpResponse r) override {
+    unwatch_closed();
+    if (sr_ || responded_ || failed_) co_return false;
+    responded_ = true;
+    auto res = to_beast(std::move(r), version_, keep_alive_);
+    keep_alive_ = res.keep_alive();
+    boost::system::error_code ec;
+    arm();
+    co_await bhttp::async_write(s_, res, asio::redirect_error(asio::use_awaitable, ec));
+    finished_ = !ec;
+    co_return ok(ec);
+  }
+
+  void watch_closed(std::function<void()> on_gone) override {
+    unwatch_closed();
+    watch_ = std::make_shared<Watch>();
+    watch_->on_gone = std::move(on_gone);
+    auto& sock = beast::get_lowest_layer(s_).socket();
+    watch_->fd = sock.native_handle();
+    sock.async_wait(asio::socket_base::wait_read, [w = watch_](const boost::system::error_code& ec) {
+      if (ec || w->cancelled) return;  // the socket may be gone: touch nothing but w
+      char c;
+      ssize_t n = ::recv(w->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      bool gone = n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+      if (gone && w->on_gone) w->on_gone();
+    });
+  }
+
+  void unwatch_closed() override {
+    if (!watch_) return;
+    watch_->cancelled = true;
+    boost::system::error_code ignored;
+    beast::get_lowest_layer(s_).socket().cancel(ignored);
+    watch_.reset();
+  }
+
+  bool reusable() const override { return keep_alive_ && finished_ && !failed_; }
+
+ private:
+  struct Watch {
+    bool cancelled = false;
+    int fd = -1;
+    std::function<void()> on_gone;
+  };
+  void arm() { beast::get_lowest_layer(s_).expires_after(write_timeout_); }
+  bool ok(const boost::system::error_code& ec) {
+    if (ec) failed_ = true;
+    return !ec;
+  }
+
+  Stream& s_;
+  unsigned version_;
+  bool keep_alive_;
+  std::chrono::milliseconds write_timeout_;
+  bhttp::response<bhttp::buffer_body> res_;
+  std::optional<bhttp::serializer<false, bhttp::buffer_body>> sr_;
+  bool responded_ = false;
+  bool finished_ = false;
+  bool failed_ = false;
+  std::shared_ptr<Watch> watch_;
+};
+
 }  // namespace
 
 asio::awaitable<HttpResponse> HttpServer::Impl::dispatch(HttpRequest req) {
@@ -143,7 +279,7 @@ asio::awaitable<HttpResponse> HttpServer::Impl::dispatch(HttpRequest req) {
 template <class Stream>
 asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer& cbuf,
                                               bhttp::request_parser<bhttp::empty_body>&& head, ProxyTarget target) {
-  beast::tcp_stream& tcp_layer = beast::get_lowest_layer(client);
+  auto& tcp_layer = beast::get_lowest_layer(client);
   using namespace asio::experimental::awaitable_operators;
   auto conn_exec = co_await asio::this_coro::executor;
   boost::system::error_code ec;
@@ -234,7 +370,58 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
 }
 
 template <class Stream>
-asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string& remote) {
+asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat_buffer& buf,
+                                                     bhttp::request_parser<bhttp::empty_body>&& head,
+                                                     const std::string& remote, const std::string& bound_sandbox) {
+  boost::system::error_code ec;
+  HttpRequest plain_head = head_of(head.get(), remote);
+  plain_head.bound_sandbox = bound_sandbox;
+  unsigned head_version = head.get().version();
+  auto refuse = [&](int status, const std::string& msg) -> asio::awaitable<bool> {
+    HttpResponse r = stream_hooks.error ? stream_hooks.error(plain_head, status, msg) : json_error(status, msg);
+    auto res = to_beast(std::move(r), head_version, false);
+    beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+    boost::system::error_code wec;
+    co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, wec));
+    co_return false;
+  };
+  if (auto len = head.content_length(); len && *len > stream_hooks.body_limit)
+    co_return co_await refuse(413, "request body larger than the limit of " + std::to_string(stream_hooks.body_limit) + " bytes");
+  if (expects_continue(head.get())) {
+    bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, head_version};
+    co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec) co_return false;
+  }
+  bhttp::request_parser<bhttp::string_body> parser(std::move(head));
+  parser.body_limit(stream_hooks.body_limit);
+  beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+  co_await bhttp::async_read(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) {
+    if (ec == bhttp::error::body_limit)
+      co_return co_await refuse(413, "request body larger than the limit of " + std::to_string(stream_hooks.body_limit) + " bytes");
+    if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+        ec == asio::error::connection_reset)
+      co_return false;
+    co_return co_await refuse(400, "malformed HTTP request: " + ec.message());
+  }
+  auto breq = parser.release();
+  bool keep_alive = breq.keep_alive() && !stopping;
+  unsigned version = breq.version();
+  HttpRequest req = to_plain(std::move(breq), remote);
+  req.bound_sandbox = bound_sandbox;
+  beast::get_lowest_layer(stream).expires_never();
+  StreamWriter<Stream> out(stream, version, keep_alive, cfg.stalled_write_timeout);
+  try {
+    co_await stream_hooks.serve(std::move(req), out);
+  } catch (const std::exception& e) {
+    LOG_ERROR("stream handler " << plain_head.method << " " << plain_head.path << " threw: " << e.what());
+    co_return false;
+  }
+  co_return out.reusable() && !stopping;
+}
+
+template <class Stream>
+asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string& remote, const std::string& bound_sandbox) {
   beast::flat_buffer buf(cfg.header_limit + 1024);
   try {
     for (;;) {
@@ -263,6 +450,21 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
           co_await fail(431, "request headers larger than the limit of " + std::to_string(cfg.header_limit) + " bytes");
         else
           co_await fail(400, "malformed HTTP request: " + ec.message());
+        break;
+      }
+      if (stream_hooks.owns && stream_hooks.serve) {
+        HttpRequest h = head_of(head.get(), remote);
+        h.bound_sandbox = bound_sandbox;
+        if (stream_hooks.owns(h)) {
+          if (!co_await serve_stream(stream, buf, std::move(head), remote, bound_sandbox) || stopping) break;
+          continue;
+        }
+      }
+      if (!bound_sandbox.empty()) {
+        // A sandbox's own connection reaches gateway services only.
+        co_await fail(404, "no route for " + std::string(head.get().method_string()) + " " +
+                               std::string(head.get().target().substr(0, 200)) +
+                               " on the in-sandbox gateway address (only the model API is served here)");
         break;
       }
       if (proxy_hooks.route) {
@@ -343,7 +545,7 @@ asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
       SSL_get0_alpn_selected(stream.native_handle(), &proto, &proto_len);
       // SAFETY: OpenSSL returns proto_len bytes at proto (or none).
       if (proto_len == 2 && std::memcmp(proto, "h2", 2) == 0)
-        co_await serve_h2(stream, remote, H2Deps{cfg, handler, proxy_hooks, workers});
+        co_await serve_h2(stream, remote, H2Deps{cfg, handler, proxy_hooks, stream_hooks, workers});
       else
         co_await serve(stream, remote);
       lowest->expires_after(std::chrono::seconds(2));
@@ -360,6 +562,21 @@ asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
   stream.socket().shutdown(tcp::socket::shutdown_both, ignored);
   stream.close();
   track(&stream, false);
+}
+
+asio::awaitable<void> HttpServer::Impl::local_session(asio::local::stream_protocol::socket sock, std::string sandbox_id) {
+  LocalStream stream(std::move(sock));
+  {
+    std::lock_guard<std::mutex> g(conns_mu);
+    if (stopping) co_return;
+    local_conns.insert(&stream);
+  }
+  co_await serve(stream, "sandbox " + sandbox_id, sandbox_id);
+  boost::system::error_code ignored;
+  stream.socket().shutdown(asio::socket_base::shutdown_both, ignored);
+  stream.close();
+  std::lock_guard<std::mutex> g(conns_mu);
+  local_conns.erase(&stream);
 }
 
 asio::awaitable<void> HttpServer::Impl::accept_loop() {
@@ -379,8 +596,21 @@ asio::awaitable<void> HttpServer::Impl::accept_loop() {
   }
 }
 
-HttpServer::HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy)
-    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(handler), std::move(proxy))) {}
+HttpServer::HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy, StreamHooks streams)
+    : impl_(std::make_unique<Impl>(std::move(cfg), std::move(handler), std::move(proxy), std::move(streams))) {}
+
+Status HttpServer::adopt(UniqueFd fd, std::string sandbox_id) {
+  Impl& m = *impl_;
+  if (m.stopping) return Error(ErrorKind::kUnavailable, "the server is stopping");
+  boost::system::error_code ec;
+  asio::local::stream_protocol::socket sock(asio::make_strand(m.ioc));
+  sock.assign(asio::local::stream_protocol(), fd.get(), ec);
+  if (ec) return internal_error("adopt channel connection: " + ec.message());
+  (void)fd.release();
+  auto ex = sock.get_executor();
+  asio::co_spawn(ex, m.local_session(std::move(sock), std::move(sandbox_id)), asio::detached);
+  return Status::Ok();
+}
 
 HttpServer::~HttpServer() { stop(); }
 
@@ -451,6 +681,7 @@ void HttpServer::stop() {
     m.acceptor.close(ec);
     std::lock_guard<std::mutex> g(m.conns_mu);
     for (beast::tcp_stream* s : m.conns) s->socket().close(ec);
+    for (Impl::LocalStream* s : m.local_conns) s->socket().close(ec);
   });
   // Let running handlers finish (they may be mid-create), then abandon
   // whatever the io_context still has pending (idle keep-alive reads, timers).

@@ -21,6 +21,7 @@
 
 #include "gateway/http/message.h"
 #include "gateway/http/routing.h"
+#include "gateway/http/stream_handler.h"
 #include "sys/fd.h"
 #include "sys/status.h"
 
@@ -58,7 +59,7 @@ struct ProxyHooks {
 
 class HttpServer {
  public:
-  HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy = {});
+  HttpServer(ServerConfig cfg, Handler handler, ProxyHooks proxy = {}, StreamHooks streams = {});
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
@@ -68,6 +69,13 @@ class HttpServer {
   uint16_t port() const;
   // Stops accepting, closes connections, joins threads.
   void stop();
+
+  // Serves HTTP/1.1 on a connected stream socket that came from a
+  // sandbox's channel (a socketpair end): its requests carry
+  // bound_sandbox = sandbox_id, and only StreamHooks routes are served on
+  // it (anything else is 404; sandbox routing is never applied). Thread-safe,
+  // does not block. kUnavailable once stopping.
+  Status adopt(UniqueFd fd, std::string sandbox_id);
 
   // Runs fn on the worker pool after delay (for periodic jobs such as the
   // timeout sweep). Thread-safe.

@@ -1,0 +1,71 @@
+// Streaming handlers: routes whose response is produced piece by piece by
+// a coroutine on the connection's executor (the model API proxy,
+// wait-engine/llm/proxy.h), instead of returned whole by a Handler or
+// relayed to a sandbox.
+//
+// The server reads the request head, asks StreamHooks::owns(), reads the
+// body whole up to StreamHooks::body_limit (error() shapes the 413 and other
+// early refusals the way the route's clients expect), then awaits
+// StreamHooks::serve() with a ResponseWriter over the client connection.
+// The writer frames the body (Content-Length when announced, else chunked)
+// and reports a client that went away as false from its writes.
+//
+// Threads: serve() runs on the connection's executor (a strand); it must
+// not block: blocking work hops to a pool and back. The writer may only be
+// used from that executor.
+//
+// HTTP/1.1 only: over HTTP/2 these routes are refused with error(505, ...)
+// (h2_session.h), as no model client used with sandgate speaks h2 to it.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "gateway/http/message.h"
+
+namespace sg::http {
+
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+  // Sends the status line and headers (framing headers are set by the
+  // writer: pass neither Content-Length nor Transfer-Encoding). With
+  // content_length the body must be exactly that long; without, it is sent
+  // chunked. False: the client is gone.
+  virtual boost::asio::awaitable<bool> write_head(int status,
+                                                  const std::vector<std::pair<std::string, std::string>>& headers,
+                                                  std::optional<uint64_t> content_length) = 0;
+  // One piece of the body, written at once (no coalescing: SSE events go
+  // out as they come). False: the client is gone.
+  virtual boost::asio::awaitable<bool> write_body(std::string_view bytes) = 0;
+  // Ends the body. False: the client is gone.
+  virtual boost::asio::awaitable<bool> finish() = 0;
+  // A whole response in one go (errors).
+  virtual boost::asio::awaitable<bool> respond(HttpResponse res) = 0;
+  // Calls on_gone (on the connection's executor) once if the client closes
+  // its side or resets the connection while no response is being written.
+  // It never consumes request bytes: readable data (a pipelined request, a
+  // TLS alert) just ends the watch. unwatch_closed() stops it; the writer's
+  // destruction does too. One watch at a time.
+  virtual void watch_closed(std::function<void()> on_gone) = 0;
+  virtual void unwatch_closed() = 0;
+  // Whether the connection can carry another request afterwards.
+  virtual bool reusable() const = 0;
+};
+
+struct StreamHooks {
+  std::function<bool(const HttpRequest& head)> owns;
+  size_t body_limit = 32 << 20;
+  // An early refusal (body too large, malformed framing, wrong protocol).
+  std::function<HttpResponse(const HttpRequest& head, int status, const std::string& message)> error;
+  std::function<boost::asio::awaitable<void>(HttpRequest req, ResponseWriter& out)> serve;
+};
+
+}  // namespace sg::http
