@@ -32,6 +32,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sg::wait {
@@ -102,8 +103,10 @@ class SandboxWait {
   // When on_tick should next be called, if anything is timed.
   std::optional<TimeNs> next_deadline() const;
   const WaitStats& stats() const { return stats_; }
-  // Every transition so far (the owner persists them as events).
+  // Every transition since the last take_transitions() (the owner
+  // persists them as events).
   const std::vector<Transition>& transitions() const { return log_; }
+  std::vector<Transition> take_transitions() { return std::exchange(log_, {}); }
 
  private:
   void go(State to, TimeNs now, std::string reason);

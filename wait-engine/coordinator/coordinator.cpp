@@ -1,0 +1,426 @@
+// WaitCoordinator: entries, timers, action threads.
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+
+#include "sys/log.h"
+
+namespace sg::wait {
+
+namespace {
+bool stopped(State s) {
+  return s == State::kPausing || s == State::kPaused || s == State::kOffloading || s == State::kOffloaded ||
+         s == State::kResuming;
+}
+}  // namespace
+
+WaitCoordinator::WaitCoordinator(CoordinatorConfig cfg, CoordinatorHooks hooks, Clock clock)
+    : cfg_(cfg), hooks_(std::move(hooks)), clock_(std::move(clock)) {
+  // Offload is the memory engine's (issue 6): not wired here yet.
+  cfg_.wait.offload_enabled = false;
+  size_t n = std::max<size_t>(1, cfg_.action_threads);
+  for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { action_loop(); });
+  threads_.emplace_back([this] { timer_loop(); });
+}
+
+WaitCoordinator::~WaitCoordinator() {
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    stopping_ = true;
+  }
+  q_cv_.notify_all();
+  t_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+  // Nobody may wait forever on a response.
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [id, e] : entries_) {
+      std::lock_guard<std::mutex> l(e->mu);
+      for (auto& [rid, fn] : e->deliver) fire.push_back(std::move(fn));
+      e->deliver.clear();
+    }
+  }
+  for (auto& f : fire) f();
+}
+
+WaitCoordinator::EntryPtr WaitCoordinator::find(const std::string& sandbox) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = entries_.find(sandbox);
+  return it == entries_.end() ? nullptr : it->second;
+}
+
+WaitCoordinator::EntryPtr WaitCoordinator::find_or_make(const std::string& sandbox) {
+  std::lock_guard<std::mutex> g(mu_);
+  EntryPtr& e = entries_[sandbox];
+  if (!e) e = std::make_shared<Entry>(cfg_.wait);
+  return e;
+}
+
+void WaitCoordinator::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    if (stopping_) return;
+    queue_.push_back(std::move(fn));
+  }
+  q_cv_.notify_one();
+}
+
+void WaitCoordinator::action_loop() {
+  for (;;) {
+    std::function<void()> fn;
+    {
+      std::unique_lock<std::mutex> l(q_mu_);
+      q_cv_.wait(l, [&] { return stopping_ || !queue_.empty(); });
+      if (stopping_) return;
+      fn = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    fn();
+  }
+}
+
+void WaitCoordinator::timer_loop() {
+  std::unique_lock<std::mutex> l(q_mu_);
+  for (;;) {
+    if (stopping_) return;
+    if (timers_.empty()) {
+      t_cv_.wait(l);
+      continue;
+    }
+    TimeNs now = clock_();
+    Timer t = timers_.top();
+    if (t.at > now) {
+      t_cv_.wait_for(l, std::chrono::nanoseconds(t.at - now));
+      continue;
+    }
+    timers_.pop();
+    l.unlock();
+    if (EntryPtr e = find(t.sandbox)) {
+      std::vector<std::function<void()>> fire;
+      {
+        std::lock_guard<std::mutex> g(e->mu);
+        if (!e->gone && t.gen == e->timer_gen) {
+          TimeNs n = clock_();
+          std::vector<Action> acts = e->sw.on_tick(n);
+          // The grace is over but the evidence is missing or stale: ask.
+          if (acts.empty() && e->sw.state() == State::kWaiting && e->sw.outstanding() > 0 && !e->probing) {
+            e->probing = true;
+            post([this, s = t.sandbox, e] { run_probe(s, e); });
+          }
+          after(t.sandbox, e, std::move(acts), n, fire);
+        }
+      }
+      for (auto& f : fire) f();
+    }
+    l.lock();
+  }
+}
+
+void WaitCoordinator::arm_timer(const std::string& sandbox, const EntryPtr& e, TimeNs at) {
+  uint64_t gen = ++e->timer_gen;
+  {
+    std::lock_guard<std::mutex> g(q_mu_);
+    if (stopping_) return;
+    timers_.push({at, sandbox, gen});
+  }
+  t_cv_.notify_one();
+}
+
+void WaitCoordinator::after(const std::string& sandbox, const EntryPtr& e, std::vector<Action> acts, TimeNs now,
+                            std::vector<std::function<void()>>& fire) {
+  for (Transition& t : e->sw.take_transitions()) {
+    if (t.to == State::kPausing) e->stopped_since = t.at;
+    if (stopped(t.from) && !stopped(t.to))
+      paused_duration_.observe(static_cast<double>(t.at - e->stopped_since) / 1e9);
+    if (hooks_.transition) hooks_.transition(sandbox, t);
+  }
+  for (Action a : acts) {
+    if (a == Action::kReleaseHeld) continue;  // handled below, by state
+    post([this, sandbox, e, a] { run_action(sandbox, e, a); });
+  }
+  // Deliveries go whenever the sandbox runs (or is dead: the write fails
+  // there, never hangs).
+  if (e->sw.can_deliver() || e->sw.state() == State::kDead || e->gone) {
+    for (auto& [id, fn] : e->deliver) fire.push_back(std::move(fn));
+    e->deliver.clear();
+  }
+  e->cv.notify_all();
+  // A wait that has not become a pause yet: the grace (or cooldown) timer.
+  if (e->sw.state() == State::kWaiting && e->sw.outstanding() > 0 && !e->probing) {
+    std::optional<TimeNs> d = e->sw.next_deadline();
+    if (!d) {
+      // No evidence yet: ask at the end of the grace.
+      d = now + cfg_.wait.grace_ns;
+      if (e->probe_backoff > 0) d = now + e->probe_backoff;
+    }
+    arm_timer(sandbox, e, *d);
+  }
+}
+
+void WaitCoordinator::run_probe(const std::string& sandbox, EntryPtr e) {
+  probes_.fetch_add(1, std::memory_order_relaxed);
+  Result<bool> idle = hooks_.idle ? hooks_.idle(sandbox) : Result<bool>(false);
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    e->probing = false;
+    if (e->gone) return;
+    TimeNs now = clock_();
+    bool is_idle = idle && *idle;
+    if (!idle) LOG_DEBUG("sandbox " << sandbox << ": idle probe: " << idle.error().message());
+    // Busy (or unknown): ask again later, backing off up to the cap.
+    e->probe_backoff = is_idle ? 0
+                               : std::min<TimeNs>(cfg_.probe_backoff_max_ns,
+                                                  std::max<TimeNs>(cfg_.wait.grace_ns, e->probe_backoff * 2));
+    std::vector<Action> acts = e->sw.on_idle_report(is_idle, now);
+    after(sandbox, e, std::move(acts), now, fire);
+  }
+  for (auto& f : fire) f();
+}
+
+void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action a) {
+  TimeNs t0 = clock_();
+  Status s = Status::Ok();
+  if (a == Action::kPause) {
+    s = hooks_.pause ? hooks_.pause(sandbox) : internal_error("no pause hook");
+    pause_latency_.observe(static_cast<double>(clock_() - t0) / 1e9);
+    if (!s) {
+      pause_failures_.fetch_add(1, std::memory_order_relaxed);
+      LOG_WARN("sandbox " << sandbox << ": wait pause failed: " << s.error().message());
+    }
+  } else if (a == Action::kResume) {
+    s = hooks_.resume ? hooks_.resume(sandbox) : internal_error("no resume hook");
+    resume_latency_.observe(static_cast<double>(clock_() - t0) / 1e9);
+    if (!s) {
+      resume_failures_.fetch_add(1, std::memory_order_relaxed);
+      LOG_WARN("sandbox " << sandbox << ": wait resume failed: " << s.error().message());
+    }
+  } else if (a == Action::kOffload) {
+    s = internal_error("offload is not available");
+  }
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    if (e->gone) return;
+    TimeNs now = clock_();
+    std::vector<Action> acts;
+    if (a == Action::kPause) {
+      std::optional<TimeNs> remaining;
+      {
+        // The oldest request's expected remaining wait, from history.
+        std::lock_guard<std::mutex> h(mu_);
+        for (const auto& [id, r] : e->reqs) {
+          remaining = history_.expected_remaining_ns(r.history_key, "", now - r.started);
+          break;
+        }
+      }
+      acts = e->sw.on_pause_done(bool(s), now, remaining);
+    } else if (a == Action::kResume) {
+      acts = e->sw.on_resume_done(bool(s), now);
+    } else if (a == Action::kOffload) {
+      acts = e->sw.on_offload_done(bool(s), now);
+    }
+    after(sandbox, e, std::move(acts), now, fire);
+  }
+  for (auto& f : fire) f();
+}
+
+WaitCoordinator::Ticket WaitCoordinator::begin(const std::string& sandbox, const std::string& history_key) {
+  EntryPtr e = find_or_make(sandbox);
+  Ticket t{sandbox, 0};
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    t.id = next_id_++;
+  }
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    TimeNs now = clock_();
+    e->reqs[t.id] = {history_key, now, e->sw.stats().paused_ns};
+    e->probe_backoff = 0;
+    after(sandbox, e, e->sw.on_request_start(t.id, now), now, fire);
+  }
+  for (auto& f : fire) f();
+  return t;
+}
+
+bool WaitCoordinator::response_started(const Ticket& t) {
+  EntryPtr e = find(t.sandbox);
+  if (!e) return false;
+  std::vector<std::function<void()>> fire;
+  bool was_stopped;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    TimeNs now = clock_();
+    was_stopped = stopped(e->sw.state());
+    if (auto it = e->reqs.find(t.id); it != e->reqs.end() && it->second.started) {
+      std::lock_guard<std::mutex> h(mu_);
+      history_.record(it->second.history_key, "", now - it->second.started);
+      it->second.started = 0;  // recorded once
+    }
+    after(t.sandbox, e, e->sw.on_response_started(t.id, now), now, fire);
+  }
+  for (auto& f : fire) f();
+  return was_stopped;
+}
+
+void WaitCoordinator::when_deliverable(const Ticket& t, std::function<void()> ready) {
+  EntryPtr e = find(t.sandbox);
+  if (!e) {
+    ready();
+    return;
+  }
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    TimeNs now = clock_();
+    e->deliver[t.id] = std::move(ready);
+    after(t.sandbox, e, e->sw.on_response_ready(t.id, now), now, fire);
+  }
+  for (auto& f : fire) f();
+}
+
+TimeNs WaitCoordinator::end(const Ticket& t, Outcome outcome) {
+  EntryPtr e = find(t.sandbox);
+  if (!e) return 0;
+  std::vector<std::function<void()>> fire;
+  TimeNs paused = 0;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    TimeNs now = clock_();
+    if (auto it = e->reqs.find(t.id); it != e->reqs.end()) {
+      paused = e->sw.stats().paused_ns - it->second.paused_at_begin;
+      if (stopped(e->sw.state()) && now > e->stopped_since) paused += now - e->stopped_since;
+      e->reqs.erase(it);
+    }
+    if (auto it = e->deliver.find(t.id); it != e->deliver.end()) {
+      fire.push_back(std::move(it->second));
+      e->deliver.erase(it);
+    }
+    after(t.sandbox, e, e->sw.on_request_end(t.id, outcome, now), now, fire);
+  }
+  for (auto& f : fire) f();
+  return paused;
+}
+
+Status WaitCoordinator::ensure_running(const std::string& sandbox, std::chrono::milliseconds timeout) {
+  EntryPtr e = find(sandbox);
+  if (!e) return Status::Ok();
+  std::vector<std::function<void()>> fire;
+  std::unique_lock<std::mutex> l(e->mu);
+  if (!stopped(e->sw.state())) return Status::Ok();
+  TimeNs now = clock_();
+  after(sandbox, e, e->sw.on_other_traffic(now), now, fire);
+  l.unlock();
+  for (auto& f : fire) f();
+  l.lock();
+  bool ok = e->cv.wait_for(l, timeout, [&] { return e->gone || !stopped(e->sw.state()); });
+  if (!ok)
+    return Error(ErrorKind::kTimeout, "sandbox " + sandbox + " did not resume within " +
+                                          std::to_string(timeout.count()) + " ms");
+  return Status::Ok();
+}
+
+void WaitCoordinator::forget(const std::string& sandbox) {
+  EntryPtr e;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = entries_.find(sandbox);
+    if (it == entries_.end()) return;
+    e = it->second;
+    entries_.erase(it);
+  }
+  std::vector<std::function<void()>> fire;
+  {
+    std::lock_guard<std::mutex> g(e->mu);
+    TimeNs now = clock_();
+    e->sw.on_killed(now);
+    after(sandbox, e, {}, now, fire);
+    e->gone = true;
+    e->cv.notify_all();
+    std::lock_guard<std::mutex> h(mu_);
+    const WaitStats& st = e->sw.stats();
+    retired_.pauses += st.pauses;
+    retired_.resumes += st.resumes;
+    retired_.waits_started += st.waits_started;
+    retired_.waits_completed += st.waits_completed;
+    retired_.waits_cancelled += st.waits_cancelled;
+    retired_.waits_upstream_error += st.waits_upstream_error;
+    retired_.waits_client_gone += st.waits_client_gone;
+    retired_.paused_ns += st.paused_ns;
+  }
+  for (auto& f : fire) f();
+}
+
+std::optional<State> WaitCoordinator::state(const std::string& sandbox) {
+  EntryPtr e = find(sandbox);
+  if (!e) return std::nullopt;
+  std::lock_guard<std::mutex> g(e->mu);
+  return e->sw.state();
+}
+
+WaitCoordinator::Totals WaitCoordinator::totals() {
+  std::vector<EntryPtr> all;
+  Totals t;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [id, e] : entries_) all.push_back(e);
+    t.pauses = retired_.pauses;
+    t.resumes = retired_.resumes;
+    t.waits_started = retired_.waits_started;
+    t.waits_completed = retired_.waits_completed;
+    t.waits_cancelled = retired_.waits_cancelled;
+    t.waits_upstream_error = retired_.waits_upstream_error;
+    t.waits_client_gone = retired_.waits_client_gone;
+    t.paused_seconds = static_cast<double>(retired_.paused_ns) / 1e9;
+  }
+  t.sandboxes = all.size();
+  for (auto& e : all) {
+    std::lock_guard<std::mutex> g(e->mu);
+    const WaitStats& st = e->sw.stats();
+    t.pauses += st.pauses;
+    t.resumes += st.resumes;
+    t.waits_started += st.waits_started;
+    t.waits_completed += st.waits_completed;
+    t.waits_cancelled += st.waits_cancelled;
+    t.waits_upstream_error += st.waits_upstream_error;
+    t.waits_client_gone += st.waits_client_gone;
+    t.paused_seconds += static_cast<double>(st.paused_ns) / 1e9;
+    if (stopped(e->sw.state())) ++t.stopped_now;
+  }
+  t.pause_failures = pause_failures_.load();
+  t.resume_failures = resume_failures_.load();
+  t.probes = probes_.load();
+  return t;
+}
+
+void WaitCoordinator::render_metrics(std::string& out) {
+  using namespace metrics;
+  Totals t = totals();
+  render_header(out, "sandgate_wait_pauses_total", "counter", "Sandboxes paused while waiting on a model.");
+  render_sample(out, "sandgate_wait_pauses_total", "", static_cast<double>(t.pauses));
+  render_header(out, "sandgate_wait_resumes_total", "counter", "Resumes of wait-paused sandboxes.");
+  render_sample(out, "sandgate_wait_resumes_total", "", static_cast<double>(t.resumes));
+  render_header(out, "sandgate_wait_action_failures_total", "counter", "Pauses and resumes that failed.");
+  render_sample(out, "sandgate_wait_action_failures_total", "action=\"pause\"", static_cast<double>(t.pause_failures));
+  render_sample(out, "sandgate_wait_action_failures_total", "action=\"resume\"", static_cast<double>(t.resume_failures));
+  render_header(out, "sandgate_wait_paused_seconds_total", "counter",
+                "Seconds sandboxes spent stopped (pausing to resumed) during model waits.");
+  render_sample(out, "sandgate_wait_paused_seconds_total", "", t.paused_seconds);
+  render_header(out, "sandgate_wait_stopped_sandboxes", "gauge", "Sandboxes stopped by the wait coordinator now.");
+  render_sample(out, "sandgate_wait_stopped_sandboxes", "", static_cast<double>(t.stopped_now));
+  render_header(out, "sandgate_wait_idle_probes_total", "counter", "Idle-evidence requests sent to agents.");
+  render_sample(out, "sandgate_wait_idle_probes_total", "", static_cast<double>(t.probes));
+  render_header(out, "sandgate_waits_total", "counter", "Model waits of bound sandboxes, by outcome.");
+  render_sample(out, "sandgate_waits_total", "outcome=\"started\"", static_cast<double>(t.waits_started));
+  render_sample(out, "sandgate_waits_total", "outcome=\"completed\"", static_cast<double>(t.waits_completed));
+  render_sample(out, "sandgate_waits_total", "outcome=\"cancelled\"", static_cast<double>(t.waits_cancelled));
+  render_sample(out, "sandgate_waits_total", "outcome=\"upstream_error\"", static_cast<double>(t.waits_upstream_error));
+  render_sample(out, "sandgate_waits_total", "outcome=\"client_gone\"", static_cast<double>(t.waits_client_gone));
+  pause_latency_.render(out, "sandgate_wait_pause_latency_seconds", "Time to pause a sandbox (freeze or vCPU stop).");
+  resume_latency_.render(out, "sandgate_wait_resume_latency_seconds", "Time to resume a wait-paused sandbox.");
+  paused_duration_.render(out, "sandgate_wait_paused_duration_seconds", "Length of each wait pause.");
+}
+
+}  // namespace sg::wait
