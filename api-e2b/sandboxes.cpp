@@ -1,6 +1,8 @@
 // SandboxService implementation.
 #include "api-e2b/sandboxes.h"
 
+#include "channel/services.h"
+
 #include <sys/random.h>
 
 #include <nlohmann/json.hpp>
@@ -104,6 +106,9 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   spec.cpu_count = static_cast<uint32_t>(t.cpu_count);
   spec.memory_mb = static_cast<uint64_t>(t.memory_mb);
   spec.max_pids = cfg_.max_pids;
+  if (cfg_.model_proxy_env)
+    for (auto& [k, v] : model_proxy_env())
+      if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
   for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
   spec.envd_access_token = row.envd_token;
   spec.ready_timeout = cfg_.ready_timeout;
@@ -175,7 +180,66 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
   }
   if (*done) event(tenant_id, id, state, reason);
   if (!st) LOG_ERROR("kill sandbox " << id << ": " << st.error().message());
+  if (gone_) gone_(id);
   return st;
+}
+
+void SandboxService::set_wait_hooks(std::function<void(const std::string& id)> before_traffic,
+                                    std::function<void(const std::string& id)> gone) {
+  before_traffic_ = std::move(before_traffic);
+  gone_ = std::move(gone);
+}
+
+Status SandboxService::wait_pause(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  if (live->paused) return Status::Ok();  // a client paused it: stopped already
+  if (Status s = live->sb->pause(); !s) return s.error().with_context("wait pause of sandbox " + id);
+  live->wait_paused = true;
+  return Status::Ok();
+}
+
+Status SandboxService::wait_resume(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  if (!live->wait_paused) return Status::Ok();
+  live->wait_paused = false;
+  if (live->paused) return Status::Ok();  // a client paused it meanwhile: it stays paused
+  if (Status s = live->sb->resume(); !s) return s.error().with_context("wait resume of sandbox " + id);
+  return Status::Ok();
+}
+
+Result<bool> SandboxService::wait_idle(const std::string& id, std::chrono::milliseconds timeout) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  Result<std::string> reply = live->sb->control(R"({"type":"status"})", timeout);
+  if (!reply) return reply.error();
+  auto j = nlohmann::json::parse(*reply, nullptr, false);
+  if (!j.is_object() || !j.contains("runnable") || !j["runnable"].is_number_unsigned())
+    return internal_error("agent status without a runnable count: " + reply->substr(0, 200));
+  return j["runnable"].get<uint64_t>() == 0;
+}
+
+Result<std::string> SandboxService::live_tenant(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  return live->tenant_id;
+}
+
+std::vector<std::pair<std::string, std::string>> model_proxy_env() {
+  std::string base = "http://127.0.0.1:" + std::to_string(channel::kModelProxyPort);
+  return {{"OPENAI_BASE_URL", base + "/v1"},
+          {"ANTHROPIC_BASE_URL", base},
+          // The SDKs refuse to start without a key; the channel is the
+          // credential, so any value works and none is a real secret.
+          {"OPENAI_API_KEY", "sandgate-channel"},
+          {"ANTHROPIC_API_KEY", "sandgate-channel"}};
 }
 
 Status SandboxService::kill(const std::string& tenant_id, const std::string& id) {
@@ -216,6 +280,7 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   if (Status s = check_timeout(timeout_s); !s) return s.error();
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
+  if (before_traffic_) before_traffic_(id);
   SandboxRow* row = &found->row;
   std::shared_ptr<Live> live = found->live;
   std::lock_guard<std::mutex> g(live->op_mu);
@@ -246,6 +311,7 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
 Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
+  if (before_traffic_) before_traffic_(id);
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->paused) {

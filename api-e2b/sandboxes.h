@@ -54,7 +54,14 @@ struct ServiceConfig {
   int64_t max_timeout_s = 24 * 3600;
   std::chrono::milliseconds ready_timeout{15000};
   uint32_t max_pids = 1024;
+  // Set OPENAI_BASE_URL / ANTHROPIC_BASE_URL (and placeholder API keys the
+  // SDKs insist on) in every sandbox's default environment, pointing at
+  // the in-sandbox model proxy address. Values from envVars win.
+  bool model_proxy_env = true;
 };
+
+// The in-sandbox model proxy address (the agent forwards it over the channel).
+std::vector<std::pair<std::string, std::string>> model_proxy_env();
 
 class SandboxService {
  public:
@@ -103,6 +110,23 @@ class SandboxService {
 
   size_t live_count();
 
+  // Wait coordination (wait-engine/coordinator): hooks set once, before
+  // serving. before_traffic runs before traffic reaches a sandbox (ports,
+  // envd, connect) so a wait-paused sandbox runs first; gone runs when a
+  // sandbox is killed or lost. Neither may call back into this service
+  // while it holds a sandbox lock: they are called without one.
+  void set_wait_hooks(std::function<void(const std::string& id)> before_traffic,
+                      std::function<void(const std::string& id)> gone);
+  // Freeze / thaw for a model wait. They leave the stored state alone (a
+  // wait pause is invisible to clients) and never undo a client's pause.
+  Status wait_pause(const std::string& id);
+  Status wait_resume(const std::string& id);
+  // The agent's idle evidence: true when no process in the sandbox is
+  // runnable. kNotFound for unknown or dead sandboxes.
+  Result<bool> wait_idle(const std::string& id, std::chrono::milliseconds timeout);
+  // The tenant of a live sandbox, from memory; kNotFound otherwise.
+  Result<std::string> live_tenant(const std::string& id);
+
  private:
   struct Live {
     std::mutex op_mu;  // serialises lifecycle operations on this sandbox
@@ -110,6 +134,7 @@ class SandboxService {
     // Mirrors the row's paused state (every transition happens under
     // op_mu), so traffic to a running sandbox costs no SQLite.
     bool paused = false;  // GUARDED_BY(op_mu)
+    bool wait_paused = false;  // GUARDED_BY(op_mu): frozen by the wait coordinator
     std::string tenant_id;
     int64_t started_at = 0;
     uint32_t cpu_count = 1;
@@ -141,6 +166,8 @@ class SandboxService {
   std::mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Live>> live_;  // GUARDED_BY(mu_)
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
+  std::function<void(const std::string&)> before_traffic_;       // set before serving
+  std::function<void(const std::string&)> gone_;
 };
 
 // A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.

@@ -5,12 +5,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
+#include <atomic>
 #include <cstdio>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include "api-e2b/control_plane.h"
 #include "api-e2b/sandboxes.h"
 #include "gateway/http/server.h"
+#include "gateway/model_gateway.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/templates/template_builder.h"
@@ -79,6 +85,63 @@ Status register_template(storage::Store& store, const std::string& name, const s
   return store.upsert_template(t);
 }
 
+// sandgate's own read-only routes next to the E2B API, authenticated with
+// the tenant's E2B key (X-API-KEY) and scoped to it:
+//   GET /sandboxes/{id}/events   the sandbox's recorded events (lifecycle
+//                                and wait transitions), oldest first
+//   GET /llm/usage[?sandboxID=]  the tenant's model usage rows and totals
+std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& req, tenancy::Tenants& tenants,
+                                                      storage::Store& store) {
+  bool events = req.path.rfind("/sandboxes/", 0) == 0 && req.path.size() > 18 &&
+                req.path.compare(req.path.size() - 7, 7, "/events") == 0;
+  bool usage = req.path == "/llm/usage";
+  if (!events && !usage) return std::nullopt;
+  if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on " + req.path);
+  Result<storage::TenantRow> who = tenants.authenticate(req.header("x-api-key"));
+  if (!who) return http::json_error(401, who.error().message());
+  if (events) {
+    std::string id = req.path.substr(11, req.path.size() - 11 - 7);
+    if (id.empty() || id.find('/') != std::string::npos) return http::json_error(404, "no route for GET " + req.path);
+    Result<std::optional<storage::SandboxRow>> row = store.get_sandbox(who->id, id);
+    if (!row) return http::json_error(500, row.error().message());
+    if (!*row) return http::json_error(404, "sandbox \"" + id + "\" not found");
+    Result<std::vector<storage::EventRow>> evs = store.events_for_sandbox(id);
+    if (!evs) return http::json_error(500, evs.error().message());
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& e : *evs) {
+      if (e.tenant_id && *e.tenant_id != who->id) continue;
+      nlohmann::json detail = nlohmann::json::parse(e.detail, nullptr, false);
+      out.push_back({{"seq", e.seq}, {"at", e.at}, {"kind", e.kind}, {"detail", detail.is_discarded() ? nlohmann::json(e.detail) : detail}});
+    }
+    return http::json_body(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+  std::vector<std::pair<std::string, std::string>> q;
+  if (!http::parse_query(req.query, q)) return http::json_error(400, "malformed query string");
+  storage::LlmUsageQuery uq;
+  uq.tenant_id = who->id;
+  for (auto& [k, v] : q)
+    if (k == "sandboxID") uq.sandbox_id = v;
+  uq.limit = storage::kMaxLlmUsagePage;
+  Result<std::vector<storage::LlmUsageRow>> rows = store.list_llm_usage(uq);
+  if (!rows) return http::json_error(500, rows.error().message());
+  Result<storage::LlmUsageTotals> tot = store.llm_usage_totals(who->id, uq.sandbox_id);
+  if (!tot) return http::json_error(500, tot.error().message());
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& r : *rows)
+    list.push_back({{"at_ms", r.at_ms}, {"sandboxID", r.sandbox_id ? nlohmann::json(*r.sandbox_id) : nlohmann::json()},
+                    {"provider", r.provider}, {"route", r.route}, {"model", r.model}, {"stream", r.stream},
+                    {"status", r.status}, {"outcome", r.outcome}, {"input_tokens", r.input_tokens},
+                    {"output_tokens", r.output_tokens}, {"cache_read_tokens", r.cache_read_tokens},
+                    {"cache_write_tokens", r.cache_write_tokens}, {"usage_found", r.usage_found},
+                    {"duration_ms", r.duration_ms}});
+  nlohmann::json out = {{"requests", list},
+                        {"totals",
+                         {{"requests", tot->requests}, {"input_tokens", tot->input_tokens},
+                          {"output_tokens", tot->output_tokens}, {"cache_read_tokens", tot->cache_read_tokens},
+                          {"cache_write_tokens", tot->cache_write_tokens}}}};
+  return http::json_body(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
 }  // namespace
 
 Result<std::string> ensure_base_template(const std::string& templates_dir) {
@@ -89,7 +152,7 @@ Result<std::string> ensure_base_template(const std::string& templates_dir) {
     std::cerr << "sandgate: updating the base template in " << dir << "\n";
   else
     std::cerr << "sandgate: building the base template (Debian bookworm rootfs with bash, coreutils, procps, "
-                 "python3) into "
+                 "python3, curl, git) into "
               << dir << "; this runs once and takes about a minute or two\n";
   uint64_t t0 = sys::monotonic_ns();
   size_t lines = 0;
@@ -180,7 +243,25 @@ int serve(const AppConfig& cfg_in) {
     return 1;
   }
 
+  // Gateway services for sandbox processes (the model proxy at
+  // 127.0.0.1:49982 inside): each agent-opened stream becomes one HTTP
+  // connection the server adopts, bound to its sandbox. The server exists
+  // only later; no sandbox exists before it does.
+  std::atomic<http::HttpServer*> server_ptr{nullptr};
+  runtime::ServiceOpener open_service = [&server_ptr](const std::string& sandbox_id,
+                                                      const std::string& service) -> Result<UniqueFd> {
+    http::HttpServer* srv = server_ptr.load();
+    if (service != "llm" || !srv) return not_found_error("no gateway service \"" + service + "\" on this host");
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      return sys::errno_error("socketpair", "gateway service " + service);
+    UniqueFd mine(sv[0]), theirs(sv[1]);
+    if (Status s = srv->adopt(std::move(theirs), sandbox_id); !s) return s.error();
+    return mine;
+  };
+
   runtime::RuntimeConfig rcfg;
+  rcfg.open_service = open_service;
   rcfg.state_root = cfg.data_dir + "/sandboxes";
   rcfg.agent_path = cfg.agent_path;
   rcfg.cgroup_parent = cfg.cgroup_parent;
@@ -191,6 +272,7 @@ int serve(const AppConfig& cfg_in) {
     mcfg.vmm_path = cfg.vmm_path;
     mcfg.agent_path = cfg.agent_path;
     mcfg.guest_dir = cfg.guest_dir;
+    mcfg.open_service = open_service;
     rt = microvm::make_microvm_runtime(mcfg);
   } else {
     rt = process::make_process_runtime(rcfg);
@@ -210,6 +292,12 @@ int serve(const AppConfig& cfg_in) {
   api::SandboxService sandboxes(**store, *rt, api::ServiceConfig{}, [] { return sys::unix_seconds(); });
   if (Status s = sandboxes.recover(); !s) {
     std::cerr << "sandgate: recovery: " << s.error().message() << "\n";
+    return 1;
+  }
+
+  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes);
+  if (!models) {
+    std::cerr << "sandgate: model proxy: " << models.error().message() << "\n";
     return 1;
   }
 
@@ -234,14 +322,23 @@ int serve(const AppConfig& cfg_in) {
   http::HttpServer server(
       scfg,
       [&](http::HttpRequest& req) -> http::HttpResponse {
+        if (req.path == "/metrics") {
+          if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on /metrics");
+          http::HttpResponse r;
+          r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+          r.body = (*models)->metrics();
+          return r;
+        }
+        if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, **store)) return std::move(*r);
         if (api::ControlPlane::owns(req)) return control.handle(req);
         return http::json_error(404, "no route for " + req.method + " " + req.path);
       },
-      proxy);
+      proxy, (*models)->hooks());
   if (Status s = server.start(); !s) {
     std::cerr << "sandgate: " << s.error().message() << "\n";
     return 1;
   }
+  server_ptr = &server;
 
   // The sweep re-arms itself after each run, so runs never overlap.
   std::function<void()> sweep;
@@ -274,6 +371,7 @@ int serve(const AppConfig& cfg_in) {
   int sig = 0;
   sigwait(&sigs, &sig);
   LOG_INFO("signal " << sig << ": stopping");
+  server_ptr = nullptr;
   server.stop();
   sandboxes.shutdown();
   // The instance's cgroup parents and state root are empty now: remove them.

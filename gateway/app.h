@@ -40,6 +40,22 @@ struct AppConfig {
   int64_t local_max_memory_mb = 64 * 1024;
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
+
+  // Model API proxy (wait-engine/llm, docs/llm-gateway.md). Global
+  // upstreams; a tenant's own (sandgate llm upstream set) win over these.
+  // Key files hold the provider key (read once at start, never logged).
+  std::string openai_base_url;      // e.g. https://api.openai.com (empty: none)
+  std::string openai_key_file;
+  std::string anthropic_base_url;   // e.g. https://api.anthropic.com
+  std::string anthropic_key_file;
+  size_t llm_body_limit = 32 << 20;          // model request bodies
+  double llm_requests_per_s = 50;            // per tenant
+  double llm_tokens_per_min = 2'000'000;     // per tenant (input + output)
+  // Wait coordinator (wait-engine/coordinator): pause a sandbox that waits
+  // on a model after this grace, never sooner than cooldown after a resume.
+  bool llm_pause = true;
+  int64_t llm_grace_ms = 30;
+  int64_t llm_cooldown_ms = 250;
 };
 
 // Runs until SIGINT or SIGTERM. Returns the process exit code.

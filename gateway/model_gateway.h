@@ -1,0 +1,50 @@
+// ModelGateway: the model API proxy and the wait coordinator, wired to the
+// store, the tenancy services and the sandbox service (docs/llm-gateway.md).
+//
+// Owns: the WaitCoordinator (its hooks freeze / thaw through
+// SandboxService::wait_pause/wait_resume and ask the agent for idle
+// evidence), the ModelProxy (its deps authenticate virtual keys and channel
+// bindings, find upstreams: the tenant's, the global one in SQLite, then the
+// serve flags), per-tenant request and token budgets, and one writer
+// thread that batches usage rows and wait transitions into SQLite.
+//
+// Threads: the writer thread; the coordinator's threads; everything else is
+// called from the HTTP server (io threads for the proxy, workers for the
+// rest).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "gateway/app.h"
+#include "gateway/http/stream_handler.h"
+#include "sys/fd.h"
+#include "sys/status.h"
+
+namespace sg::storage {
+class Store;
+}
+namespace sg::api {
+class SandboxService;
+}
+
+namespace sg::gateway {
+
+class ModelGateway {
+ public:
+  // Reads the serve flags' key files (errors name the file, never the key).
+  static Result<std::unique_ptr<ModelGateway>> create(const AppConfig& cfg, storage::Store& store,
+                                                      api::SandboxService& sandboxes);
+  ~ModelGateway();  // flushes the writer
+
+  http::StreamHooks hooks();
+  // Prometheus text format (the /metrics body).
+  std::string metrics();
+
+ private:
+  struct Impl;
+  explicit ModelGateway(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sg::gateway
