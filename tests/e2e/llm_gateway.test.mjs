@@ -13,6 +13,8 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync, execFile } from 'node:child_process';
+import net from 'node:net';
+import tls from 'node:tls';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname } from 'node:path';
@@ -33,6 +35,9 @@ before(async () => {
   mock = await startMockModelServer({ apiKey: UPSTREAM_KEY });
   const keyFile = join(tmp, 'upstream.key');
   writeFileSync(keyFile, UPSTREAM_KEY + '\n', { mode: 0o600 });
+  // TLS upstreams are verified against the trust store: this run's is the
+  // test CA (OpenSSL reads SSL_CERT_FILE).
+  process.env.SSL_CERT_FILE = join(HERE, 'tls', 'ca.pem');
   sg = await startSandgate([
     '--openai-base-url', mock.url, '--openai-key-file', keyFile,
     '--anthropic-base-url', mock.url, '--anthropic-key-file', keyFile,
@@ -251,6 +256,26 @@ test('a client that goes away during a wait leaves the sandbox running', async (
   assert.equal((await sbx.commands.run('echo still')).stdout, 'still\n');
 });
 
+test('a sandbox killed during a wait: the wait ends, the caller still gets its answer', async () => {
+  const other = await Sandbox.create('base', { ...sg.opts });
+  const seq = await lastSeq(other.sandboxId);
+  const p = fetch(`${modelsUrl}/v1/chat/completions`, {
+    method: 'POST', body: JSON.stringify({ model: 'mock-gpt', messages: [{ role: 'user', content: 'killed' }] }),
+    headers: { authorization: `Bearer ${llmKey}`, 'x-sandgate-sandbox': other.sandboxId,
+      'content-type': 'application/json', 'x-mock-latency-ms': '1500' },
+  });
+  const evs = await waitEvents(other.sandboxId, seq, (e) => e.some((x) => x.detail.to === 'paused'));
+  assert.ok(evs.some((x) => x.detail.to === 'paused'), JSON.stringify(evs));
+  await other.kill();
+  const r = await p;
+  assert.equal(r.status, 200);
+  assert.equal((await r.json()).choices[0].message.content, 'mock reply 1 2 3');
+  const after = await waitEvents(other.sandboxId, seq, (e) => e.some((x) => x.detail.to === 'dead'));
+  assert.ok(after.some((x) => x.detail.to === 'dead' && x.detail.reason === 'sandbox killed'), JSON.stringify(after));
+  // The other sandbox is unaffected.
+  assert.equal((await sbx.commands.run('echo fine')).stdout, 'fine\n');
+});
+
 test('bad input gets the provider-shaped error and never reaches the upstream', async () => {
   const post = (path, body, headers = {}) =>
     fetch(`${modelsUrl}${path}`, { method: 'POST', body,
@@ -308,6 +333,42 @@ test('upstream down: 502 in the provider\'s shape', async () => {
   assert.equal(r.status, 502);
   const j = await r.json();
   assert.deepEqual([j.type, j.error.type], ['error', 'api_error']);
+});
+
+// A TLS front for the mock: the certificate names 127.0.0.1, not 127.0.0.2.
+async function tlsFront(host) {
+  const srv = tls.createServer({ key: readFileSync(join(HERE, 'tls', 'server.key')), cert: readFileSync(join(HERE, 'tls', 'server.pem')) },
+    (c) => { const u = net.connect(new URL(mock.url).port, '127.0.0.1'); c.pipe(u).pipe(c); c.on('error', () => u.destroy()); u.on('error', () => c.destroy()); });
+  await new Promise((r) => srv.listen(0, host, r));
+  return srv;
+}
+
+test('TLS upstreams: verified certificate and host name, else 502', async () => {
+  const good = await tlsFront('127.0.0.1');
+  const bad = await tlsFront('127.0.0.2');
+  try {
+    const keyFile = join(tmp, 'k3');
+    writeFileSync(keyFile, UPSTREAM_KEY + '\n');
+    cli('tenant', 'create', 'tlsok');
+    cli('tenant', 'create', 'tlsbad');
+    cli('llm', 'upstream', 'set', 'openai', '--tenant', 'tlsok', '--base-url', `https://127.0.0.1:${good.address().port}`, '--key-file', keyFile);
+    cli('llm', 'upstream', 'set', 'openai', '--tenant', 'tlsbad', '--base-url', `https://127.0.0.2:${bad.address().port}`, '--key-file', keyFile);
+    const body = '{"model":"mock-gpt","messages":[{"role":"user","content":"over tls"}]}';
+    const ask = (vk) => fetch(`${modelsUrl}/v1/chat/completions`, { method: 'POST', body,
+      headers: { authorization: `Bearer ${vk}`, 'content-type': 'application/json' } });
+    const before = mock.requests.length;
+    let r = await ask(cli('llm', 'key', 'create', 'tlsok'));
+    assert.equal(r.status, 200, await r.clone().text());
+    assert.equal((await r.json()).choices[0].message.content, 'mock reply 1 2 3');
+    assert.equal(mock.requests.at(-1).headers.host, `127.0.0.1:${good.address().port}`);
+    r = await ask(cli('llm', 'key', 'create', 'tlsbad'));
+    assert.equal(r.status, 502);
+    assert.equal((await r.json()).error.type, 'server_error');
+    assert.equal(mock.requests.length, before + 1, 'the unverified upstream got nothing');
+  } finally {
+    good.close();
+    bad.close();
+  }
 });
 
 test('inside the sandbox only the model API is served on the proxy address', async () => {
