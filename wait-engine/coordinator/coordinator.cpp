@@ -237,7 +237,11 @@ WaitCoordinator::Ticket WaitCoordinator::begin(const std::string& sandbox, const
   {
     std::lock_guard<std::mutex> g(e->mu);
     TimeNs now = clock_();
-    e->reqs[t.id] = {history_key, now, e->sw.stats().paused_ns};
+    // A stop already under way when the request began is not its pause:
+    // end() subtracts the part of it that came before.
+    TimeNs paused_before = e->sw.stats().paused_ns;
+    if (stopped(e->sw.state()) && now > e->stopped_since) paused_before += now - e->stopped_since;
+    e->reqs[t.id] = {history_key, now, paused_before};
     e->probe_backoff = 0;
     after(sandbox, e, e->sw.on_request_start(t.id, now), now, fire);
   }
@@ -308,7 +312,13 @@ Status WaitCoordinator::ensure_running(const std::string& sandbox, std::chrono::
   EntryPtr e = find(sandbox);
   if (!e) return Status::Ok();
   std::vector<std::function<void()>> fire;
+  // Dead and not forgotten: its resume failed and it stays frozen.
+  auto unresumable = [&] {
+    return Error(ErrorKind::kUnavailable, "sandbox " + sandbox +
+                                              " could not be resumed after a wait pause (see the log); kill it");
+  };
   std::unique_lock<std::mutex> l(e->mu);
+  if (!e->gone && e->sw.state() == State::kDead) return unresumable();
   if (!stopped(e->sw.state())) return Status::Ok();
   TimeNs now = clock_();
   after(sandbox, e, e->sw.on_other_traffic(now), now, fire);
@@ -319,6 +329,7 @@ Status WaitCoordinator::ensure_running(const std::string& sandbox, std::chrono::
   if (!ok)
     return Error(ErrorKind::kTimeout, "sandbox " + sandbox + " did not resume within " +
                                           std::to_string(timeout.count()) + " ms");
+  if (!e->gone && e->sw.state() == State::kDead) return unresumable();
   return Status::Ok();
 }
 

@@ -81,7 +81,8 @@ class WaitCoordinator {
   // Returns how long the sandbox was stopped while the request was out.
   TimeNs end(const Ticket& t, Outcome outcome);
   // Other traffic: resumes the sandbox if the coordinator stopped it and
-  // waits (at most timeout) until it runs. kTimeout when it did not.
+  // waits (at most timeout) until it runs. kTimeout when it did not;
+  // kUnavailable when its resume failed (it stays frozen until killed).
   Status ensure_running(const std::string& sandbox, std::chrono::milliseconds timeout);
   // The sandbox was killed or is gone.
   void forget(const std::string& sandbox);
