@@ -91,7 +91,9 @@ http::HttpResponse provider_error(Provider p, int status, const std::string& mes
   http::HttpResponse r;
   r.status = status;
   r.content_type = "application/json";
-  r.body = body.dump();
+  // Messages quote client input (a path, a sandbox id cut at 64 bytes) that
+  // need not be UTF-8: replace bad bytes rather than throw (dump's default).
+  r.body = body.dump(-1, ' ', false, json::error_handler_t::replace);
   return r;
 }
 
