@@ -4,11 +4,15 @@
 # /dev/kvm works there), runs `sandgate serve` inside it, forwards its port to
 # 127.0.0.1 on the host with QEMU user networking, and runs E2B SDK e2e test
 # files from the host against it (SANDGATE_E2E_URL / SANDGATE_E2E_KEY).
+# sandgate's model API proxy goes to a mock model server the harness runs on
+# the host (model-upstream.mjs), reached from the guest as 10.0.2.2
+# (SANDGATE_E2E_MODEL_URL / SANDGATE_E2E_MODEL_KEY for the tests).
 # Exits with the tests' status (or non-zero if the guest never got that far,
 # or sandgate did not stop cleanly after passing tests).
 # See docs/kvm-harness.md; the recipe is in shared/notes/kvm-in-tcg.md.
 #
-# usage: tests/kvm-harness/harness.sh [TEST_FILE...]   (default tests/e2e/kvm.test.mjs)
+# usage: tests/kvm-harness/harness.sh [TEST_FILE...]
+#          (default tests/e2e/kvm.test.mjs and tests/e2e/kvm_llm.test.mjs)
 #        tests/kvm-harness/harness.sh [--with FILE]... --exec 'SHELL COMMAND'
 # The second form runs the command inside the outer guest instead of sandgate
 # (after the same set-up; FILEs, e.g. a doctest binary, are copied with their
@@ -29,7 +33,9 @@
 #   SANDGATE_HARNESS_MEM_MB, SANDGATE_HARNESS_CPUS   outer guest size (4096, 2)
 #   SANDGATE_HARNESS_BOOT_TIMEOUT, SANDGATE_HARNESS_TEST_TIMEOUT   seconds (240, 480)
 #   SANDGATE_HARNESS_MODULES      extra kernel modules to load (names, e.g. "tun vhost_vsock")
-#   SANDGATE_HARNESS_ARGS         extra `sandgate serve` arguments (no commas)
+#   SANDGATE_HARNESS_ARGS         extra `sandgate serve` arguments (no commas); they come
+#                                 after the harness's own, so e.g. --openai-base-url
+#                                 there replaces the mock upstream
 #   SANDGATE_HARNESS_LOG_LEVEL    sandgate --log-level inside (default info)
 #   SANDGATE_HARNESS_KEEP=1       keep the run's temp dir (scratch disk, serial log)
 set -euo pipefail
@@ -63,7 +69,7 @@ while [ $# -gt 0 ]; do
     *) tests+=("$1"); shift ;;
   esac
 done
-[ ${#tests[@]} -gt 0 ] || tests=("$root/tests/e2e/kvm.test.mjs")
+[ ${#tests[@]} -gt 0 ] || tests=("$root/tests/e2e/kvm.test.mjs" "$root/tests/e2e/kvm_llm.test.mjs")
 
 for tool in qemu-system-x86_64 busybox cpio mkfs.ext4 node strip ldd flock; do
   command -v "$tool" >/dev/null || fail "$tool not found: scripts/install-deps.sh installs qemu-system-x86, busybox-static, cpio, e2fsprogs, binutils and node"
@@ -106,11 +112,16 @@ cache=$(cd "$cache" && pwd)
 console_copy=${SANDGATE_HARNESS_LOG:-$cache/console.log}
 work=$(mktemp -d "${TMPDIR:-/tmp}/sg-kvm-harness.XXXXXX")
 qemu_pid=
+model_pid=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
     kill -KILL "$qemu_pid" 2>/dev/null || true
     wait "$qemu_pid" 2>/dev/null || true
+  fi
+  if [ -n "$model_pid" ] && kill -0 "$model_pid" 2>/dev/null; then
+    kill -TERM "$model_pid" 2>/dev/null || true
+    wait "$model_pid" 2>/dev/null || true
   fi
   if [ -f "$work/console.log" ]; then cp "$work/console.log" "$console_copy" 2>/dev/null || true; fi
   if [ -n "${SANDGATE_HARNESS_KEEP:-}" ]; then
@@ -203,10 +214,12 @@ fi
 
 # --- the assets disk (read-only in the guest): templates/base, the process
 # runtime's overlay lower layer (only its marker file for kvm), and
-# templates/base.ext4 for the kvm runtime.
-if [ "$runtime" != process ] && [ ! -f "$templates_dir/base.ext4" ]; then
-  log "building $templates_dir/base.ext4 (sandgate template image)"
-  "$bin_dir/sandgate" template image --templates-dir "$templates_dir" >&2
+# templates/base.ext4 for the kvm runtime. `sandgate template image` returns
+# at once when base.ext4 is newer than the template's marker, and rebuilds
+# it when the template was rebuilt since (a newer template format).
+if [ "$runtime" != process ]; then
+  "$bin_dir/sandgate" template image --templates-dir "$templates_dir" >/dev/null ||
+    fail "sandgate template image --templates-dir $templates_dir failed"
 fi
 base_img=$templates_dir/base.ext4
 assets=$cache/assets-$runtime.ext4
@@ -235,19 +248,55 @@ fi
 
 flock -u 9
 
-# --- the scratch disk: sandgate's data dir, fresh each run (sparse).
+pdeathsig=
+setpriv --pdeathsig KILL true 2>/dev/null && pdeathsig="setpriv --pdeathsig KILL"
+
+# --- the model upstream (serve mode): the mock model server on the host's
+# 127.0.0.1, which the guest reaches as 10.0.2.2 (QEMU user networking). It
+# holds its port from before the boot, since the serve arguments are fixed
+# then. Its provider key, fresh each run, goes into the guest on the scratch
+# disk (/srv/scratch/harness/upstream.key): the cached initramfs stays as is.
+mkdir -p "$work/seed"
+model_args=''
+model_url=''
+model_key=''
+if [ -z "$exec_cmd" ]; then
+  model_key=sk-harness-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+  mkdir -p "$work/seed/harness"
+  (umask 077 && printf '%s\n' "$model_key" >"$work/seed/harness/upstream.key")
+  SANDGATE_HARNESS_MODEL_KEY=$model_key $pdeathsig node "$here/model-upstream.mjs" >"$work/model-upstream.out" 2>&1 &
+  model_pid=$!
+  deadline=$(($(date +%s) + 30))
+  model_port=
+  while [ -z "$model_port" ]; do
+    model_port=$(sed -n 's/^listening \([0-9]*\)$/\1/p' "$work/model-upstream.out")
+    [ -n "$model_port" ] && break
+    if ! kill -0 "$model_pid" 2>/dev/null || [ "$(date +%s)" -ge "$deadline" ]; then
+      sed 's/^/  | /' "$work/model-upstream.out" >&2
+      fail "the mock model upstream ($here/model-upstream.mjs) did not start"
+    fi
+    sleep 0.1
+  done
+  model_url=http://127.0.0.1:$model_port
+  kf=/srv/scratch/harness/upstream.key
+  model_args="--openai-base-url http://10.0.2.2:$model_port --openai-key-file $kf"
+  model_args+=" --anthropic-base-url http://10.0.2.2:$model_port --anthropic-key-file $kf"
+  log "mock model upstream on $model_url (10.0.2.2:$model_port from the guest)"
+fi
+
+# --- the scratch disk: sandgate's data dir, fresh each run (sparse), seeded
+# with the harness's files.
 truncate -s 16G "$work/scratch.ext4"
-mkfs.ext4 -q -F -L sg-scratch "$work/scratch.ext4"
+mkfs.ext4 -q -F -L sg-scratch -d "$work/seed" "$work/scratch.ext4"
 mkfifo "$work/ctl.in" "$work/ctl.out"
 log "artefacts ready; booting the outer guest (TCG, ${mem_mb} MiB, $cpus vCPUs, runtime $runtime)"
 
 # --- boot. The forwarded port is picked by binding port 0; if another
 # process takes it before QEMU binds it, QEMU fails at once and we retry.
-args=${SANDGATE_HARNESS_ARGS:-}
+args="$model_args${SANDGATE_HARNESS_ARGS:+ $SANDGATE_HARNESS_ARGS}"
+args=${args# }
 cmdline="console=ttyS0 quiet panic=-1 sandgate.runtime=$runtime sandgate.loglevel=$log_level${args:+ sandgate.args=${args// /,}}"
 [ -z "$exec_cmd" ] || cmdline+=" sandgate.exec=$(printf %s "$exec_cmd" | base64 -w0)"
-pdeathsig=
-setpriv --pdeathsig KILL true 2>/dev/null && pdeathsig="setpriv --pdeathsig KILL"
 free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
 start_qemu() {
   port=$(free_port)
@@ -323,6 +372,7 @@ log "sandgate is up inside the guest; $url -> guest :8080 (guest uptime $(sed -n
 # --- the tests, from the host.
 set +e
 SANDGATE_E2E_URL=$url SANDGATE_E2E_KEY=$key SANDGATE_E2E_RUNTIME=$runtime \
+  SANDGATE_E2E_MODEL_URL=$model_url SANDGATE_E2E_MODEL_KEY=$model_key \
   timeout --kill-after=10 "$test_timeout" node --test --test-concurrency=1 "${tests[@]}"
 test_rc=$?
 set -e
