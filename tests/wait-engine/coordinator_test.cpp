@@ -115,6 +115,26 @@ TEST_CASE("a response during the pause itself resumes right after it") {
   CHECK(w.state() == State::kResuming);
 }
 
+TEST_CASE("a response being streamed is not a wait: no pause again until another request waits") {
+  WaitConfig c = cfg();
+  c.cooldown_ns = 0;
+  SandboxWait w(c);
+  pause_at(w, 1, 0);
+  CHECK(has(w.on_response_started(1, 40 * ms), Action::kResume));
+  w.on_resume_done(true, 41 * ms);
+  REQUIRE(w.state() == State::kWaiting);
+  // The stream goes on; the sandbox reads it and is idle: no pause.
+  CHECK(w.on_idle_report(true, 200 * ms).empty());
+  CHECK(w.on_tick(300 * ms).empty());
+  CHECK_FALSE(w.next_deadline().has_value());
+  CHECK(w.state() == State::kWaiting);
+  // A second request that still waits makes it a wait again.
+  w.on_request_start(2, 300 * ms);
+  CHECK(has(w.on_idle_report(true, 340 * ms), Action::kPause));
+  w.on_request_end(1, Outcome::kCompleted, 341 * ms);
+  CHECK(w.state() == State::kPausing);
+}
+
 TEST_CASE("cooldown: no pause again right after a resume") {
   SandboxWait w(cfg());
   pause_at(w, 1, 0);

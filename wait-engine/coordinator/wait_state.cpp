@@ -50,6 +50,8 @@ void SandboxWait::go(State to, TimeNs now, std::string reason) {
 
 bool SandboxWait::pause_allowed(TimeNs now) const {
   if (state_ != State::kWaiting || requests_.empty()) return false;
+  // Only requests whose response has not started yet are waits.
+  if (responding_.size() >= requests_.size()) return false;
   if (now < waiting_since_ + cfg_.grace_ns) return false;
   if (have_resumed_ && now < last_resume_done_ + cfg_.cooldown_ns) return false;
   // Evidence: an idle report, recent, and no busy report since.
@@ -85,6 +87,7 @@ std::vector<Action> SandboxWait::on_request_start(uint64_t id, TimeNs now) {
 
 std::vector<Action> SandboxWait::on_response_started(uint64_t id, TimeNs now) {
   if (state_ == State::kDead || !requests_.count(id)) return {};
+  responding_.insert(id);
   return resume_if_stopped(now, "model response started");
 }
 
@@ -99,6 +102,7 @@ std::vector<Action> SandboxWait::on_response_ready(uint64_t id, TimeNs now) {
 std::vector<Action> SandboxWait::on_request_end(uint64_t id, Outcome outcome, TimeNs now) {
   if (!requests_.erase(id)) return {};
   held_.erase(id);
+  responding_.erase(id);
   switch (outcome) {
     case Outcome::kCompleted: ++stats_.waits_completed; break;
     case Outcome::kCancelled: ++stats_.waits_cancelled; break;
@@ -204,7 +208,8 @@ void SandboxWait::on_killed(TimeNs now) {
 }
 
 std::optional<TimeNs> SandboxWait::next_deadline() const {
-  if (state_ != State::kWaiting || requests_.empty() || !idle_at_) return std::nullopt;
+  if (state_ != State::kWaiting || requests_.empty() || !idle_at_ || responding_.size() >= requests_.size())
+    return std::nullopt;
   TimeNs t = waiting_since_ + cfg_.grace_ns;
   if (have_resumed_ && last_resume_done_ + cfg_.cooldown_ns > t) t = last_resume_done_ + cfg_.cooldown_ns;
   return t;

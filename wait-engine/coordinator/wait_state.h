@@ -10,7 +10,9 @@
 //
 // States and legal transitions (the only place they are decided: legal()):
 //   running   -> waiting (a model request started)
-//   waiting   -> running (no request left), pausing (grace over, idle, cooldown over)
+//   waiting   -> running (no request left), pausing (grace over, idle, cooldown over,
+//                and some request still waits for its response to start: a
+//                streamed response being delivered is not a wait)
 //   pausing   -> paused (pause done), waiting (pause failed), resuming (pause done but
 //                the response is already coming, or other traffic), dead
 //   paused    -> resuming, offloading, dead
@@ -116,6 +118,7 @@ class SandboxWait {
   WaitConfig cfg_;
   State state_ = State::kRunning;
   std::set<uint64_t> requests_;       // outstanding model requests
+  std::set<uint64_t> responding_;     // of those, the ones whose response has started
   std::set<uint64_t> held_;           // complete responses waiting for the sandbox to run
   TimeNs waiting_since_ = 0;
   std::optional<TimeNs> idle_at_;     // last idle report (cleared by a busy one)
