@@ -1,5 +1,6 @@
 // The sandgate command line: serve, and the admin commands (tenant, key,
-// template). Library code, so tests can drive it in-process.
+// llm key/upstream/usage, template, kvm check). Library code, so tests can
+// drive it in-process.
 #pragma once
 
 #include <iosfwd>

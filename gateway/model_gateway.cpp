@@ -166,6 +166,9 @@ struct ModelGateway::Impl {
       {
         std::unique_lock<std::mutex> l(w_mu);
         w_cv.wait(l, [&] { return w_stop || !usage_q.empty() || !event_q.empty(); });
+        // Gather a batch (one SQLite transaction for many rows), at most 20 ms.
+        w_cv.wait_for(l, std::chrono::milliseconds(20),
+                      [&] { return w_stop || usage_q.size() + event_q.size() >= 512; });
         u.swap(usage_q);
         e.swap(event_q);
         if (u.empty() && e.empty() && w_stop) return;
@@ -202,6 +205,7 @@ struct ModelGateway::Impl {
         return;
       }
       usage_q.push_back(std::move(row));
+      if (usage_q.size() + event_q.size() != 1 && usage_q.size() + event_q.size() < 512) return;
     }
     w_cv.notify_one();
   }
@@ -221,64 +225,69 @@ struct ModelGateway::Impl {
       std::lock_guard<std::mutex> g(w_mu);
       if (event_q.size() >= kMaxQueued) return;
       event_q.push_back(std::move(e));
+      if (usage_q.size() + event_q.size() != 1 && usage_q.size() + event_q.size() < 512) return;
     }
     w_cv.notify_one();
   }
 
-  Result<llm::Caller> authenticate(const http::HttpRequest& req) {
+  // cache_only: answer only from memory (nullopt when SQLite is needed).
+  std::optional<Result<llm::Caller>> authenticate(const http::HttpRequest& req, bool cache_only) {
     llm::Caller c;
     if (!req.bound_sandbox.empty()) {
       // The channel is the credential: the sandbox's tenant, this sandbox.
       Result<std::string> tenant = sandboxes.live_tenant(req.bound_sandbox);
-      if (!tenant) return Error(ErrorKind::kUnauthorized, "the sandbox is not running");
+      if (!tenant) return Result<llm::Caller>(Error(ErrorKind::kUnauthorized, "the sandbox is not running"));
       c.tenant_id = *tenant;
       c.sandboxes.push_back(req.bound_sandbox);
-      return c;
+      return Result<llm::Caller>(c);
     }
     std::string key = presented_key(req);
     if (key.empty())
-      return Error(ErrorKind::kUnauthorized,
-                   "missing API key: pass a sandgate model key (sk-sg-...) as Authorization: Bearer or x-api-key");
+      return Result<llm::Caller>(Error(ErrorKind::kUnauthorized,
+                   "missing API key: pass a sandgate model key (sk-sg-...) as Authorization: Bearer or x-api-key"));
     std::string hash = tenancy::hash_api_key(key);
     if (std::optional<std::string> t = key_cache.get(hash)) {
       c.tenant_id = *t;
     } else {
+      if (cache_only) return std::nullopt;
       Result<storage::TenantRow> who = keys.authenticate(key);
-      if (!who) return who.error();
+      if (!who) return Result<llm::Caller>(who.error());
       c.tenant_id = who->id;
       key_cache.put(hash, who->id);
     }
     std::string bind = req.header(llm::kBindHeader);
     if (!bind.empty()) {
       std::vector<std::string> ids = split_ids(bind);
-      if (ids.size() > 64) return invalid_error("X-Sandgate-Sandbox names more than 64 sandboxes");
+      if (ids.size() > 64) return Result<llm::Caller>(invalid_error("X-Sandgate-Sandbox names more than 64 sandboxes"));
       for (const std::string& id : ids) {
-        if (id.empty() || id.size() > 64) return invalid_error("X-Sandgate-Sandbox: malformed sandbox id list");
+        if (id.empty() || id.size() > 64) return Result<llm::Caller>(invalid_error("X-Sandgate-Sandbox: malformed sandbox id list"));
         Result<std::string> tenant = sandboxes.live_tenant(id);
         // Another tenant's sandbox reads exactly like a missing one.
         if (!tenant || *tenant != c.tenant_id)
-          return not_found_error("X-Sandgate-Sandbox: sandbox \"" + id.substr(0, 64) + "\" is not running");
+          return Result<llm::Caller>(not_found_error("X-Sandgate-Sandbox: sandbox \"" + id.substr(0, 64) + "\" is not running"));
         c.sandboxes.push_back(id);
       }
     }
-    return c;
+    return Result<llm::Caller>(c);
   }
 
-  Result<std::optional<llm::Upstream>> upstream(const std::string& tenant_id, llm::Provider p) {
+  std::optional<Result<std::optional<llm::Upstream>>> upstream(const std::string& tenant_id, llm::Provider p,
+                                                               bool cache_only) {
     std::string ck = tenant_id + "\n" + llm::provider_name(p);
-    if (auto hit = upstream_cache.get(ck)) return *hit;
+    if (auto hit = upstream_cache.get(ck)) return Result<std::optional<llm::Upstream>>(*hit);
+    if (cache_only) return std::nullopt;
     Result<std::optional<storage::UpstreamRow>> row = store.find_upstream(tenant_id, llm::provider_name(p));
     if (!row) return row.error();
     std::optional<llm::Upstream> out;
     if (*row) {
       Result<tenancy::BaseUrl> u = tenancy::parse_base_url((*row)->base_url);
-      if (!u) return u.error().with_context("stored upstream base URL");
+      if (!u) return Result<std::optional<llm::Upstream>>(u.error().with_context("stored upstream base URL"));
       out = llm::Upstream{p, u->tls, u->host, u->port, u->path_prefix, (*row)->api_key};
     } else {
       out = p == llm::Provider::kAnthropic ? flag_anthropic : flag_openai;
     }
     upstream_cache.put(ck, out);
-    return out;
+    return Result<std::optional<llm::Upstream>>(out);
   }
 };
 
@@ -328,8 +337,16 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
   }
 
   llm::ProxyDeps deps;
-  deps.authenticate = [im](const http::HttpRequest& req, llm::Provider) { return im->authenticate(req); };
-  deps.upstream = [im](const std::string& tenant, llm::Provider p) { return im->upstream(tenant, p); };
+  deps.authenticate = [im](const http::HttpRequest& req, llm::Provider) { return *im->authenticate(req, false); };
+  deps.upstream = [im](const std::string& tenant, llm::Provider p) { return *im->upstream(tenant, p, false); };
+  deps.resolve_fast = [im](const http::HttpRequest& req, llm::Provider p) -> std::optional<llm::Resolved> {
+    std::optional<Result<llm::Caller>> c = im->authenticate(req, true);
+    if (!c) return std::nullopt;
+    if (!*c) return llm::Resolved{std::move(*c), Result<std::optional<llm::Upstream>>(std::nullopt)};
+    std::optional<Result<std::optional<llm::Upstream>>> u = im->upstream((*c)->tenant_id, p, true);
+    if (!u) return std::nullopt;
+    return llm::Resolved{std::move(*c), std::move(*u)};
+  };
   deps.record = [im](llm::UsageRecord r) { im->queue_usage(r); };
   deps.admit_request = [im](const std::string& tenant) { return im->request_limit.acquire(tenant); };
   deps.admit_tokens = [im](const std::string& tenant) { return im->token_budget.admit(tenant); };

@@ -521,13 +521,20 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
     finish_rec(status, "refused");
   };
 
-  // Who is calling, and where to (blocking: SQLite).
-  co_await asio::post(m.blocking, asio::use_awaitable);
-  Result<Caller> caller = m.deps.authenticate ? m.deps.authenticate(req, prov)
-                                              : Result<Caller>(internal_error("no authenticator"));
-  Result<std::optional<Upstream>> up = caller && m.deps.upstream ? m.deps.upstream(caller->tenant_id, prov)
-                                                                 : Result<std::optional<Upstream>>(std::nullopt);
-  co_await asio::post(ex, asio::use_awaitable);
+  // Who is calling, and where to: from memory when the caches know, else
+  // on the pool (SQLite).
+  std::optional<Resolved> fast = m.deps.resolve_fast ? m.deps.resolve_fast(req, prov) : std::nullopt;
+  if (!fast) {
+    co_await asio::post(m.blocking, asio::use_awaitable);
+    Result<Caller> c = m.deps.authenticate ? m.deps.authenticate(req, prov)
+                                           : Result<Caller>(internal_error("no authenticator"));
+    Result<std::optional<Upstream>> u = c && m.deps.upstream ? m.deps.upstream(c->tenant_id, prov)
+                                                             : Result<std::optional<Upstream>>(std::nullopt);
+    fast.emplace(Resolved{std::move(c), std::move(u)});
+    co_await asio::post(ex, asio::use_awaitable);
+  }
+  Result<Caller>& caller = fast->caller;
+  Result<std::optional<Upstream>>& up = fast->upstream;
   if (!caller) {
     ErrorKind k = caller.error().kind();
     int status = k == ErrorKind::kUnauthorized ? 401 : k == ErrorKind::kNotFound ? 404 : k == ErrorKind::kInvalid ? 400 : 500;

@@ -102,6 +102,11 @@ struct ProxyConfig {
   std::chrono::milliseconds idle_keepalive{30000};
 };
 
+struct Resolved {
+  Result<Caller> caller;
+  Result<std::optional<Upstream>> upstream;
+};
+
 struct ProxyDeps {
   // Blocking (SQLite); run on the proxy's pool. Errors: kUnauthorized
   // (missing or wrong key), kNotFound / kInvalid (a binding naming a
@@ -109,6 +114,9 @@ struct ProxyDeps {
   std::function<Result<Caller>(const http::HttpRequest& req, Provider p)> authenticate;
   // Blocking. nullopt: no upstream for this tenant and provider.
   std::function<Result<std::optional<Upstream>>(const std::string& tenant_id, Provider p)> upstream;
+  // Non-blocking: both answers from memory (caches), or nullopt to take the
+  // blocking path above on the pool. Optional.
+  std::function<std::optional<Resolved>(const http::HttpRequest& req, Provider p)> resolve_fast;
   // Non-blocking: queue the row.
   std::function<void(UsageRecord)> record;
   // Requests per tenant: 0 = allowed, else seconds to wait (Retry-After).
