@@ -169,7 +169,7 @@ test('anthropic SDK inside the sandbox: streaming messages; usage from message_d
   const seq = await lastSeq(sbx.sandboxId);
   await sbx.files.write('/home/user/an.mjs', `
 import Anthropic from '@anthropic-ai/sdk';
-const c = new Anthropic({ maxRetries: 0, defaultHeaders: { 'x-mock-latency-ms': '800', 'x-mock-chunks': '7' } });
+const c = new Anthropic({ maxRetries: 0, defaultHeaders: { 'x-mock-latency-ms': '800', 'x-mock-chunks': '7', 'anthropic-beta': 'sandgate-test-1' } });
 const s = c.messages.stream({ model: 'mock-claude', max_tokens: 100, messages: [{ role: 'user', content: 'one two three' }] });
 const m = await s.finalMessage();
 console.log(JSON.stringify({ text: m.content[0].text, usage: m.usage }));
@@ -177,6 +177,12 @@ console.log(JSON.stringify({ text: m.content[0].text, usage: m.usage }));
   const out = await sbx.commands.run('./node an.mjs', { cwd: '/home/user', timeoutMs: 60_000 });
   const got = JSON.parse(out.stdout);
   assert.equal(got.text, 'mock reply 1 2 3 4 5');
+  // Provider headers reach the upstream; the gateway's key replaces the sandbox's.
+  const seen = mock.requests.at(-1);
+  assert.equal(seen.headers['anthropic-beta'], 'sandgate-test-1');
+  assert.match(seen.headers['anthropic-version'], /^\d{4}-\d{2}-\d{2}$/);
+  assert.equal(seen.headers['x-api-key'], UPSTREAM_KEY);
+  assert.equal(seen.headers.authorization, undefined);
   const evs = await waitEvents(sbx.sandboxId, seq, pausedThenResumed);
   assert.ok(pausedThenResumed(evs), JSON.stringify(evs));
   const rows = await waitUsage(sbx.sandboxId, 3);
