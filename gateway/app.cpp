@@ -374,6 +374,11 @@ int serve(const AppConfig& cfg_in) {
   server_ptr = nullptr;
   server.stop();
   sandboxes.shutdown();
+  // The model gateway outlives the server object (whose destruction drops
+  // suspended request coroutines that refer to it) but lets go of the
+  // server's sockets and of the sandboxes now.
+  sandboxes.set_wait_hooks({}, {});
+  (*models)->shutdown();
   // The instance's cgroup parents and state root are empty now: remove them.
   if (Status s = rt->cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
   LOG_INFO("stopped");

@@ -357,11 +357,18 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
   return std::unique_ptr<ModelGateway>(new ModelGateway(std::move(m)));
 }
 
+void ModelGateway::shutdown() {
+  impl_->proxy->shutdown();
+  // Pending deliveries are released (posted to the stopped io_context).
+  impl_->coordinator.reset();
+}
+
 http::StreamHooks ModelGateway::hooks() { return impl_->proxy->hooks(impl_->cfg.llm_body_limit); }
 
 std::string ModelGateway::metrics() {
   std::string out;
   impl_->proxy->render_metrics(out);
+  // (The coordinator is gone only after shutdown(), when no request comes.)
   if (impl_->coordinator) impl_->coordinator->render_metrics(out);
   return out;
 }

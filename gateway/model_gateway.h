@@ -38,6 +38,11 @@ class ModelGateway {
   ~ModelGateway();  // flushes the writer
 
   http::StreamHooks hooks();
+  // After the HttpServer stopped (its io_context still exists) and the
+  // sandboxes are gone: closes upstream connections and stops the
+  // coordinator. The ModelGateway itself must be destroyed after the
+  // HttpServer.
+  void shutdown();
   // Prometheus text format (the /metrics body).
   std::string metrics();
 

@@ -320,6 +320,7 @@ struct ModelProxy::Impl {
     if (ec) {
       o.outcome = client_gone ? "client_gone" : "upstream_error";
       o.retry = pooled && !client_gone;
+      if (!o.retry && !client_gone) o.status = -1;  // the caller answers 502
       co_return o;
     }
     o.sent_ns = now_ns();
@@ -677,6 +678,11 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   rec.usage = o.usage;
   if (o.usage.found && m.deps.charge_tokens) m.deps.charge_tokens(caller->tenant_id, o.usage.input + o.usage.output);
   finish_rec(o.status, o.outcome);
+}
+
+void ModelProxy::shutdown() {
+  std::lock_guard<std::mutex> g(impl_->pool_mu);
+  impl_->pool.clear();
 }
 
 void ModelProxy::render_metrics(std::string& out) const {

@@ -142,6 +142,12 @@ class ModelProxy {
   // Appends the proxy's series in Prometheus text format.
   void render_metrics(std::string& out) const;
 
+  // Closes the kept-alive upstream connections. Call after the HttpServer
+  // stopped and before it is destroyed (the sockets belong to its
+  // io_context); the proxy itself must outlive the server's destruction,
+  // which destroys the suspended request coroutines.
+  void shutdown();
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
