@@ -58,7 +58,7 @@ before(async () => {
 
 after(async () => {
   if (sbx) await sbx.kill().catch(() => {});
-  if (sg) await sg.stop();
+  if (sg) assert.deepEqual(await sg.stop(), { code: 0, signal: null }, 'sandgate stops cleanly');
   if (mock) await mock.close();
   if (down) await down.close?.();
   if (tmp) rmSync(tmp, { recursive: true, force: true });
@@ -398,4 +398,19 @@ test('/metrics: pauses, paused seconds, resume latency, waits by outcome, tokens
   assert.ok(val(/^sandgate_waits_total\{outcome="client_gone"\} (\d+)/m) >= 1);
   assert.ok(val(/^sandgate_llm_tokens_total\{provider="openai",kind="output"\} (\d+)/m) >= 10);
   assert.ok(val(/^sandgate_llm_resume_to_delivery_seconds_count (\d+)/m) >= 3);
+});
+
+// Last: it spends the tenant's request budget (--llm-rate 50/s, burst 100).
+test('the tenant request rate limit answers 429 with Retry-After in the provider shape', async () => {
+  const before = mock.requests.length;
+  const rs = await Promise.all(Array.from({ length: 160 }, () =>
+    fetch(`${modelsUrl}/v1/models`, { headers: { authorization: `Bearer ${llmKey}` } })));
+  const limited = rs.filter((r) => r.status === 429);
+  assert.ok(limited.length >= 40, `only ${limited.length} of 160 were limited`);
+  assert.ok(rs.filter((r) => r.status === 200).length >= 90);
+  const j = await limited[0].json();
+  assert.equal(j.error.type, 'rate_limit_exceeded');
+  assert.ok(Number(limited[0].headers.get('retry-after')) >= 1);
+  assert.equal(mock.requests.length - before, rs.filter((r) => r.status === 200).length, 'refused requests never reach the upstream');
+  await Promise.all(rs.filter((r) => !r.bodyUsed).map((r) => r.text()));
 });

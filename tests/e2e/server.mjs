@@ -32,11 +32,13 @@ export async function startSandgate(extraArgs = []) {
   return {
     url, key, dir, pid: proc.pid,
     opts: { apiUrl: url, sandboxUrl: url, apiKey: key },
+    // Resolves to the exit status ({ code, signal }) of a SIGTERM stop.
     async stop() {
-      const exited = new Promise((r) => proc.on('exit', r));
+      const exited = new Promise((r) => proc.on('exit', (code, signal) => r({ code, signal })));
       proc.kill('SIGTERM');
-      await exited;
+      const status = await exited;
       rmSync(dir, { recursive: true, force: true });
+      return status;
     },
   };
 }
