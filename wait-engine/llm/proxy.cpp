@@ -62,6 +62,77 @@ std::optional<RouteInfo> classify(const http::HttpRequest& head) {
   return std::nullopt;
 }
 
+namespace {
+
+// SAX handler for inspect_request: notes the top-level "model" and
+// "stream" members and checks the rest is well-formed.
+class FieldsSax {
+ public:
+  explicit FieldsSax(RequestFields& f) : f_(f) {}
+  bool null() { return value(Kind::kOther); }
+  bool boolean(bool b) {
+    if (at_top_key("stream")) f_.stream = b;
+    return value(Kind::kBool);
+  }
+  bool number_integer(json::number_integer_t) { return value(Kind::kOther); }
+  bool number_unsigned(json::number_unsigned_t) { return value(Kind::kOther); }
+  bool number_float(json::number_float_t, const std::string&) { return value(Kind::kOther); }
+  bool string(std::string& s) {
+    if (at_top_key("model")) f_.model = s;
+    return value(Kind::kString);
+  }
+  bool binary(json::binary_t&) { return value(Kind::kOther); }
+  bool start_object(std::size_t) {
+    if (depth_ == 0) f_.object = true;
+    value(Kind::kOther);
+    return ++depth_ <= kMaxDepth;
+  }
+  bool key(std::string& k) {
+    if (depth_ == 1) key_ = k;
+    return true;
+  }
+  bool end_object() {
+    --depth_;
+    return true;
+  }
+  bool start_array(std::size_t) {
+    value(Kind::kOther);
+    return ++depth_ <= kMaxDepth;
+  }
+  bool end_array() {
+    --depth_;
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+ private:
+  enum class Kind { kString, kBool, kOther };
+  static constexpr int kMaxDepth = 512;
+  bool at_top_key(const char* k) const { return depth_ == 1 && key_ == k; }
+  // A value at the top level of the object ends the current key.
+  bool value(Kind kind) {
+    if (depth_ == 1) {
+      if (key_ == "model" && kind != Kind::kString) f_.model_not_string = true;
+      if (key_ == "stream" && kind != Kind::kBool) f_.stream_not_bool = true;
+      key_.clear();
+    }
+    return true;
+  }
+  RequestFields& f_;
+  int depth_ = 0;
+  std::string key_;
+};
+
+}  // namespace
+
+RequestFields inspect_request(std::string_view body) {
+  RequestFields f;
+  FieldsSax sax(f);
+  f.valid_json = json::sax_parse(body.begin(), body.end(), &sax, nlohmann::detail::input_format_t::json, true);
+  if (!f.valid_json) f.object = false;
+  return f;
+}
+
 http::HttpResponse provider_error(Provider p, int status, const std::string& message) {
   json body;
   if (p == Provider::kAnthropic) {
@@ -257,7 +328,8 @@ struct ModelProxy::Impl {
     co_return c;
   }
 
-  bhttp::request<bhttp::string_body> upstream_request(const http::HttpRequest& req, const Upstream& u) {
+  // Takes the request's body (no second copy of a large body).
+  bhttp::request<bhttp::string_body> upstream_request(http::HttpRequest& req, const Upstream& u) {
     bhttp::request<bhttp::string_body> r;
     r.method_string(req.method);
     r.target(u.path_prefix + req.target);
@@ -278,7 +350,7 @@ struct ModelProxy::Impl {
     else
       r.set(bhttp::field::authorization, "Bearer " + u.api_key);
     r.keep_alive(true);
-    r.body() = req.body;
+    r.body() = std::move(req.body);
     r.prepare_payload();
     return r;
   }
@@ -549,24 +621,23 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   // The body: a JSON object naming the model.
   bool stream = false;
   if (ri->needs_body) {
-    json body = json::parse(req.body, nullptr, false);
-    if (body.is_discarded() || !body.is_object()) {
-      co_await refuse(400, req.body.empty() ? "the request needs a JSON body" : "the request body is not a JSON object");
+    RequestFields f = inspect_request(req.body);
+    if (!f.valid_json || !f.object) {
+      co_await refuse(400, req.body.empty() ? "the request needs a JSON body"
+                           : !f.valid_json ? "the request body is not valid JSON (or nests deeper than 512)"
+                                           : "the request body is not a JSON object");
       co_return;
     }
-    auto mit = body.find("model");
-    if (mit == body.end() || !mit->is_string() || mit->get_ref<const std::string&>().empty()) {
+    if (f.model_not_string || !f.model || f.model->empty()) {
       co_await refuse(400, "the request body needs a \"model\" string");
       co_return;
     }
-    rec.model = mit->get<std::string>().substr(0, 256);
-    if (auto sit = body.find("stream"); sit != body.end()) {
-      if (!sit->is_boolean()) {
-        co_await refuse(400, "\"stream\" must be a boolean");
-        co_return;
-      }
-      stream = sit->get<bool>();
+    rec.model = f.model->substr(0, 256);
+    if (f.stream_not_bool) {
+      co_await refuse(400, "\"stream\" must be a boolean");
+      co_return;
     }
+    stream = f.stream.value_or(false);
   } else if (ri->route == "/v1/models/{id}") {
     rec.model = req.path.substr(11, 256);
   }

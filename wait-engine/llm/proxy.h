@@ -57,6 +57,19 @@ struct RouteInfo {
 // Which model API route a request head is, if any (method included).
 std::optional<RouteInfo> classify(const http::HttpRequest& head);
 
+// What the proxy needs from a request body, read with a streaming (SAX)
+// parse: no document is built, so a large body costs no more than itself;
+// nesting deeper than 512 is refused.
+struct RequestFields {
+  bool valid_json = false;
+  bool object = false;          // the top level is an object
+  std::optional<std::string> model;  // top-level "model", when a string
+  bool model_not_string = false;
+  std::optional<bool> stream;   // top-level "stream", when a boolean
+  bool stream_not_bool = false;
+};
+RequestFields inspect_request(std::string_view body);
+
 // The provider's error body and status for an error made by the proxy.
 http::HttpResponse provider_error(Provider p, int status, const std::string& message);
 
