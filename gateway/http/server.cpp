@@ -679,9 +679,24 @@ void HttpServer::stop() {
   asio::post(m.ioc, [&m] {
     boost::system::error_code ec;
     m.acceptor.close(ec);
+    // Each connection is closed on its own strand: its coroutine may be
+    // using (or itself closing) the socket on another io thread right now,
+    // and Asio sockets are not safe for concurrent use. A stream still
+    // tracked when that runs is alive: a session untracks itself on its
+    // strand before its stream goes, and nothing is tracked once stopping.
     std::lock_guard<std::mutex> g(m.conns_mu);
-    for (beast::tcp_stream* s : m.conns) s->socket().close(ec);
-    for (Impl::LocalStream* s : m.local_conns) s->socket().close(ec);
+    for (beast::tcp_stream* s : m.conns)
+      asio::post(s->get_executor(), [&m, s] {
+        std::lock_guard<std::mutex> l(m.conns_mu);
+        boost::system::error_code ignored;
+        if (m.conns.count(s)) s->socket().close(ignored);
+      });
+    for (Impl::LocalStream* s : m.local_conns)
+      asio::post(s->get_executor(), [&m, s] {
+        std::lock_guard<std::mutex> l(m.conns_mu);
+        boost::system::error_code ignored;
+        if (m.local_conns.count(s)) s->socket().close(ignored);
+      });
   });
   // Let running handlers finish (they may be mid-create), then abandon
   // whatever the io_context still has pending (idle keep-alive reads, timers).
