@@ -155,8 +155,10 @@ class StreamWriter final : public ResponseWriter {
     for (const auto& [k, v] : headers) res_.insert(k, v);
     if (content_length)
       res_.content_length(*content_length);
-    else
+    else if (version_ >= 11)
       res_.chunked(true);
+    else
+      keep_alive_ = false;  // HTTP/1.0 has no chunked coding (RFC 9112 6.1): the body ends at the close
     res_.keep_alive(keep_alive_);
     res_.body().data = nullptr;
     res_.body().size = 0;

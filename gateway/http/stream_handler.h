@@ -7,7 +7,8 @@
 // body whole up to StreamHooks::body_limit (error() shapes the 413 and other
 // early refusals the way the route's clients expect), then awaits
 // StreamHooks::serve() with a ResponseWriter over the client connection.
-// The writer frames the body (Content-Length when announced, else chunked)
+// The writer frames the body (Content-Length when announced, else chunked;
+// to an HTTP/1.0 client, unframed up to the close)
 // and reports a client that went away as false from its writes.
 //
 // Threads: serve() runs on the connection's executor (a strand); it must
@@ -38,7 +39,8 @@ class ResponseWriter {
   // Sends the status line and headers (framing headers are set by the
   // writer: pass neither Content-Length nor Transfer-Encoding). With
   // content_length the body must be exactly that long; without, it is sent
-  // chunked. False: the client is gone.
+  // chunked (HTTP/1.0: unframed, and the connection closes after it).
+  // False: the client is gone.
   virtual boost::asio::awaitable<bool> write_head(int status,
                                                   const std::vector<std::pair<std::string, std::string>>& headers,
                                                   std::optional<uint64_t> content_length) = 0;
