@@ -32,14 +32,18 @@ WaitCoordinator::~WaitCoordinator() {
   t_cv_.notify_all();
   for (auto& t : threads_) t.join();
   // Nobody may wait forever on a response.
-  std::vector<std::function<void()>> fire;
+  // Entries are copied out first: e->mu is always taken before mu_, never
+  // under it.
+  std::vector<EntryPtr> all;
   {
     std::lock_guard<std::mutex> g(mu_);
-    for (auto& [id, e] : entries_) {
-      std::lock_guard<std::mutex> l(e->mu);
-      for (auto& [rid, fn] : e->deliver) fire.push_back(std::move(fn));
-      e->deliver.clear();
-    }
+    for (auto& [id, e] : entries_) all.push_back(e);
+  }
+  std::vector<std::function<void()>> fire;
+  for (auto& e : all) {
+    std::lock_guard<std::mutex> l(e->mu);
+    for (auto& [rid, fn] : e->deliver) fire.push_back(std::move(fn));
+    e->deliver.clear();
   }
   for (auto& f : fire) f();
 }
