@@ -301,14 +301,20 @@ struct Run {
 };
 
 // `clients` threads, each `per_client` requests back to back on its own
-// keep-alive connection; `bind(i)` gives each client's extra headers.
+// keep-alive connection; `headers_for(i)` gives each client's extra
+// headers. Client i starts i * stagger_us / clients later, so concurrent
+// requests are spread over the model latency as independent agents' are
+// (all starting at once would make every response of a round arrive in
+// the same instant: a burst, not steady concurrency).
 Run run(int port, int clients, int per_client, bool stream,
-        const std::function<std::map<std::string, std::string>(int)>& headers_for) {
+        const std::function<std::map<std::string, std::string>(int)>& headers_for, int stagger_us = 0) {
   Run r;
   std::mutex mu;
   std::vector<std::thread> ts;
   for (int i = 0; i < clients; ++i)
     ts.emplace_back([&, i] {
+      if (stagger_us > 0)
+        std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(stagger_us) * i / clients));
       Conn c;
       std::map<std::string, std::string> h = headers_for(i);
       std::vector<Sample> mine;
@@ -399,11 +405,13 @@ int main(int argc, char** argv) {
     int latency_us = clients == 1 ? 20000 : 500000;
     for (bool stream : {false, true}) {
       std::fprintf(stderr, "%d client(s), %s: direct...\n", clients, stream ? "streaming" : "non-streaming");
-      Run d = run(up.port(), clients, per, stream, with_latency(direct_h, latency_us));
+      int stagger = clients > 1 ? latency_us : 0;
+      Run d = run(up.port(), clients, per, stream, with_latency(direct_h, latency_us), stagger);
       std::fprintf(stderr, "%d client(s), %s: proxied...\n", clients, stream ? "streaming" : "non-streaming");
-      Run p = run(s.port(), clients, per, stream, with_latency(proxy_h, latency_us));
+      Run p = run(s.port(), clients, per, stream, with_latency(proxy_h, latency_us), stagger);
       json dj = summary(d, stream), pj = summary(p, stream);
       json row = {{"upstream_latency_ms", latency_us / 1000.0},
+                  {"clients_staggered_over_ms", stagger / 1000.0},
                   {"direct", dj},
                   {"proxied", pj},
                   {"added_p50_ms", pj["p50_ms"].get<double>() - dj["p50_ms"].get<double>()},
