@@ -117,6 +117,23 @@ CREATE TABLE llm_usage (
 CREATE INDEX llm_usage_tenant_at ON llm_usage(tenant_id, at);
 CREATE INDEX llm_usage_sandbox ON llm_usage(sandbox_id);
 )sql"},
+      // The memory offload engine's cohort dictionaries (wait-engine/memory,
+      // docs/memory-codecs.md). AUTOINCREMENT: an id is never reused, so a
+      // page record naming a deleted dictionary can never match a new one.
+      {3, "memory dictionaries",
+       R"sql(
+CREATE TABLE memory_dictionaries (
+  id          INTEGER PRIMARY KEY AUTOINCREMENT,
+  tenant_id   TEXT NOT NULL,
+  cohort_key  TEXT NOT NULL,
+  dict_hex    TEXT NOT NULL,
+  level       INTEGER NOT NULL,
+  created_at  INTEGER NOT NULL,
+  refcount    INTEGER NOT NULL,
+  saved_ppm   INTEGER NOT NULL
+);
+CREATE INDEX memory_dictionaries_cohort ON memory_dictionaries(tenant_id, cohort_key, id);
+)sql"},
   };
   return kList;
 }

@@ -143,6 +143,21 @@ struct LlmUsageTotals {
   uint64_t requests = 0, input_tokens = 0, output_tokens = 0, cache_read_tokens = 0, cache_write_tokens = 0;
 };
 
+// Memory offload engine (wait-engine/memory): a published cohort
+// dictionary. bytes is the zstd dictionary itself (stored hex-encoded:
+// Stmt binds text only). saved_ppm: what it saved on held-out pages, in
+// parts per million of their plain-zstd size.
+struct MemoryDictionaryRow {
+  int64_t id = 0;  // assigned on insert
+  std::string tenant_id;
+  std::string cohort_key;
+  std::string bytes;
+  int64_t level = 3;
+  int64_t created_at = 0;
+  int64_t refcount = 1;
+  int64_t saved_ppm = 0;
+};
+
 struct SandboxQuery {
   std::string tenant_id;
   std::vector<std::string> states;  // empty: running and paused
@@ -238,6 +253,19 @@ class Store {
   Result<std::vector<LlmUsageRow>> list_llm_usage(const LlmUsageQuery& q);
   // Sums over the tenant's rows (optionally one sandbox's); saturating.
   Result<LlmUsageTotals> llm_usage_totals(const std::string& tenant_id, const std::optional<std::string>& sandbox_id);
+
+  // Memory dictionaries (store_memory.cpp). Every lookup is by tenant.
+  // Inserts with row.refcount references; returns the new id.
+  Result<int64_t> insert_memory_dictionary(const MemoryDictionaryRow& row);
+  // The cohort's newest dictionary, with its refcount raised by one (in one
+  // transaction); nullopt when the cohort has none.
+  Result<std::optional<MemoryDictionaryRow>> acquire_memory_dictionary(const std::string& tenant_id,
+                                                                       const std::string& cohort_key);
+  // One dictionary of this tenant, refcount unchanged.
+  Result<std::optional<MemoryDictionaryRow>> get_memory_dictionary(const std::string& tenant_id, int64_t id);
+  // Drops one reference and deletes the row at zero; returns the references
+  // left, or nullopt when the tenant has no such dictionary.
+  Result<std::optional<int64_t>> release_memory_dictionary(const std::string& tenant_id, int64_t id);
 
  private:
   explicit Store(std::unique_ptr<Db> db) : db_(std::move(db)) {}

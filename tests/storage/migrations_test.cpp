@@ -50,7 +50,7 @@ TEST_CASE("migration 2 applies to a database at version 1 and keeps its rows") {
   }
   auto db = Db::open(path);
   REQUIRE(db.ok());
-  REQUIRE(*migrate(**db) == 2);
+  REQUIRE(*migrate(**db) == migrations().back().version);
   auto tx = (*db)->lock();
   auto t = tx.prepare("SELECT name, max_sandboxes FROM tenants WHERE id = 't1'");
   REQUIRE(*t->step());
