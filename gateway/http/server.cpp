@@ -57,6 +57,7 @@ struct HttpServer::Impl {
   tcp::acceptor acceptor;
   std::vector<std::thread> io_threads;
   std::atomic<bool> stopping{false};
+  std::atomic<size_t> stream_body_bytes{0};  // reserved by streaming routes' bodies (StreamHooks::body_budget)
   uint16_t bound_port = 0;
 
   std::mutex conns_mu;
@@ -389,6 +390,26 @@ asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat
   };
   if (auto len = head.content_length(); len && *len > stream_hooks.body_limit)
     co_return co_await refuse(413, "request body larger than the limit of " + std::to_string(stream_hooks.body_limit) + " bytes");
+  if (stream_hooks.precheck) {
+    if (std::optional<HttpResponse> early = stream_hooks.precheck(plain_head)) {
+      auto res = to_beast(std::move(*early), head_version, false);
+      beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+      boost::system::error_code wec;
+      co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, wec));
+      co_return false;
+    }
+  }
+  // Reserve the body's bytes in the shared budget for the whole request.
+  size_t reserved = head.content_length() ? static_cast<size_t>(*head.content_length()) : stream_hooks.body_limit;
+  if (stream_body_bytes.fetch_add(reserved) + reserved > stream_hooks.body_budget) {
+    stream_body_bytes.fetch_sub(reserved);
+    co_return co_await refuse(503, "the gateway is holding too many request bodies; retry shortly");
+  }
+  struct Unreserve {
+    std::atomic<size_t>& n;
+    size_t v;
+    ~Unreserve() { n.fetch_sub(v); }
+  } unreserve{stream_body_bytes, reserved};
   if (expects_continue(head.get())) {
     bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, head_version};
     co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));

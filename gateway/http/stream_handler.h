@@ -65,6 +65,15 @@ class ResponseWriter {
 struct StreamHooks {
   std::function<bool(const HttpRequest& head)> owns;
   size_t body_limit = 32 << 20;
+  // Request bodies all streaming routes may hold at once (a body counts
+  // with its Content-Length, or body_limit when chunked); a request past it
+  // is refused with error(503) before its body is read, so hostile clients
+  // cannot make the gateway buffer without bound.
+  size_t body_budget = 256 << 20;
+  // Runs on the io thread right after the head, before the body is read; a
+  // response refuses the request there (e.g. credentials that cannot be
+  // valid). Must not block. Optional.
+  std::function<std::optional<HttpResponse>(const HttpRequest& head)> precheck;
   // An early refusal (body too large, malformed framing, wrong protocol).
   std::function<HttpResponse(const HttpRequest& head, int status, const std::string& message)> error;
   std::function<boost::asio::awaitable<void>(HttpRequest req, ResponseWriter& out)> serve;

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gateway/http/server.h"
@@ -272,7 +273,7 @@ asio::awaitable<void> serve(std::shared_ptr<Seen> seen, HttpRequest req, Respons
 struct Fixture {
   std::shared_ptr<Seen> seen = std::make_shared<Seen>();
   std::unique_ptr<HttpServer> server;
-  Fixture() {
+  explicit Fixture(size_t body_budget = 256 << 20) {
     ::signal(SIGPIPE, SIG_IGN);
     ServerConfig cfg;
     cfg.io_threads = 2;
@@ -281,6 +282,11 @@ struct Fixture {
     StreamHooks st;
     st.owns = [](const HttpRequest& h) { return h.path.rfind("/stream/", 0) == 0; };
     st.body_limit = kBodyLimit;
+    st.body_budget = body_budget;
+    st.precheck = [](const HttpRequest& head) -> std::optional<HttpResponse> {
+      if (head.header("x-deny").empty()) return std::nullopt;
+      return json_error(401, "denied before the body");
+    };
     st.error = [s = seen](const HttpRequest& head, int status, const std::string& msg) {
       s->update([&] {
         ++s->errors;
@@ -551,4 +557,48 @@ TEST_CASE("adopt: refused once the server is stopping") {
   CHECK(s.error().kind() == ErrorKind::kUnavailable);
   RawClient c(sv[1]);
   CHECK(c.wait_eof());  // the fd was closed, not leaked
+}
+
+TEST_CASE("stream: precheck refuses from the head alone, without waiting for the body") {
+  Fixture f;
+  RawClient c = f.client();
+  // The body is announced but never sent: only a head-time refusal answers.
+  REQUIRE(c.send("POST /stream/echo HTTP/1.1\r\nHost: t\r\nx-deny: 1\r\nContent-Length: 40\r\n\r\n"));
+  auto h = c.read_head();
+  REQUIRE(h);
+  CHECK(h->status == 401);
+  CHECK(c.wait_eof());
+  std::lock_guard<std::mutex> l(f.seen->mu);
+  CHECK(f.seen->served == 0);
+}
+
+TEST_CASE("stream: the shared body budget refuses with 503 while bodies are held, then frees") {
+  Fixture f(100);
+  // A holds 60 bytes of the 100 while serve() waits.
+  RawClient a = f.client();
+  REQUIRE(a.send(post("/stream/wait", std::string(60, 'a'))));
+  REQUIRE(f.seen->until([&] { return f.seen->waiting; }));
+  RawClient b = f.client();
+  REQUIRE(b.send(post("/stream/echo", std::string(50, 'b'))));
+  auto hb = b.read_head();
+  REQUIRE(hb);
+  CHECK(hb->status == 503);
+  {
+    std::lock_guard<std::mutex> l(f.seen->mu);
+    CHECK(f.seen->last_error_status == 503);
+    CHECK(f.seen->served == 1);
+  }
+  // A goes away: its reservation is returned once its request ends.
+  a.close();
+  REQUIRE(f.seen->until([&] { return f.seen->wait_done == 1; }));
+  bool served = false;
+  for (int i = 0; i < 100 && !served; ++i) {  // the release follows serve()'s end on the io thread
+    RawClient c = f.client();
+    REQUIRE(c.send(post("/stream/echo", std::string(50, 'c'))));
+    auto hc = c.read_head();
+    REQUIRE(hc);
+    served = hc->status == 200;
+    if (!served) std::this_thread::yield();
+  }
+  CHECK(served);
 }
