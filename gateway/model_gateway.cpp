@@ -93,14 +93,6 @@ class TtlCache {
   std::unordered_map<std::string, E> map_;  // GUARDED_BY(mu_)
 };
 
-std::string presented_key(const http::HttpRequest& req) {
-  std::string k = req.header("x-api-key");
-  if (!k.empty()) return k;
-  std::string a = req.header("authorization");
-  if (a.size() > 7 && (a.rfind("Bearer ", 0) == 0 || a.rfind("bearer ", 0) == 0)) return a.substr(7);
-  return {};
-}
-
 std::vector<std::string> split_ids(const std::string& v) {
   std::vector<std::string> out;
   size_t i = 0;
@@ -241,7 +233,7 @@ struct ModelGateway::Impl {
       c.sandboxes.push_back(req.bound_sandbox);
       return Result<llm::Caller>(c);
     }
-    std::string key = presented_key(req);
+    std::string key = llm::presented_key(req);
     if (key.empty())
       return Result<llm::Caller>(Error(ErrorKind::kUnauthorized,
                    "missing API key: pass a sandgate model key (sk-sg-...) as Authorization: Bearer or x-api-key"));
@@ -326,6 +318,11 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
     hooks.resume = [im](const std::string& id) { return im->sandboxes.wait_resume(id); };
     hooks.idle = [im](const std::string& id) { return im->sandboxes.wait_idle(id, std::chrono::milliseconds(500)); };
     hooks.transition = [im](const std::string& id, const wait::Transition& t) { im->queue_transition(id, t); };
+    hooks.kill = [im](const std::string& id) {
+      Status s = im->sandboxes.kill_lost(id, "could not be resumed after a model-wait pause");
+      if (!s && s.error().kind() != ErrorKind::kNotFound)
+        LOG_ERROR("sandbox " << id << ": kill after a failed resume: " << s.error().message());
+    };
     m->coordinator = std::make_unique<wait::WaitCoordinator>(cc, std::move(hooks), [] { return sys::monotonic_ns(); });
     wait::WaitCoordinator* co = m->coordinator.get();
     sandboxes.set_wait_hooks(
@@ -351,6 +348,7 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
   deps.admit_request = [im](const std::string& tenant) { return im->request_limit.acquire(tenant); };
   deps.admit_tokens = [im](const std::string& tenant) { return im->token_budget.admit(tenant); };
   deps.charge_tokens = [im](const std::string& tenant, uint64_t n) { im->token_budget.charge(tenant, n); };
+  deps.key_well_formed = [](std::string_view key) { return tenancy::is_well_formed_llm_key(key); };
   deps.coordinator = m->coordinator.get();
   m->proxy = std::make_unique<llm::ModelProxy>(llm::ProxyConfig{}, std::move(deps));
   m->writer = std::thread([im] { im->write_loop(); });

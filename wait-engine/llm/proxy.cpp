@@ -133,6 +133,14 @@ RequestFields inspect_request(std::string_view body) {
   return f;
 }
 
+std::string presented_key(const http::HttpRequest& req) {
+  std::string k = req.header("x-api-key");
+  if (!k.empty()) return k;
+  std::string a = req.header("authorization");
+  if (a.size() > 7 && (a.rfind("Bearer ", 0) == 0 || a.rfind("bearer ", 0) == 0)) return a.substr(7);
+  return {};
+}
+
 http::HttpResponse provider_error(Provider p, int status, const std::string& message) {
   json body;
   if (p == Provider::kAnthropic) {
@@ -557,6 +565,17 @@ http::StreamHooks ModelProxy::hooks(size_t body_limit) {
     return provider_error(ri ? ri->provider : Provider::kOpenAI, status, msg);
   };
   h.serve = [this](http::HttpRequest req, http::ResponseWriter& out) { return serve(std::move(req), out); };
+  h.precheck = [this](const http::HttpRequest& head) -> std::optional<http::HttpResponse> {
+    if (!head.bound_sandbox.empty() || !impl_->deps.key_well_formed) return std::nullopt;
+    auto ri = classify(head);
+    Provider p = ri ? ri->provider : Provider::kOpenAI;
+    std::string key = presented_key(head);
+    if (key.empty())
+      return provider_error(p, 401, "missing API key: pass a sandgate model key (sk-sg-...) as Authorization: Bearer or x-api-key");
+    if (!impl_->deps.key_well_formed(key))
+      return provider_error(p, 401, "invalid model API key: use a sandgate key (sk-sg-...) from `sandgate llm key create`");
+    return std::nullopt;
+  };
   return h;
 }
 

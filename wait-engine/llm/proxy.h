@@ -70,6 +70,9 @@ struct RequestFields {
 };
 RequestFields inspect_request(std::string_view body);
 
+// The credential a client presents: x-api-key, else Authorization: Bearer.
+std::string presented_key(const http::HttpRequest& req);
+
 // The provider's error body and status for an error made by the proxy.
 http::HttpResponse provider_error(Provider p, int status, const std::string& message);
 
@@ -130,6 +133,9 @@ struct ProxyDeps {
   // Non-blocking: both answers from memory (caches), or nullopt to take the
   // blocking path above on the pool. Optional.
   std::function<std::optional<Resolved>(const http::HttpRequest& req, Provider p)> resolve_fast;
+  // Whether a presented key could be a virtual key at all (its format):
+  // checked before the body is read, so malformed credentials cost nothing.
+  std::function<bool(std::string_view key)> key_well_formed;
   // Non-blocking: queue the row.
   std::function<void(UsageRecord)> record;
   // Requests per tenant: 0 = allowed, else seconds to wait (Retry-After).
