@@ -226,6 +226,14 @@ Result<bool> SandboxService::wait_idle(const std::string& id, std::chrono::milli
   return j["runnable"].get<uint64_t>() == 0;
 }
 
+Status SandboxService::kill_lost(const std::string& id, const std::string& reason) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  return kill_locked(*live, id, live->tenant_id, storage::kStateLost, reason);
+}
+
 Result<std::string> SandboxService::live_tenant(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);

@@ -124,6 +124,9 @@ class SandboxService {
   // The agent's idle evidence: true when no process in the sandbox is
   // runnable. kNotFound for unknown or dead sandboxes.
   Result<bool> wait_idle(const std::string& id, std::chrono::milliseconds timeout);
+  // Kills a live sandbox the gateway cannot use any more (a resume after a
+  // wait pause failed); its state becomes lost with the reason.
+  Status kill_lost(const std::string& id, const std::string& reason);
   // The tenant of a live sandbox, from memory; kNotFound otherwise.
   Result<std::string> live_tenant(const std::string& id);
 

@@ -56,6 +56,7 @@ struct Fake {
   int pauses = 0, pauses_returned = 0;
   int resumes = 0, resumes_returned = 0;
   int probes = 0;
+  std::vector<std::string> killed;  // the kill hook's calls
   std::vector<TimeNs> probe_at;
   std::vector<std::pair<std::string, Transition>> log;
 
@@ -91,6 +92,11 @@ struct Fake {
     h.transition = [this](const std::string& sb, const Transition& t) {
       std::lock_guard<std::mutex> l(mu);
       log.emplace_back(sb, t);
+      cv.notify_all();
+    };
+    h.kill = [this](const std::string& sb) {
+      std::lock_guard<std::mutex> l(mu);
+      killed.push_back(sb);
       cv.notify_all();
     };
     return h;
@@ -408,6 +414,10 @@ TEST_CASE("a failed resume leaves the sandbox dead, and pending deliveries still
   r.co->end(t2, Outcome::kCompleted);
   check_chain(f.transitions_of("sb1"));
   CHECK(f.get(&Fake::resumes) == 1);
+  // The owner was told to kill the sandbox it cannot resume, once.
+  REQUIRE(f.until([&] { return f.killed.size() == 1; }));
+  std::lock_guard<std::mutex> l(f.mu);
+  CHECK(f.killed == std::vector<std::string>{"sb1"});
 }
 
 TEST_CASE("a failed pause goes back to waiting, is counted, and does not hold the response") {

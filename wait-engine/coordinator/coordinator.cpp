@@ -108,7 +108,7 @@ void WaitCoordinator::timer_loop() {
           TimeNs n = clock_();
           std::vector<Action> acts = e->sw.on_tick(n);
           // The grace is over but the evidence is missing or stale: ask.
-          if (acts.empty() && e->sw.state() == State::kWaiting && e->sw.outstanding() > 0 && !e->probing) {
+          if (acts.empty() && e->sw.state() == State::kWaiting && e->sw.awaiting_response() && !e->probing) {
             e->probing = true;
             post([this, s = t.sandbox, e] { run_probe(s, e); });
           }
@@ -151,7 +151,7 @@ void WaitCoordinator::after(const std::string& sandbox, const EntryPtr& e, std::
   }
   e->cv.notify_all();
   // A wait that has not become a pause yet: the grace (or cooldown) timer.
-  if (e->sw.state() == State::kWaiting && e->sw.outstanding() > 0 && !e->probing) {
+  if (e->sw.state() == State::kWaiting && e->sw.awaiting_response() && !e->probing) {
     std::optional<TimeNs> d = e->sw.next_deadline();
     if (!d) {
       // No evidence yet: ask at the end of the grace.
@@ -228,6 +228,10 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
     after(sandbox, e, std::move(acts), now, fire);
   }
   for (auto& f : fire) f();
+  if (a == Action::kResume && !s && hooks_.kill) {
+    LOG_WARN("sandbox " << sandbox << ": could not be resumed after a wait pause; killing it");
+    hooks_.kill(sandbox);
+  }
 }
 
 WaitCoordinator::Ticket WaitCoordinator::begin(const std::string& sandbox, const std::string& history_key) {

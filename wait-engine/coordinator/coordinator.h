@@ -49,6 +49,10 @@ struct CoordinatorHooks {
   std::function<Result<bool>(const std::string& sandbox)> idle;
   // Must not block for long (queue it).
   std::function<void(const std::string& sandbox, const Transition& t)> transition;
+  // A sandbox that could not be resumed is lost to its owner: kill it (it
+  // calls forget() in turn). Called on an action thread, no lock held.
+  // Optional.
+  std::function<void(const std::string& sandbox)> kill;
 };
 
 struct CoordinatorConfig {

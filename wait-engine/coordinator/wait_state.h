@@ -101,6 +101,8 @@ class SandboxWait {
   State state() const { return state_; }
   bool can_deliver() const { return state_ == State::kRunning || state_ == State::kWaiting; }
   size_t outstanding() const { return requests_.size(); }
+  // Some outstanding request still waits for its response to start.
+  bool awaiting_response() const { return responding_.size() < requests_.size(); }
   size_t held() const { return held_.size(); }
   // When on_tick should next be called, if anything is timed.
   std::optional<TimeNs> next_deadline() const;
