@@ -6,7 +6,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -300,4 +302,62 @@ TEST_CASE("pool: reopening the directory recovers records; a torn last record is
     CHECK(pool->totals().sandboxes == 0);
     CHECK(file_size(path) == -1);
   }
+}
+
+TEST_CASE("pool: recovery stops at the first corrupt record, even mid-file") {
+  sg::test::TempDir td;
+  std::string path = td.sub(pool_file_name("s"));
+  {
+    auto pool = open_pool(td.path(), 0);
+    for (uint64_t i = 0; i < 4; ++i) REQUIRE(pool->put("s", i, 0, payload_for(i, 100)).ok());
+  }
+  patch_byte(path, kPoolFileHeaderSize + 1 * (kRecordHeaderSize + 100) + kRecordHeaderSize + 1, 0x80);
+  auto pool = open_pool(td.path(), 1 << 20, true, true);
+  CHECK(pool->stats("s").records == 1);
+  CHECK(pool->get("s", 0)->payload == payload_for(0, 100));
+  CHECK_FALSE(pool->contains("s", 1));
+  CHECK_FALSE(pool->contains("s", 3));
+  CHECK(file_size(path) == off_t(kPoolFileHeaderSize + kRecordHeaderSize + 100));
+}
+
+TEST_CASE("pool: a put that cannot spill stores nothing and says so (file tier unwritable)") {
+  sg::test::TempDir td;
+  std::string dir = td.sub("pool");
+  auto pool = open_pool(dir, 8 << 10);
+  REQUIRE(pool->put("s", 0, 0, payload_for(0, 1000)).ok());
+  // The directory disappears under the pool: every spill's open() fails.
+  REQUIRE(sg::sys::remove_tree(dir).ok());
+  sg::Status last;
+  uint64_t stored = 1;
+  for (uint64_t i = 1; i < 20 && last.ok(); ++i) {
+    last = pool->put("s", i, 0, payload_for(i, 1000));
+    if (last.ok()) ++stored;
+  }
+  REQUIRE_FALSE(last.ok());
+  CHECK(last.error().kind() == sg::ErrorKind::kUnavailable);
+  CHECK(last.error().message().find("keep the page resident") != std::string::npos);
+  CHECK(pool->stats("s").records == stored);
+  CHECK_FALSE(pool->contains("s", stored));
+  CHECK(pool->totals().spill_errors > 0);
+  for (uint64_t i = 0; i < stored; ++i) CHECK(pool->get("s", i)->payload == payload_for(i, 1000));
+}
+
+TEST_CASE("pool: concurrent puts and gets from several threads") {
+  sg::test::TempDir td;
+  auto pool = open_pool(td.path(), 64 << 10);
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      std::string sb = "sb" + std::to_string(t);
+      for (uint64_t i = 0; i < 200; ++i) {
+        if (!pool->put(sb, i, 0, payload_for(i, 700)).ok()) ++bad;
+        auto r = pool->get(sb, i / 2);
+        if (!r.ok() || r->payload != payload_for(i / 2, 700)) ++bad;
+      }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(bad == 0);
+  CHECK(pool->totals().bytes.records == 800);
+  CHECK(pool->totals().bytes.memory_bytes() <= 64 << 10);
 }

@@ -157,6 +157,13 @@ TEST_CASE("uffd: released memfd pages fault, are served from the pool and read b
   // Reading again costs no fault.
   CHECK(read_sums(r) == sums);
   CHECK(srv.stats().faults == kPages);
+  // A second offload/restore cycle on the same server.
+  REQUIRE(srv.release(pages).ok());
+  CHECK(r.resident() == 0);
+  auto [in_time2, got2] = with_deadline(srv, [&] { return read_sums(r); }, 10s);
+  REQUIRE(in_time2);
+  CHECK(got2 == sums);
+  CHECK(srv.stats().faults == 2 * kPages);
   auto t0 = std::chrono::steady_clock::now();
   srv.stop();
   CHECK(std::chrono::steady_clock::now() - t0 < 2s);

@@ -249,13 +249,21 @@ Status Pool::recover_dir() {
     UniqueFd f(fd);
     struct stat st {};
     if (::fstat(fd, &st) != 0) return sys::errno_error("fstat", path);
-    std::string data(static_cast<size_t>(st.st_size), '\0');
-    std::vector<IoOp> ops(1);
-    ops[0] = IoOp{false, fd, 0, data.data(), static_cast<uint32_t>(data.size())};
-    if (!data.empty()) io_->run(ops);
-    if (ops[0].err) return sys::errno_error("read", path, ops[0].err);
-    data.resize(ops[0].done);
-    if (data.size() < kPoolFileHeaderSize || data.compare(0, kPoolFileHeaderSize, file_header()) != 0) {
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    // Reads one piece at a time (a header, then its payload), so recovering
+    // a large file needs no more than one record of RAM.
+    auto read_at = [&](uint64_t off, size_t len, std::string* out) -> Status {
+      out->assign(len, '\0');
+      std::vector<IoOp> ops(1);
+      ops[0] = IoOp{false, fd, off, out->data(), static_cast<uint32_t>(len)};
+      io_->run(ops);
+      if (ops[0].err) return sys::errno_error("read", path + " offset " + std::to_string(off), ops[0].err);
+      out->resize(ops[0].done);
+      return Status::Ok();
+    };
+    std::string head;
+    if (auto st2 = read_at(0, kPoolFileHeaderSize, &head); !st2) return st2;
+    if (head != file_header()) {
       LOG_WARN("memory pool: " << path << ": bad file header, removing it");
       ::unlink(path.c_str());
       continue;
@@ -264,21 +272,22 @@ Status Pool::recover_dir() {
     s.path = path;
     s.fd = std::move(f);
     uint64_t off = kPoolFileHeaderSize;
-    std::string why;
-    while (off < data.size()) {
+    std::string why, hdr, rec;
+    while (off < size) {
       std::string what = path + " offset " + std::to_string(off);
-      auto h = parse_record_header(std::string_view(data).substr(off), what);
+      if (auto st2 = read_at(off, kRecordHeaderSize, &hdr); !st2) return st2;
+      auto h = parse_record_header(hdr, what);
       if (!h) {
         why = h.error().message();
         break;
       }
       size_t len = record_size(h->payload_len);
-      auto r = decode_record(std::string_view(data).substr(off, len), h->page_index, what);
+      if (auto st2 = read_at(off, len, &rec); !st2) return st2;
+      auto r = decode_record(rec, h->page_index, what);
       if (!r) {
         why = r.error().message();
         break;
       }
-      erase_memory(s, h->page_index);
       erase_file(s, h->page_index);
       s.file[h->page_index] = FileLoc{off, static_cast<uint32_t>(len)};
       s.payload_bytes += h->payload_len;
@@ -286,8 +295,8 @@ Status Pool::recover_dir() {
       memory_bytes_ += file_entry_overhead();
       off += len;
     }
-    if (off < data.size()) {
-      LOG_WARN("memory pool: ignoring " << data.size() - off << " bytes at the end of " << path << " (" << why << ")");
+    if (off < size) {
+      LOG_WARN("memory pool: ignoring " << size - off << " bytes at the end of " << path << " (" << why << ")");
       if (::ftruncate(s.fd.get(), static_cast<off_t>(off)) != 0) return sys::errno_error("ftruncate", path);
     }
     s.end = off;
