@@ -10,10 +10,13 @@ PKGS=(
   debootstrap iproute2 util-linux curl ca-certificates
   clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
   e2fsprogs cpio busybox-static qemu-system-x86
+  docker-compose
 )
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
 # guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
 # harness (tests/kvm-harness), which runs microVMs under QEMU TCG.
+# docker-compose: `docker-compose config` validates compose/ in the
+# compose_check test (no container engine is needed for that).
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
 # image usually has them, Debian's packages are the fallback.
