@@ -18,51 +18,11 @@
 #include "tenancy/api_key.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/rate_limiter.h"
+#include "tenancy/token_budget.h"
 
 namespace sg::gateway {
 
 namespace {
-
-// Tokens per tenant per minute: a bucket that may go negative (a response's
-// usage is known only after it was delivered); requests are refused while
-// it is not positive.
-class TokenBudget {
- public:
-  explicit TokenBudget(double per_min) : rate_per_ns_(per_min / 60e9), cap_(per_min) {}
-  int64_t admit(const std::string& tenant) {
-    if (cap_ <= 0) return 0;
-    std::lock_guard<std::mutex> g(mu_);
-    double t = refill(tenant);
-    if (t > 0) return 0;
-    return static_cast<int64_t>((-t + 1) / (rate_per_ns_ * 1e9)) + 1;
-  }
-  void charge(const std::string& tenant, uint64_t tokens) {
-    if (cap_ <= 0) return;
-    std::lock_guard<std::mutex> g(mu_);
-    refill(tenant);
-    buckets_[tenant].tokens -= static_cast<double>(tokens);
-  }
-
- private:
-  struct Bucket {
-    double tokens;
-    uint64_t last;
-  };
-  double refill(const std::string& tenant) {
-    uint64_t now = sys::monotonic_ns();
-    auto [it, fresh] = buckets_.try_emplace(tenant, Bucket{cap_, now});
-    Bucket& b = it->second;
-    if (!fresh) {
-      b.tokens = std::min(cap_, b.tokens + static_cast<double>(now - b.last) * rate_per_ns_);
-      b.last = now;
-    }
-    return b.tokens;
-  }
-  double rate_per_ns_;
-  double cap_;
-  std::mutex mu_;
-  std::unordered_map<std::string, Bucket> buckets_;  // GUARDED_BY(mu_)
-};
 
 // A small time-bounded cache (authentication and upstream lookups hit
 // SQLite otherwise on every model request).
@@ -117,7 +77,7 @@ struct ModelGateway::Impl {
   tenancy::LlmKeys keys{store};
   std::optional<llm::Upstream> flag_openai, flag_anthropic;
   tenancy::RateLimiter request_limit;
-  TokenBudget token_budget;
+  tenancy::TokenBudget token_budget;
   TtlCache<std::string> key_cache{5'000'000'000ull, 10000};  // key hash -> tenant id
   TtlCache<std::optional<llm::Upstream>> upstream_cache{2'000'000'000ull, 10000};
   std::unique_ptr<wait::WaitCoordinator> coordinator;
@@ -137,7 +97,7 @@ struct ModelGateway::Impl {
         store(s),
         sandboxes(sb),
         request_limit(c.llm_requests_per_s, c.llm_requests_per_s * 2, [] { return sys::monotonic_ns(); }),
-        token_budget(c.llm_tokens_per_min) {}
+        token_budget(c.llm_tokens_per_min, [] { return sys::monotonic_ns(); }) {}
 
   ~Impl() {
     // The proxy and coordinator first (no more rows), then the writer.
