@@ -84,6 +84,13 @@ std::vector<uint64_t> fill_and_offload(Region& r, Pool& pool, bool (*is_zero)(ui
   return sums;
 }
 
+PoolConfig pool_config(uint64_t budget, const std::string& dir) {
+  PoolConfig c;
+  c.memory_budget = budget;
+  c.dir = dir;
+  return c;
+}
+
 PageSource pool_source(Pool& pool) {
   return [&pool](uint64_t page, uint8_t* out) -> sg::Result<PageFill> {
     auto rec = pool.get("vm", page);
@@ -131,7 +138,7 @@ bool every_fourth_zero(uint64_t i) { return i % 4 == 0; }
 
 TEST_CASE("uffd: released memfd pages fault, are served from the pool and read back intact on another thread") {
   sg::test::TempDir td;
-  auto pool = std::move(Pool::open(PoolConfig{128 << 10, td.path()})).value();  // budget forces spills
+  auto pool = std::move(Pool::open(pool_config(128 << 10, td.path()))).value();  // budget forces spills
   Region r;
   auto sums = fill_and_offload(r, *pool, never_zero);
   CHECK(pool->totals().bytes.file_records > 0);
@@ -172,7 +179,7 @@ TEST_CASE("uffd: released memfd pages fault, are served from the pool and read b
 
 TEST_CASE("uffd: zero pages are installed with UFFDIO_ZEROPAGE (or a zero copy) and kernel-mode reads fault too") {
   sg::test::TempDir td;
-  auto pool = std::move(Pool::open(PoolConfig{64 << 20, td.path()})).value();
+  auto pool = std::move(Pool::open(pool_config(64 << 20, td.path()))).value();
   Region r;
   auto sums = fill_and_offload(r, *pool, every_fourth_zero);
   FaultServerOptions opt;
@@ -216,7 +223,7 @@ TEST_CASE("uffd: zero pages are installed with UFFDIO_ZEROPAGE (or a zero copy) 
 
 TEST_CASE("uffd: prefetched pages are installed before any fault; the rest fault on demand") {
   sg::test::TempDir td;
-  auto pool = std::move(Pool::open(PoolConfig{64 << 20, td.path()})).value();
+  auto pool = std::move(Pool::open(pool_config(64 << 20, td.path()))).value();
   Region r;
   auto sums = fill_and_offload(r, *pool, every_fourth_zero);
   FaultServerOptions opt;
@@ -249,7 +256,7 @@ TEST_CASE("uffd: prefetched pages are installed before any fault; the rest fault
 
 TEST_CASE("uffd: a corrupt pool record is never installed: the page is poisoned, the reader gets SIGBUS/EFAULT, the server fails") {
   sg::test::TempDir td;
-  auto pool = std::move(Pool::open(PoolConfig{64 << 20, td.path()})).value();
+  auto pool = std::move(Pool::open(pool_config(64 << 20, td.path()))).value();
   Region r;
   auto sums = fill_and_offload(r, *pool, never_zero);
   REQUIRE(pool->spill_all("vm").ok());
@@ -331,7 +338,7 @@ TEST_CASE("uffd: a corrupt pool record is never installed: the page is poisoned,
 
 TEST_CASE("uffd: adopting a userfaultfd registered elsewhere (as the VMM hands it over)") {
   sg::test::TempDir td;
-  auto pool = std::move(Pool::open(PoolConfig{64 << 20, td.path()})).value();
+  auto pool = std::move(Pool::open(pool_config(64 << 20, td.path()))).value();
   Region r;
   auto sums = fill_and_offload(r, *pool, every_fourth_zero);
   REQUIRE(::fallocate(r.memfd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, kPages * kPg) == 0);

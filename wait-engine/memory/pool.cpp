@@ -84,7 +84,7 @@ struct IoOp {
 // EINTR/EAGAIN retried); each op reports its own outcome.
 class Pool::FileIo {
  public:
-  explicit FileIo(const PoolConfig& c) {
+  explicit FileIo(const PoolConfig& c) : inject_(c.inject_io_error) {
     if (!c.use_io_uring) {
       LOG_INFO("memory pool " << c.dir << ": io_uring disabled by configuration, using pread/pwrite");
       return;
@@ -104,6 +104,9 @@ class Pool::FileIo {
   bool uring() const { return uring_; }
 
   void run(std::vector<IoOp>& ops) {
+    if (inject_)
+      for (auto& op : ops)
+        if (int e = inject_(op.write, op.offset, op.len)) op.err = e;
     if (uring_) {
       run_uring(ops);
     } else {
@@ -167,6 +170,7 @@ class Pool::FileIo {
     }
   }
 
+  std::function<int(bool, uint64_t, uint32_t)> inject_;
   io_uring ring_{};
   unsigned entries_ = 0;
   bool uring_ = false;
@@ -436,9 +440,13 @@ Status Pool::spill_pages(Sandbox& s, std::vector<uint64_t> pages) {
   for (const auto& op : ops) {
     if (op.err || op.done != op.len) {
       ++spill_errors_;
-      // s.end is unchanged: the next spill overwrites whatever was written.
       Error e = sys::errno_error("write", s.path + " offset " + std::to_string(op.offset), op.err ? op.err : EIO);
       LOG_WARN("memory pool spill " << s.id << ": " << e.message());
+      // Cut whatever part of the batch did land: records past s.end would
+      // otherwise be read by a recovery as newer than the ones written
+      // there later. The batch stays in the memory tier.
+      if (::ftruncate(s.fd.get(), static_cast<off_t>(s.end)) != 0)
+        LOG_WARN("memory pool spill " << s.id << ": ftruncate " << s.path << ": " << std::strerror(errno));
       return e;
     }
   }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,9 @@ struct PoolConfig {
   // false forces the pread/pwrite path (tests of the fallback).
   bool use_io_uring = true;
   unsigned ring_entries = 64;
+  // Test seam (fault injection): called before each file read or write is
+  // issued; a nonzero errno fails that operation without doing it.
+  std::function<int(bool write, uint64_t offset, uint32_t len)> inject_io_error;
 };
 
 // Per sandbox, or over the pool (totals()).

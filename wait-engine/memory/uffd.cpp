@@ -312,9 +312,8 @@ void FaultServer::serve(uint64_t addr) {
     return;
   }
   uint64_t page = (addr - base_) / kPage;
-  alignas(64) static thread_local uint8_t buf[kPage];
   Error err = internal_error("");
-  Install r = install(page, false, buf, &err);
+  Install r = install(page, false, fault_buf_.data(), &err);
   if (r == Install::kSourceFailed || r == Install::kFailed) {
     bool poisoned = false;
     if (poison_) {

@@ -26,7 +26,7 @@
 // server thread and from prefetch() callers, so it must be thread-safe.
 #pragma once
 
-#include <atomic>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -143,6 +143,7 @@ class FaultServer {
   bool zeropage_ = true;
   bool poison_ = false;
   std::thread thread_;
+  std::array<uint8_t, kPage> fault_buf_{};  // the server thread's only
   mutable std::mutex mu_;
   State state_ = State::kCreated;  // GUARDED_BY(mu_)
   FaultStats stats_;               // GUARDED_BY(mu_)
