@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 if [ $# -eq 0 ]; then
   set -- --bin-dir build/debug/bin --templates-dir build/debug/tests-rootfs --sample-output /out/guest=build/debug/guest
 fi
-exec python3 tests/compose/check_compose.py "$@"
+exec python3 -B tests/compose/check_compose.py "$@"

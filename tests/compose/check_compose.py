@@ -47,6 +47,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import dockerfile as df  # noqa: E402
 
@@ -270,8 +271,10 @@ def run_step(rep, stage, ins, where, bindirs, full_build):
     if "--build" not in words:
         t = time.monotonic()
         r = run(words, cwd=cwd)
+        hint = ("\n(a folder or file CMake reads is not copied: add a COPY line to the Dockerfile and a !path line "
+                "to its .dockerignore)")
         if rep.expect(r.returncode == 0, f"{where}: `{' '.join(words)}` in the assembled tree "
-                                         f"({time.monotonic() - t:.1f} s)", (r.stdout + r.stderr)[-3000:]):
+                                         f"({time.monotonic() - t:.1f} s)", (r.stdout + r.stderr)[-3000:] + hint):
             bindirs[preset] = preset_binary_dir(cwd, preset)
         return
     bindir = bindirs.get(preset)
@@ -452,7 +455,8 @@ def check_libraries(rep, image, rel, bin_dir):
         owners = {lib: owning_package(lib) for lib in libs}
         unlisted = {lib: o for lib, o in owners.items() if o not in image.packages}
         rep.expect(not unlisted, f"{rel}: {name}'s {len(libs)} shared libraries come from listed packages "
-                                 f"({' '.join(sorted(set(owners.values())))})", f"unlisted: {unlisted}")
+                                 f"({' '.join(sorted(set(owners.values())))})",
+                   f"unlisted: {unlisted} (add the packages to the final stage's apt-get install)")
 
 
 # ---- 3. a run without an engine ---------------------------------------------
