@@ -366,3 +366,26 @@ TEST_CASE("uffd: adopting a userfaultfd registered elsewhere (as the VMM hands i
   CHECK(srv.stats().faults == kPages);
   CHECK_FALSE(srv.start().ok());  // kServing -> kServing is not a transition
 }
+
+TEST_CASE("uffd: the deadline guard works: a fault nobody serves blocks, and stop() releases it with the kernel's zero page") {
+  sg::test::TempDir td;
+  auto pool = std::move(Pool::open(pool_config(64 << 20, td.path()))).value();
+  Region r;
+  fill_and_offload(r, *pool, never_zero);
+  FaultServerOptions opt;
+  opt.memfd = r.memfd;
+  auto s = FaultServer::register_region(r.base, kPages * kPg, pool_source(*pool), opt);
+  REQUIRE(s.ok());
+  FaultServer& srv = **s;
+  REQUIRE(srv.release(all_pages()).ok());
+  // Never started: the fault stays unserved until stop() closes the uffd.
+  auto t0 = std::chrono::steady_clock::now();
+  auto [in_time, first] = with_deadline(srv, [&] { return fnv(r.page(3), kPg); }, 200ms);
+  CHECK_FALSE(in_time);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  std::vector<uint8_t> zero(kPg, 0);
+  CHECK(first == fnv(zero.data(), kPg));
+  CHECK(srv.state() == FaultServer::State::kStopped);
+  CHECK(srv.stats().faults == 0);
+  CHECK_FALSE(srv.prefetch(std::vector<uint64_t>{1}).ok());
+}
