@@ -17,28 +17,15 @@
 #include <nlohmann/json.hpp>
 
 #include "support/sandgate_process.h"
+#include "bench_util.h"
 #include "sys/sys.h"
 
 using namespace sg;
 using json = nlohmann::json;
+using bench::cpu_model;
+using bench::percentile;
 
 namespace {
-
-double percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  if (v.empty()) return 0;
-  size_t i = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
-}
-
-std::string cpu_model() {
-  auto info = sys::read_file("/proc/cpuinfo", 4 << 20);
-  if (!info) return "unknown";
-  size_t at = info->find("model name");
-  if (at == std::string::npos) return "unknown";
-  size_t colon = info->find(':', at);
-  return info->substr(colon + 2, info->find('\n', colon) - colon - 2);
-}
 
 }  // namespace
 

@@ -39,30 +39,17 @@
 #include <vector>
 
 #include "support/sandgate_process.h"
+#include "bench_util.h"
 #include "sys/sys.h"
 
 using namespace sg;
 using json = nlohmann::json;
+using bench::cpu_model;
+using bench::percentile;
 
 namespace {
 
 uint64_t now_ns() { return sys::monotonic_ns(); }
-
-double pct(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  size_t i = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size()))) - 1;
-  return v[std::min(i, v.size() - 1)];
-}
-
-std::string cpu_model() {
-  auto info = sys::read_file("/proc/cpuinfo", 4 << 20);
-  if (!info) return "unknown";
-  size_t at = info->find("model name");
-  if (at == std::string::npos) return "unknown";
-  size_t colon = info->find(':', at);
-  return info->substr(colon + 2, info->find('\n', colon) - colon - 2);
-}
 
 bool write_all(int fd, const std::string& s) {
   size_t off = 0;
@@ -337,15 +324,15 @@ Run run(int port, int clients, int per_client, bool stream,
 json summary(const Run& r, bool first) {
   std::vector<double> v;
   for (const Sample& s : r.samples) v.push_back(first ? s.first_ms : s.total_ms);
-  return {{"n", v.size()}, {"failures", r.failures}, {"p50_ms", pct(v, 50)}, {"p90_ms", pct(v, 90)},
-          {"p99_ms", pct(v, 99)}, {"max_ms", pct(v, 100)}};
+  return {{"n", v.size()}, {"failures", r.failures}, {"p50_ms", percentile(v, 50)}, {"p90_ms", percentile(v, 90)},
+          {"p99_ms", percentile(v, 99)}, {"max_ms", percentile(v, 100)}};
 }
 
 json delivery_summary(const Run& r) {
   std::vector<double> v;
   for (const Sample& s : r.samples) v.push_back(s.delivery_ms);
-  return {{"n", v.size()}, {"failures", r.failures}, {"p50_ms", pct(v, 50)}, {"p90_ms", pct(v, 90)},
-          {"p99_ms", pct(v, 99)}, {"max_ms", pct(v, 100)}};
+  return {{"n", v.size()}, {"failures", r.failures}, {"p50_ms", percentile(v, 50)}, {"p90_ms", percentile(v, 90)},
+          {"p99_ms", percentile(v, 99)}, {"max_ms", percentile(v, 100)}};
 }
 
 double metric(const test::SandgateProcess& s, const std::string& name) {

@@ -8,6 +8,20 @@
 namespace sg::wait {
 
 namespace {
+// Adds one sandbox's counters to a sum.
+void add(WaitStats& to, const WaitStats& st) {
+  to.pauses += st.pauses;
+  to.resumes += st.resumes;
+  to.offloads += st.offloads;
+  to.waits_started += st.waits_started;
+  to.waits_completed += st.waits_completed;
+  to.waits_cancelled += st.waits_cancelled;
+  to.waits_upstream_error += st.waits_upstream_error;
+  to.waits_client_gone += st.waits_client_gone;
+  to.paused_ns += st.paused_ns;
+  to.held_responses += st.held_responses;
+}
+
 bool stopped(State s) {
   return s == State::kPausing || s == State::kPaused || s == State::kOffloading || s == State::kOffloaded ||
          s == State::kResuming;
@@ -359,15 +373,7 @@ void WaitCoordinator::forget(const std::string& sandbox) {
     e->gone = true;
     e->cv.notify_all();
     std::lock_guard<std::mutex> h(mu_);
-    const WaitStats& st = e->sw.stats();
-    retired_.pauses += st.pauses;
-    retired_.resumes += st.resumes;
-    retired_.waits_started += st.waits_started;
-    retired_.waits_completed += st.waits_completed;
-    retired_.waits_cancelled += st.waits_cancelled;
-    retired_.waits_upstream_error += st.waits_upstream_error;
-    retired_.waits_client_gone += st.waits_client_gone;
-    retired_.paused_ns += st.paused_ns;
+    add(retired_, e->sw.stats());
   }
   for (auto& f : fire) f();
 }
@@ -382,32 +388,26 @@ std::optional<State> WaitCoordinator::state(const std::string& sandbox) {
 WaitCoordinator::Totals WaitCoordinator::totals() {
   std::vector<EntryPtr> all;
   Totals t;
+  WaitStats sum;
   {
     std::lock_guard<std::mutex> g(mu_);
     for (auto& [id, e] : entries_) all.push_back(e);
-    t.pauses = retired_.pauses;
-    t.resumes = retired_.resumes;
-    t.waits_started = retired_.waits_started;
-    t.waits_completed = retired_.waits_completed;
-    t.waits_cancelled = retired_.waits_cancelled;
-    t.waits_upstream_error = retired_.waits_upstream_error;
-    t.waits_client_gone = retired_.waits_client_gone;
-    t.paused_seconds = static_cast<double>(retired_.paused_ns) / 1e9;
+    sum = retired_;
   }
   t.sandboxes = all.size();
   for (auto& e : all) {
     std::lock_guard<std::mutex> g(e->mu);
-    const WaitStats& st = e->sw.stats();
-    t.pauses += st.pauses;
-    t.resumes += st.resumes;
-    t.waits_started += st.waits_started;
-    t.waits_completed += st.waits_completed;
-    t.waits_cancelled += st.waits_cancelled;
-    t.waits_upstream_error += st.waits_upstream_error;
-    t.waits_client_gone += st.waits_client_gone;
-    t.paused_seconds += static_cast<double>(st.paused_ns) / 1e9;
+    add(sum, e->sw.stats());
     if (stopped(e->sw.state())) ++t.stopped_now;
   }
+  t.pauses = sum.pauses;
+  t.resumes = sum.resumes;
+  t.waits_started = sum.waits_started;
+  t.waits_completed = sum.waits_completed;
+  t.waits_cancelled = sum.waits_cancelled;
+  t.waits_upstream_error = sum.waits_upstream_error;
+  t.waits_client_gone = sum.waits_client_gone;
+  t.paused_seconds = static_cast<double>(sum.paused_ns) / 1e9;
   t.pause_failures = pause_failures_.load();
   t.resume_failures = resume_failures_.load();
   t.probes = probes_.load();

@@ -672,23 +672,19 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
                              provider_name(prov) + "-base-url)");
     co_return;
   }
-  if (m.deps.admit_request) {
-    if (int64_t wait = m.deps.admit_request(caller->tenant_id); wait > 0) {
-      http::HttpResponse r = provider_error(prov, 429, "request rate limit reached for this tenant; retry later");
-      r.header("retry-after", std::to_string(wait));
-      co_await out.respond(std::move(r));
-      finish_rec(429, "refused");
-      co_return;
-    }
+  // The tenant's budgets: requests per second, then tokens per minute.
+  int64_t wait_s = m.deps.admit_request ? m.deps.admit_request(caller->tenant_id) : 0;
+  const char* which = "request";
+  if (wait_s <= 0 && m.deps.admit_tokens) {
+    wait_s = m.deps.admit_tokens(caller->tenant_id);
+    which = "token";
   }
-  if (m.deps.admit_tokens) {
-    if (int64_t wait = m.deps.admit_tokens(caller->tenant_id); wait > 0) {
-      http::HttpResponse r = provider_error(prov, 429, "token rate limit reached for this tenant; retry later");
-      r.header("retry-after", std::to_string(wait));
-      co_await out.respond(std::move(r));
-      finish_rec(429, "refused");
-      co_return;
-    }
+  if (wait_s > 0) {
+    http::HttpResponse r = provider_error(prov, 429, std::string(which) + " rate limit reached for this tenant; retry later");
+    r.header("retry-after", std::to_string(wait_s));
+    co_await out.respond(std::move(r));
+    finish_rec(429, "refused");
+    co_return;
   }
 
   // The wait begins for every bound sandbox.
