@@ -177,3 +177,18 @@ test('flow control: a paused h2 reader does not grow the gateway', async () => {
   await new Promise((r) => req.on('close', r));
   assert.equal((await request({ ':path': '/health' })).status, 200);
 });
+
+test('model API routes over h2 answer 505 in the provider\'s shape (they are served over HTTP/1.1)', async () => {
+  let r = await request({ ':method': 'POST', ':path': '/v1/chat/completions', 'content-type': 'application/json',
+    authorization: 'Bearer sk-sg-' + '0'.repeat(48) }, '{"model":"m","messages":[]}');
+  assert.equal(r.status, 505);
+  assert.equal(json(r).error.type, 'invalid_request_error');
+  assert.match(json(r).error.message, /HTTP\/1\.1/);
+  r = await request({ ':method': 'POST', ':path': '/v1/messages', 'content-type': 'application/json',
+    'anthropic-version': '2023-06-01', 'x-api-key': 'sk-sg-' + '0'.repeat(48) }, '{"model":"m"}');
+  assert.equal(r.status, 505);
+  assert.equal(json(r).type, 'error');
+  // The connection carries on.
+  r = await request({ ':method': 'GET', ':path': '/health' });
+  assert.equal(r.status, 200);
+});

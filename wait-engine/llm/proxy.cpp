@@ -157,7 +157,8 @@ http::HttpResponse provider_error(Provider p, int status, const std::string& mes
     }
     body = {{"type", "error"}, {"error", {{"type", type}, {"message", message}}}};
   } else {
-    const char* type = status >= 500 ? "server_error" : "invalid_request_error";
+    // 505 (wrong protocol) is the client's to fix.
+    const char* type = status >= 500 && status != 505 ? "server_error" : "invalid_request_error";
     json code = nullptr;
     if (status == 401) code = "invalid_api_key";
     if (status == 404) code = "not_found";
