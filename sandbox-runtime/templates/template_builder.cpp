@@ -206,6 +206,12 @@ bool rootfs_ready(const std::string& dir) {
 // The first template format with today's package list.
 constexpr int kFirstFormatOfThisPackageSet = 3;
 
+Upgrade upgrade_for_format(int format) {
+  if (format <= 0) return Upgrade::kNotATemplate;
+  if (format >= kTemplateFormat) return Upgrade::kNone;
+  return format >= kFirstFormatOfThisPackageSet ? Upgrade::kFinalize : Upgrade::kRebuild;
+}
+
 Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress) {
   if (dest_dir.empty() || dest_dir.back() == '/') return invalid_error("template dir must be a path without a trailing '/'");
   if (rootfs_ready(dest_dir)) return Status::Ok();
@@ -213,11 +219,11 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
   if (auto text = sys::read_file(dest_dir + "/" + kMarkerFile, 64 * 1024); text.ok()) {
     auto j = nlohmann::json::parse(*text, nullptr, false);
     int format = j.is_object() ? j.value("format", 0) : 0;
-    if (format >= kFirstFormatOfThisPackageSet && format < kTemplateFormat) {
+    if (upgrade_for_format(format) == Upgrade::kFinalize) {
       if (progress) progress("I: upgrading template " + dest_dir + " from format " + std::to_string(format));
       return finalize_rootfs(dest_dir);
     }
-    if (format > 0 && format < kFirstFormatOfThisPackageSet) {
+    if (upgrade_for_format(format) == Upgrade::kRebuild) {
       // Other packages: build anew, then drop the old tree. (Nothing runs
       // on it: templates are built before sandboxes start.)
       if (progress) progress("I: rebuilding template " + dest_dir + " (format " + std::to_string(format) + " lacks curl and git)");

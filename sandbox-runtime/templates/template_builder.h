@@ -27,8 +27,15 @@ inline constexpr int kTemplateFormat = 3;
 inline constexpr const char* kMarkerFile = ".sandgate-template";
 inline constexpr const char* kDefaultMirror = "http://deb.debian.org/debian";
 
+// What build_base_rootfs does with an existing template of marker format
+// `format`: nothing (current), finalize it in place (same package set, newer
+// finalize steps), or rebuild it (another package set). format <= 0: not a
+// template (build_base_rootfs refuses to touch it).
+enum class Upgrade { kNone, kFinalize, kRebuild, kNotATemplate };
+Upgrade upgrade_for_format(int format);
+
 // Runs debootstrap (minbase bookworm with bash, coreutils, procps, python3,
-// ca-certificates; mirror from $SANDGATE_DEBIAN_MIRROR or kDefaultMirror)
+// ca-certificates, curl, git; mirror from $SANDGATE_DEBIAN_MIRROR or kDefaultMirror)
 // into <dest>.partial, streaming each output line to progress, then
 // finalize_rootfs() and an atomic rename to dest. A leftover <dest>.partial
 // is removed first. Returns Ok at once if dest is already a ready template;
