@@ -5,7 +5,7 @@ set -euo pipefail
 
 PKGS=(
   build-essential cmake ninja-build pkg-config ccache git
-  libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liburing-dev
+  libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liblz4-dev liburing-dev
   libsqlite3-dev sqlite3 doctest-dev
   debootstrap iproute2 util-linux curl ca-certificates
   clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
@@ -15,6 +15,7 @@ PKGS=(
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
 # guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
 # harness (tests/kvm-harness), which runs microVMs under QEMU TCG.
+# liblz4-dev: the zswap-like LZ4 baseline of tests/bench/memory_codec_bench.
 # docker-compose: `docker-compose config` validates compose/ in the
 # compose_check test (no container engine is needed for that).
 
