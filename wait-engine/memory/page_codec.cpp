@@ -62,7 +62,12 @@ __attribute__((target("sse4.2"))) uint32_t crc_sse42(const uint8_t* p, size_t n)
   for (; i < n; ++i) c32 = _mm_crc32_u8(c32, p[i]);
   return ~c32;
 }
-const bool kHaveSse42 = __builtin_cpu_supports("sse4.2");
+// Immutable once set; __builtin_cpu_init makes the check safe during static
+// initialisation, whatever the order of constructors.
+const bool kHaveSse42 = [] {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("sse4.2") != 0;
+}();
 #endif
 
 // ---- little-endian helpers
@@ -244,6 +249,7 @@ EncodeResult encode_page(CodecContext& cc, const uint8_t* page, const EncodeOpti
   put_u32(prefix + 1, crc);
   auto emit = [&](PageKind k, const uint8_t* payload, size_t n) {
     prefix[0] = static_cast<uint8_t>(k);
+    // SAFETY: char and uint8_t may alias each other; the lengths are those of the buffers.
     out.append(reinterpret_cast<const char*>(prefix), kRecordPrefixSize);
     if (n) out.append(reinterpret_cast<const char*>(payload), n);
     return EncodeResult{k, kRecordPrefixSize + n};
@@ -327,6 +333,7 @@ Status decode_page(CodecContext& cc, std::string_view rec, const uint8_t* templa
                    uint8_t* out) {
   if (rec.size() < kRecordPrefixSize)
     return bad("truncated: " + std::to_string(rec.size()) + " bytes, shorter than the 5-byte prefix");
+  // SAFETY: viewing chars as bytes; every read below is bounded by rec.size().
   const auto* r = reinterpret_cast<const uint8_t*>(rec.data());
   const uint8_t kind = r[0];
   const uint32_t crc = get_u32(r + 1);
