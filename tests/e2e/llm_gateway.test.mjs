@@ -151,7 +151,9 @@ console.log(JSON.stringify({ a: r.choices[0].message.content, u: r.usage, b: tex
   }
 
   // Paused during each wait (1.2 s each, grace 20 ms), resumed before delivery.
-  const evs = await waitEvents(sbx.sandboxId, seq, (e) => e.filter((x) => x.detail.to === 'paused').length >= 2);
+  // (Events reach SQLite in batches: poll until both waits are recorded whole.)
+  const evs = await waitEvents(sbx.sandboxId, seq, (e) => e.filter((x) => x.detail.to === 'paused').length >= 2 &&
+    e.filter((x) => x.detail.from === 'resuming').length >= 2);
   const states = evs.map((e) => `${e.detail.from}->${e.detail.to}`);
   assert.ok(states.filter((s) => s === 'pausing->paused').length >= 2, states.join(' '));
   assert.ok(states.filter((s) => s.startsWith('resuming->')).length >= 2, states.join(' '));
