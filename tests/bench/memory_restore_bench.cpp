@@ -413,8 +413,10 @@ int main(int argc, char** argv) {
       }
     srv.stop();
     auto mem = pred.memory();
-    double scale_sum = 0;
-    for (int s = 0; s < n; ++s) scale_sum += pred.scale("sibling-" + std::to_string(s));
+    double scale_sum[kPrefetchSources] = {0, 0, 0};
+    for (int s = 0; s < n; ++s)
+      for (size_t i = 0; i < kPrefetchSources; ++i)
+        scale_sum[i] += pred.scale("sibling-" + std::to_string(s), static_cast<PrefetchSource>(i));
     results[c.name] = {
         {"first_touches", r.touches},
         {"demand_faults", r.demand},
@@ -427,7 +429,8 @@ int main(int argc, char** argv) {
         {"demand_fault_latency_us", {{"p50", bench::percentile(r.lat_demand, 50)}, {"p99", bench::percentile(r.lat_demand, 99)}, {"n", r.lat_demand.size()}}},
         {"first_touch_latency_us", {{"p50", bench::percentile(r.lat_all, 50)}, {"p99", bench::percentile(r.lat_all, 99)}}},
         {"prefetched_touch_latency_us", {{"p50", bench::percentile(r.lat_prefetched, 50)}, {"p99", bench::percentile(r.lat_prefetched, 99)}}},
-        {"mean_throttle_scale_at_end", scale_sum / n},
+        {"mean_throttle_scale_at_end",
+         {{"history", scale_sum[0] / n}, {"hot_set", scale_sum[1] / n}, {"stride", scale_sum[2] / n}}},
         {"predictor_stored_pages", mem.stored_pages},
     };
     std::fprintf(stderr, "%-28s on demand %.3f  demand p50 %.1f us p99 %.1f us  prefetched %lu wasted %lu\n", c.name,
@@ -461,7 +464,8 @@ int main(int argc, char** argv) {
            " pages times the throttle scale), then a second thread reads one byte of each recorded page in "
            "order; latency is that read (steady_clock), classed demand if mincore said not resident just before. "
            "Stride: demand faults go from the source to a helper thread that prefetches Predictor::on_fault's "
-           "pages. After each resume the predictor gets report_outcome(prefetched, trace) and record_trace. "
+           "pages. After each resume the predictor gets report_outcome(prefetched, trace) and record_trace; the "
+       "throttle is per sandbox and per source (history, hot set, stride). "
            "Wasted = prefetched and not in the trace (pages read but not written count as wasted here)."},
       {"siblings", n},
       {"tool_calls", calls},

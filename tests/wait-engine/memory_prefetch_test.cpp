@@ -181,3 +181,44 @@ TEST_CASE("deterministic: the same inputs give the same predictions") {
   };
   CHECK(run() == run());
 }
+
+TEST_CASE("throttle is per source: a wasteful history does not shrink a precise hot set") {
+  PredictorConfig c = only(true, true, false);
+  Predictor p(c);
+  auto hot = range(0, 100);
+  for (int r = 0; r < 10; ++r) {
+    // Siblings keep touching 0..99 at index 0; "me" touches 0..99 plus a
+    // new 100 pages each time, so its history is half wrong next time.
+    p.record_trace("s1", "c", 0, hot);
+    p.record_trace("s2", "c", 0, hot);
+    auto pred = p.predict("me", "c", 0, 400);
+    auto touched = hot;
+    for (uint64_t i = 0; i < 100; ++i) touched.push_back(10000 * (r + 1) + i);
+    p.report_outcome("me", pred, touched);
+    p.record_trace("me", "c", 0, touched);
+  }
+  CHECK(p.scale("me", PrefetchSource::kHotSet) == doctest::Approx(1.0));
+  CHECK(p.scale("me", PrefetchSource::kHistory) < 0.05);
+  CHECK(p.scale("me") == p.scale("me", PrefetchSource::kHistory));
+  auto pred = p.predict("me", "c", 0, 400);
+  std::set<uint64_t> got(pred.begin(), pred.end());
+  for (uint64_t i = 0; i < 100; ++i) CHECK(got.count(i) == 1);  // the whole hot set still comes
+  CHECK(pred.size() < 100 + 20);                                 // the history's extra pages mostly do not
+}
+
+TEST_CASE("throttle: a stride that keeps being wrong shortens the stride run") {
+  Predictor p(only(false, false, true));
+  for (int r = 0; r < 10; ++r) {
+    p.predict("a", "c", 0, 0);  // opens the outcome window
+    p.begin_restore("a");
+    p.on_fault("a", 1);
+    p.on_fault("a", 2);
+    auto more = p.on_fault("a", 3);
+    p.report_outcome("a", more, std::vector<uint64_t>{1, 2, 3});
+  }
+  CHECK(p.scale("a", PrefetchSource::kStride) < 0.1);
+  p.begin_restore("a");
+  p.on_fault("a", 1);
+  p.on_fault("a", 2);
+  CHECK(p.on_fault("a", 3).size() == 1);
+}

@@ -62,17 +62,24 @@ void Predictor::record_trace(const std::string& sb, const std::string& cohort, u
   evict();
 }
 
-size_t Predictor::budget_for(const SandboxState& s, size_t budget) const {
+size_t Predictor::budget_for(const SandboxState& s, PrefetchSource src, size_t budget) const {
   if (budget == 0) return 0;
   if (!cfg_.throttle) return budget;
-  auto b = static_cast<size_t>(std::floor(static_cast<double>(budget) * s.st.scale));
+  double scale = s.st.source_scale[static_cast<size_t>(src)];
+  auto b = static_cast<size_t>(std::floor(static_cast<double>(budget) * scale));
   return std::max<size_t>(b, 1);
+}
+
+void Predictor::issue(SandboxState& s, uint64_t page, PrefetchSource src) const {
+  if (s.issued.size() < 2 * cfg_.max_trace_pages) s.issued.emplace(page, src);
 }
 
 std::vector<uint64_t> Predictor::predict(const std::string& sb, const std::string& cohort, uint32_t idx,
                                          size_t budget_pages) {
   auto& s = sandbox(sb);
-  size_t budget = budget_for(s, budget_pages);
+  s.issued.clear();
+  const size_t hot_budget = budget_for(s, PrefetchSource::kHotSet, budget_pages);
+  const size_t hist_budget = budget_for(s, PrefetchSource::kHistory, budget_pages);
   std::vector<uint64_t> hot;  // ordered: most siblings first, then first seen
   if (cfg_.use_hot_set) {
     auto it = hot_.find(Key{cohort, idx});
@@ -102,14 +109,21 @@ std::vector<uint64_t> Predictor::predict(const std::string& sb, const std::strin
   const auto& hist = cfg_.use_history ? s.history : empty;
   std::vector<uint64_t> out;
   std::unordered_set<uint64_t> taken;
-  auto add = [&](uint64_t p) {
-    if (out.size() < budget && taken.insert(p).second) out.push_back(p);
+  size_t n_hot = 0, n_hist = 0;
+  auto add = [&](uint64_t p, PrefetchSource src) {
+    size_t& n = src == PrefetchSource::kHotSet ? n_hot : n_hist;
+    size_t cap = src == PrefetchSource::kHotSet ? hot_budget : hist_budget;
+    if (out.size() >= budget_pages || n >= cap || taken.count(p)) return;
+    taken.insert(p);
+    out.push_back(p);
+    ++n;
+    issue(s, p, src);
   };
   std::unordered_set<uint64_t> hotset(hot.begin(), hot.end());
   for (uint64_t p : hist)
-    if (hotset.count(p)) add(p);
-  for (uint64_t p : hot) add(p);
-  for (uint64_t p : hist) add(p);
+    if (hotset.count(p)) add(p, PrefetchSource::kHotSet);
+  for (uint64_t p : hot) add(p, PrefetchSource::kHotSet);
+  for (uint64_t p : hist) add(p, PrefetchSource::kHistory);
   return out;
 }
 
@@ -127,12 +141,13 @@ std::vector<uint64_t> Predictor::on_fault(const std::string& sb, uint64_t page) 
   int64_t d2 = static_cast<int64_t>(s.recent[2] - s.recent[1]);
   int64_t mag = d1 < 0 ? -d1 : d1;
   if (d1 != d2 || mag < 1 || mag > static_cast<int64_t>(cfg_.max_stride)) return out;
-  size_t n = budget_for(s, cfg_.stride_ahead);
+  size_t n = budget_for(s, PrefetchSource::kStride, cfg_.stride_ahead);
   uint64_t p = page;
   for (size_t i = 0; i < n; ++i) {
     if (d1 < 0 && p < static_cast<uint64_t>(mag)) break;
     p += static_cast<uint64_t>(d1);
     out.push_back(p);
+    issue(s, p, PrefetchSource::kStride);
   }
   return out;
 }
@@ -148,13 +163,30 @@ void Predictor::report_outcome(const std::string& sb, std::span<const uint64_t> 
   s.st.used += used;
   s.st.wasted += pf.size() - used;
   s.st.missed += t.size() - used;
+  std::array<uint64_t, kPrefetchSources> src_pf{}, src_used{};
+  for (uint64_t p : pf) {
+    auto it = s.issued.find(p);
+    if (it == s.issued.end()) continue;  // not ours (the caller's own): overall counters only
+    auto i = static_cast<size_t>(it->second);
+    ++src_pf[i];
+    src_used[i] += t.count(p);
+  }
+  s.issued.clear();
   if (pf.empty()) return;  // nothing learned about precision
-  double prec = static_cast<double>(used) / static_cast<double>(pf.size());
-  s.st.precision = cfg_.precision_weight * prec + (1 - cfg_.precision_weight) * s.st.precision;
-  if (s.st.precision < cfg_.throttle_low)
-    s.st.scale = std::max(cfg_.min_scale, s.st.scale / 2);
-  else if (s.st.precision > cfg_.throttle_high)
-    s.st.scale = std::min(1.0, s.st.scale * 2);
+  const double w = cfg_.precision_weight;
+  auto ewma = [w](double& acc, double x) { acc = w * x + (1 - w) * acc; };
+  ewma(s.st.precision, static_cast<double>(used) / static_cast<double>(pf.size()));
+  for (size_t i = 0; i < kPrefetchSources; ++i) {
+    if (src_pf[i] == 0) continue;
+    double& prec = s.st.source_precision[i];
+    double& scale = s.st.source_scale[i];
+    ewma(prec, static_cast<double>(src_used[i]) / static_cast<double>(src_pf[i]));
+    if (prec < cfg_.throttle_low)
+      scale = std::max(cfg_.min_scale, scale / 2);
+    else if (prec > cfg_.throttle_high)
+      scale = std::min(1.0, scale * 2);
+  }
+  s.st.scale = *std::min_element(s.st.source_scale.begin(), s.st.source_scale.end());
 }
 
 PrefetchOutcomeStats Predictor::stats(const std::string& sb) const {
@@ -163,6 +195,10 @@ PrefetchOutcomeStats Predictor::stats(const std::string& sb) const {
 }
 
 double Predictor::scale(const std::string& sb) const { return stats(sb).scale; }
+
+double Predictor::scale(const std::string& sb, PrefetchSource src) const {
+  return stats(sb).source_scale[static_cast<size_t>(src)];
+}
 
 PredictorMemory Predictor::memory() const {
   PredictorMemory m;

@@ -12,9 +12,11 @@
 //  - stride: during restore, on_fault() sees demand faults; when the last
 //    three have one constant stride of 1..max_stride pages, it returns the
 //    next pages along it.
-// A throttle per sandbox scales every budget by the precision of its past
-// prefetches (report_outcome()): below `throttle_low` the scale halves,
-// above `throttle_high` it doubles back towards 1.
+// A throttle per sandbox and per source scales that source's share of the
+// budget by the precision of its past prefetches (report_outcome()): below
+// `throttle_low` the scale halves, above `throttle_high` it doubles back
+// towards 1. Per source, so a wasteful history does not starve a precise
+// hot set.
 //
 // The predictor is pure and deterministic (no clock, no randomness, ordered
 // containers where order reaches the output) and bounded: every history is
@@ -24,6 +26,7 @@
 // helper thread fed by the fault server's source, not inside the source.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <span>
@@ -31,6 +34,9 @@
 #include <vector>
 
 namespace sg::memory {
+
+enum class PrefetchSource : uint8_t { kHistory = 0, kHotSet = 1, kStride = 2 };
+inline constexpr size_t kPrefetchSources = 3;
 
 struct PredictorConfig {
   bool use_history = true;
@@ -57,8 +63,11 @@ struct PrefetchOutcomeStats {
   uint64_t used = 0;
   uint64_t wasted = 0;
   uint64_t missed = 0;
-  double precision = 1.0;  // EWMA of used / prefetched
-  double scale = 1.0;      // budget multiplier from the throttle
+  double precision = 1.0;  // EWMA of used / prefetched, all sources
+  double scale = 1.0;      // the smallest source scale
+  // Indexed by PrefetchSource: EWMA precision and budget scale per source.
+  std::array<double, kPrefetchSources> source_precision{1.0, 1.0, 1.0};
+  std::array<double, kPrefetchSources> source_scale{1.0, 1.0, 1.0};
 };
 
 struct PredictorMemory {
@@ -77,10 +86,13 @@ class Predictor {
   void record_trace(const std::string& sandbox, const std::string& cohort, uint32_t tool_call_index,
                     std::span<const uint64_t> pages);
 
-  // Pages to install before resuming, at most budget_pages times the
-  // sandbox's throttle scale (rounded down, at least 1 when budget > 0),
-  // no duplicates. Order: pages both in history and in the hot set, then
-  // the hot set (most siblings first), then the rest of the history.
+  // Pages to install before resuming, at most budget_pages, no duplicates.
+  // Each source gets at most budget_pages times its throttle scale (rounded
+  // down, at least 1 when budget > 0). Order: pages both in history and in
+  // the hot set (counted as hot set), then the hot set (most siblings
+  // first), then the rest of the history. Starts a new outcome window: the
+  // pages returned here and by on_fault() are what report_outcome() judges
+  // per source.
   std::vector<uint64_t> predict(const std::string& sandbox, const std::string& cohort, uint32_t tool_call_index,
                                 size_t budget_pages);
 
@@ -101,7 +113,8 @@ class Predictor {
                       std::span<const uint64_t> touched);
 
   PrefetchOutcomeStats stats(const std::string& sandbox) const;
-  double scale(const std::string& sandbox) const;
+  double scale(const std::string& sandbox) const;  // the smallest source scale
+  double scale(const std::string& sandbox, PrefetchSource source) const;
   PredictorMemory memory() const;
   void forget(const std::string& sandbox);
   const PredictorConfig& config() const { return cfg_; }
@@ -113,6 +126,7 @@ class Predictor {
     uint64_t recent[3] = {0, 0, 0};
     int n_recent = 0;
     PrefetchOutcomeStats st;
+    std::map<uint64_t, PrefetchSource> issued;  // this window's pages, at most 2 * max_trace_pages
   };
   struct HotKey {
     std::map<std::string, std::vector<uint64_t>> members;  // sandbox -> its trace
@@ -122,7 +136,8 @@ class Predictor {
   using Key = std::pair<std::string, uint32_t>;
 
   SandboxState& sandbox(const std::string& id);
-  size_t budget_for(const SandboxState& s, size_t budget) const;
+  size_t budget_for(const SandboxState& s, PrefetchSource src, size_t budget) const;
+  void issue(SandboxState& s, uint64_t page, PrefetchSource src) const;
   void evict();
 
   PredictorConfig cfg_;
