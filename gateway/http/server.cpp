@@ -80,9 +80,9 @@ struct HttpServer::Impl {
   // Reads the body of a streaming route and runs its handler; returns
   // whether the connection may carry another request.
   template <class Stream>
+  // plain_head: the head already converted (remote and bound_sandbox set).
   asio::awaitable<bool> serve_stream(Stream& stream, beast::flat_buffer& buf,
-                                     bhttp::request_parser<bhttp::empty_body>&& head, const std::string& remote,
-                                     const std::string& bound_sandbox);
+                                     bhttp::request_parser<bhttp::empty_body>&& head, HttpRequest plain_head);
   asio::awaitable<HttpResponse> dispatch(HttpRequest req);
   // Relays one request to a sandbox; returns whether the client connection
   // may carry another request.
@@ -375,10 +375,10 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
 template <class Stream>
 asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat_buffer& buf,
                                                      bhttp::request_parser<bhttp::empty_body>&& head,
-                                                     const std::string& remote, const std::string& bound_sandbox) {
+                                                     HttpRequest plain_head) {
   boost::system::error_code ec;
-  HttpRequest plain_head = head_of(head.get(), remote);
-  plain_head.bound_sandbox = bound_sandbox;
+  const std::string& remote = plain_head.remote;
+  const std::string bound_sandbox = plain_head.bound_sandbox;
   unsigned head_version = head.get().version();
   auto refuse = [&](int status, const std::string& msg) -> asio::awaitable<bool> {
     HttpResponse r = stream_hooks.error ? stream_hooks.error(plain_head, status, msg) : json_error(status, msg);
@@ -475,13 +475,12 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
           co_await fail(400, "malformed HTTP request: " + ec.message());
         break;
       }
-      if (stream_hooks.owns && stream_hooks.serve) {
-        HttpRequest h = head_of(head.get(), remote);
-        h.bound_sandbox = bound_sandbox;
-        if (stream_hooks.owns(h)) {
-          if (!co_await serve_stream(stream, buf, std::move(head), remote, bound_sandbox) || stopping) break;
-          continue;
-        }
+      // The head as handlers see it, converted once for every hook below.
+      HttpRequest h = head_of(head.get(), remote);
+      h.bound_sandbox = bound_sandbox;
+      if (stream_hooks.owns && stream_hooks.serve && stream_hooks.owns(h)) {
+        if (!co_await serve_stream(stream, buf, std::move(head), std::move(h)) || stopping) break;
+        continue;
       }
       if (!bound_sandbox.empty()) {
         // A sandbox's own connection reaches gateway services only.
@@ -491,7 +490,7 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
         break;
       }
       if (proxy_hooks.route) {
-        Result<std::optional<ProxyTarget>> target = proxy_hooks.route(head_of(head.get(), remote));
+        Result<std::optional<ProxyTarget>> target = proxy_hooks.route(h);
         if (!target) {
           co_await fail(400, target.error().message());
           break;
