@@ -364,6 +364,24 @@ struct ModelProxy::Impl {
     return r;
   }
 
+  // The response is coming: starts resuming every bound sandbox and returns
+  // the gate that opens once all of them run (open at once when none is
+  // bound). *stopped: whether one of them was stopped.
+  std::shared_ptr<Gate> open_gate(asio::any_io_executor ex, const std::vector<wait::WaitCoordinator::Ticket>& tickets,
+                                  bool* stopped) {
+    auto gate = std::make_shared<Gate>(ex);
+    if (deps.coordinator && !tickets.empty()) {
+      for (const auto& t : tickets) *stopped |= deps.coordinator->response_started(t);
+      gate->remaining = static_cast<int>(tickets.size());
+      for (const auto& t : tickets)
+        deps.coordinator->when_deliverable(t, [gate] {
+          if (--gate->remaining == 0) asio::post(gate->ex, [gate] { gate->timer.cancel(); });
+        });
+    }
+    if (gate->remaining.load() == 0) gate->open = true;
+    return gate;
+  }
+
   // Waits until the gate opens (or the delivery timeout passes).
   asio::awaitable<void> await_gate(const std::shared_ptr<Gate>& gate, Cancel& cx) {
     const bool& client_gone = cx.gone;
@@ -420,16 +438,7 @@ struct ModelProxy::Impl {
     o.head_ns = now_ns();
     upstream_ttfb.observe(static_cast<double>(o.head_ns - o.sent_ns) / 1e9);
     // The response is coming: resume whatever was paused, now.
-    auto gate = std::make_shared<Gate>(co_await asio::this_coro::executor);
-    if (deps.coordinator) {
-      for (const auto& t : tickets) o.stopped |= deps.coordinator->response_started(t);
-      gate->remaining = static_cast<int>(tickets.size());
-      for (const auto& t : tickets)
-        deps.coordinator->when_deliverable(t, [gate] {
-          if (--gate->remaining == 0) asio::post(gate->ex, [gate] { gate->timer.cancel(); });
-        });
-    }
-    if (gate->remaining.load() == 0) gate->open = true;
+    std::shared_ptr<Gate> gate = open_gate(co_await asio::this_coro::executor, tickets, &o.stopped);
 
     auto& res = p.get();
     int status = static_cast<int>(res.result_int());
@@ -733,17 +742,7 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   // A failure before any response byte: answer 502 — but only once the
   // bound sandboxes run again.
   if (o.status == -1) {
-    if (m.deps.coordinator && !tickets.empty()) {
-      auto gate = std::make_shared<Gate>(ex);
-      gate->remaining = static_cast<int>(tickets.size());
-      for (const auto& t : tickets) {
-        o.stopped |= m.deps.coordinator->response_started(t);
-        m.deps.coordinator->when_deliverable(t, [gate] {
-          if (--gate->remaining == 0) asio::post(gate->ex, [gate] { gate->timer.cancel(); });
-        });
-      }
-      co_await m.await_gate(gate, cx);
-    }
+    co_await m.await_gate(m.open_gate(ex, tickets, &o.stopped), cx);
     co_await out.respond(provider_error(prov, 502, std::string("the ") + provider_name(prov) +
                                                        " upstream could not be reached or broke off the response"));
     o.status = 502;
