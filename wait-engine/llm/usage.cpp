@@ -63,7 +63,13 @@ bool from_usage(Provider p, const json& usage, TokenUsage* u, bool cumulative_ou
 
 TokenUsage usage_from_json(Provider p, std::string_view body) {
   TokenUsage u;
-  json j = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  // Keep only the top-level "usage" member: a response body can be many
+  // megabytes (embeddings, long outputs) and is read on an io thread, so
+  // nothing else is built into a document.
+  json::parser_callback_t keep_usage = [](int depth, json::parse_event_t event, json& parsed) {
+    return !(depth == 1 && event == json::parse_event_t::key && parsed != "usage");
+  };
+  json j = json::parse(body.begin(), body.end(), keep_usage, /*allow_exceptions=*/false);
   if (!j.is_object()) return u;
   if (auto it = j.find("usage"); it != j.end()) from_usage(p, *it, &u, false);
   return u;
