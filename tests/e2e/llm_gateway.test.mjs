@@ -331,6 +331,11 @@ test('upstream down: 502 in the provider\'s shape', async () => {
   // A tenant whose upstream listens nowhere.
   const key = cli('tenant', 'create', 'downstream');
   assert.match(key, /^e2b_/);
+  // Another tenant sees none of this sandbox's events or usage.
+  const ev = await fetch(`${sg.url}/sandboxes/${sbx.sandboxId}/events`, { headers: { 'X-API-KEY': key } });
+  assert.equal(ev.status, 404);
+  const us = await (await fetch(`${sg.url}/llm/usage?sandboxID=${sbx.sandboxId}`, { headers: { 'X-API-KEY': key } })).json();
+  assert.deepEqual([us.requests.length, us.totals.requests], [0, 0]);
   const keyFile = join(tmp, 'k2');
   writeFileSync(keyFile, 'sk-whatever-0123456789\n');
   cli('llm', 'upstream', 'set', 'anthropic', '--tenant', 'downstream', '--base-url', 'http://127.0.0.1:1', '--key-file', keyFile);
