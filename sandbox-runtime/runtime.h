@@ -76,6 +76,25 @@ struct Usage {
   uint64_t disk_used_bytes = 0;  // bytes in the writable layer
 };
 
+// A microVM's guest RAM as its VMM maps it, for the memory offload engine
+// (wait-engine/memory/offload.h). Page i is the 4 KiB at base + i * 4096
+// in the VMM's address space (process pid).
+struct GuestMemoryInfo {
+  int pid = -1;
+  uint64_t base = 0;
+  uint64_t size = 0;
+  std::string backing;          // "memfd", "file", "userfaultfd" (docs/vmm.md)
+  std::string template_memory;  // the snapshot memory file a clone started from; "" for a booted VM
+};
+
+// What release_guest_memory() hands over: on the first release, the
+// userfaultfd every missing page now faults to (the caller must serve it
+// for as long as the VMM lives), with its features.
+struct GuestMemoryRelease {
+  UniqueFd uffd;
+  uint64_t features = 0;
+};
+
 class Sandbox {
  public:
   virtual ~Sandbox() = default;  // does not kill: call kill()
@@ -110,6 +129,17 @@ class Sandbox {
   // expect one (ping, status: not shutdown). kTimeout after timeout (the
   // late reply is then discarded), kUnavailable once the channel is closed.
   virtual Result<std::string> control(std::string request, std::chrono::milliseconds timeout) = 0;
+
+  // Memory offload (microVM backend; the process backend has no guest RAM
+  // and answers kUnavailable). release_guest_memory needs a paused sandbox
+  // whose pages the caller has saved: afterwards every page faults to the
+  // userfaultfd (docs/vmm.md, "Memory offload").
+  virtual Result<GuestMemoryInfo> guest_memory() {
+    return Error(ErrorKind::kUnavailable, "memory offload needs the microVM backend");
+  }
+  virtual Result<GuestMemoryRelease> release_guest_memory() {
+    return Error(ErrorKind::kUnavailable, "memory offload needs the microVM backend");
+  }
 };
 
 class Runtime {

@@ -96,7 +96,8 @@ Result<uint64_t> tree_bytes(const std::string& dir) {
 class Control {
  public:
   explicit Control(UniqueFd fd) : fd_(std::move(fd)) {}
-  Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout) {
+  // fd_out: receives an fd the reply carries (SCM_RIGHTS), if any.
+  Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout, UniqueFd* fd_out = nullptr) {
     std::lock_guard lock(mu_);
     // Replies carry no request id: after a timeout a late reply would be
     // taken for the next request's, so the socket is not used again.
@@ -116,8 +117,24 @@ class Control {
       if (n < 0 && errno != EINTR) return sys::errno_error("poll", "microVM control socket");
     }
     char buf[4096];
-    ssize_t r = ::recv(fd_.get(), buf, sizeof buf, 0);
+    struct iovec iov = {buf, sizeof buf};
+    struct msghdr mh {};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t r = ::recvmsg(fd_.get(), &mh, MSG_CMSG_CLOEXEC);
     if (r <= 0) return Error(ErrorKind::kUnavailable, "microVM control socket closed (the VMM exited)");
+    UniqueFd passed;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
+        passed = UniqueFd(fd);
+      }
+    }
+    if (fd_out) *fd_out = std::move(passed);
     std::string reply(buf, static_cast<size_t>(r));
     if (reply.rfind("ok", 0) == 0) return reply.size() > 3 ? reply.substr(3) : std::string();
     return internal_error("microVM: " + reply);
@@ -255,6 +272,36 @@ class MicrovmSandbox final : public runtime::Sandbox {
     }
     return u;
   }
+  void set_template_memory(std::string path) { template_memory_ = std::move(path); }
+  Result<runtime::GuestMemoryInfo> guest_memory() override {
+    auto r = control_->call("meminfo", std::chrono::milliseconds(10000));
+    if (!r) return r.error();
+    auto j = nlohmann::json::parse(*r, nullptr, false);
+    if (!j.is_object() || !j.contains("base") || !j["base"].is_number_unsigned() || !j.contains("size") ||
+        !j["size"].is_number_unsigned() || !j.contains("backing") || !j["backing"].is_string())
+      return internal_error("microVM: meminfo reply \"" + r->substr(0, 200) + "\"");
+    runtime::GuestMemoryInfo m;
+    m.pid = pid_;
+    m.base = j["base"].get<uint64_t>();
+    m.size = j["size"].get<uint64_t>();
+    m.backing = j["backing"].get<std::string>();
+    m.template_memory = template_memory_;
+    return m;
+  }
+  Result<runtime::GuestMemoryRelease> release_guest_memory() override {
+    UniqueFd fd;
+    auto r = control_->call("release-memory", std::chrono::milliseconds(10000), &fd);
+    if (!r) return r.error();
+    auto j = nlohmann::json::parse(*r, nullptr, false);
+    if (!j.is_object() || !j.contains("uffd") || !j["uffd"].is_boolean() || !j.contains("features") ||
+        !j["features"].is_number_unsigned())
+      return internal_error("microVM: release-memory reply \"" + r->substr(0, 200) + "\"");
+    if (j["uffd"].get<bool>() != bool(fd)) return internal_error("microVM: release-memory reply and passed fd disagree");
+    runtime::GuestMemoryRelease out;
+    out.uffd = std::move(fd);
+    out.features = j["features"].get<uint64_t>();
+    return out;
+  }
   Result<UniqueFd> open_port(uint16_t port) override {
     auto h = host();
     if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
@@ -277,6 +324,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
   pid_t pid_;
   UniqueFd channel_;
   std::unique_ptr<Control> control_;
+  std::string template_memory_;
   uint64_t mem_limit_;
   std::mutex mu_;
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
@@ -428,6 +476,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto s = spawn_vmm(cfg_.vmm_path, {"--restore", *snap}, dir);
     if (!s) return s.error();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
+    sb->set_template_memory(*snap + "/memory");
     sb->attach_channel(cfg_.open_service);
     if (Status c = configure(*sb, spec); !c) {
       std::string why = c.error().message();

@@ -2,12 +2,20 @@
 #include "vmm/kvm/memory.h"
 
 #include <fcntl.h>
+#include <linux/falloc.h>
+#include <linux/userfaultfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <utility>
 
+#include <cerrno>
+#include <cstring>
+
+#include "sys/log.h"
 #include "sys/sys.h"
 
 namespace sg::vmm {
@@ -27,7 +35,8 @@ GuestMemory::~GuestMemory() {
 }
 
 GuestMemory::GuestMemory(GuestMemory&& o) noexcept
-    : base_(std::exchange(o.base_, nullptr)), size_(std::exchange(o.size_, 0)), fd_(std::move(o.fd_)), memfd_(o.memfd_) {}
+    : base_(std::exchange(o.base_, nullptr)), size_(std::exchange(o.size_, 0)), fd_(std::move(o.fd_)), memfd_(o.memfd_),
+      file_(o.file_), uffd_(o.uffd_) {}
 
 GuestMemory& GuestMemory::operator=(GuestMemory&& o) noexcept {
   if (this != &o) {
@@ -36,8 +45,85 @@ GuestMemory& GuestMemory::operator=(GuestMemory&& o) noexcept {
     size_ = std::exchange(o.size_, 0);
     fd_ = std::move(o.fd_);
     memfd_ = o.memfd_;
+    file_ = o.file_;
+    uffd_ = o.uffd_;
   }
   return *this;
+}
+
+const char* GuestMemory::backing() const {
+  if (uffd_) return "userfaultfd";
+  if (memfd_) return "memfd";
+  if (file_) return "file";
+  return "anonymous";
+}
+
+namespace {
+// UFFD_FEATURE_POISON (Linux 6.6) where the installed headers predate it.
+constexpr uint64_t kFeaturePoison = 1ull << 14;
+
+Result<UniqueFd> open_uffd() {
+  // Not UFFD_USER_MODE_ONLY: KVM's own accesses (vCPUs) must wait too.
+  UniqueFd fd(static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
+  if (!fd) return sys::errno_error("userfaultfd", "guest RAM");
+  return fd;
+}
+}  // namespace
+
+Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
+  *features = 0;
+  if (!base_) return Error(ErrorKind::kUnavailable, "no guest RAM");
+  if (uffd_) {
+    // Anonymous private: the pages are freed and the next touch of each
+    // is a missing fault on the registered range.
+    if (::madvise(base_, size_, MADV_DONTNEED) != 0) {
+      Error e = sys::errno_error("madvise MADV_DONTNEED", "guest RAM");
+      return Error(ErrorKind::kUnavailable, e.message());
+    }
+    return -1;
+  }
+  // The features this kernel offers, from a throwaway fd (UFFDIO_API may
+  // be called once per fd; asking for an unknown feature fails it).
+  uint64_t offered = 0;
+  {
+    auto probe = open_uffd();
+    if (!probe) return Error(ErrorKind::kUnavailable, probe.error().message());
+    uffdio_api api{};
+    api.api = UFFD_API;
+    if (::ioctl(probe->get(), UFFDIO_API, &api) == 0) offered = api.features;
+  }
+  auto fd = open_uffd();
+  if (!fd) return Error(ErrorKind::kUnavailable, fd.error().message());
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = offered & kFeaturePoison;
+  if (::ioctl(fd->get(), UFFDIO_API, &api) != 0) {
+    Error e = sys::errno_error("UFFDIO_API", "guest RAM");
+    return Error(ErrorKind::kUnavailable, e.message());
+  }
+  void* p = ::mmap(base_, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  if (p == MAP_FAILED || p != base_) {
+    Error e = sys::errno_error("mmap MAP_FIXED anonymous", "guest RAM");
+    return Error(ErrorKind::kInternal, e.message());
+  }
+  uffd_ = true;
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uint64_t>(base_);
+  reg.range.len = size_;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  if (::ioctl(fd->get(), UFFDIO_REGISTER, &reg) != 0) {
+    Error e = sys::errno_error("UFFDIO_REGISTER", "guest RAM");
+    return Error(ErrorKind::kInternal, e.message());
+  }
+  // The old pages: a private file mapping's copies went with the mapping;
+  // a memfd keeps its page cache while the fd is open, so punch it out.
+  if (memfd_ && ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size_)) != 0)
+    LOG_WARN("vmm: guest RAM memfd hole punch: " << std::strerror(errno));
+  fd_.reset();
+  memfd_ = false;
+  file_ = false;
+  *features = api.features;
+  return fd->release();
 }
 
 Result<GuestMemory> GuestMemory::create_memfd(uint64_t size) {
@@ -69,6 +155,7 @@ Result<GuestMemory> GuestMemory::map_private_file(const std::string& path) {
   m.base_ = static_cast<uint8_t*>(p);
   m.size_ = size;
   m.fd_ = std::move(fd);
+  m.file_ = true;
   return m;
 }
 

@@ -54,6 +54,24 @@ class GuestMemory {
   // for anonymous memory.
   int backing_fd() const { return fd_.get(); }
   bool is_memfd() const { return memfd_; }
+  // "memfd", "file" (a snapshot's, MAP_PRIVATE), "anonymous", or
+  // "userfaultfd" (anonymous, after release_to_userfaultfd).
+  const char* backing() const;
+
+  // Memory offload (docs/vmm.md, "Memory offload"). The caller has copied
+  // every page it needs out of guest RAM and made sure nothing touches it
+  // meanwhile (vCPUs paused, devices quiet). The first call replaces the
+  // backing with anonymous private memory (MAP_FIXED at the same address,
+  // so device pointers and KVM's memory slots stay valid; the old pages are
+  // freed, a memfd's by a hole punch) registered for missing-page faults
+  // with a new userfaultfd, and returns that uffd (the caller owns it) and
+  // its features in *features. Later calls drop every resident page
+  // (MADV_DONTNEED) and return -1. From the first call on, every touch of a
+  // page that is not resident waits for whoever reads the uffd.
+  // An error before the remap leaves RAM as it was; an error after it
+  // (registering the range) leaves RAM unusable and the caller must stop
+  // the machine: that is kInternal, everything else kUnavailable.
+  Result<int> release_to_userfaultfd(uint64_t* features);
 
   // Host pointer to [gpa, gpa+len) or null when any byte of it is outside
   // RAM (or len is 0 and gpa is past the end of its region).
@@ -80,6 +98,8 @@ class GuestMemory {
   uint64_t size_ = 0;
   UniqueFd fd_;
   bool memfd_ = false;
+  bool file_ = false;
+  bool uffd_ = false;  // anonymous, registered with a userfaultfd
 };
 
 }  // namespace sg::vmm

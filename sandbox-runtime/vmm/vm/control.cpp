@@ -97,6 +97,24 @@ std::string handle_control(Machine& m, const std::string& cmd, int* fd_out) {
     *fd_out = *u;
     return "ok";
   }
+  if (cmd == "meminfo") {
+    const GuestMemory& mem = m.memory();
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "ok {\"base\":%llu,\"size\":%llu,\"backing\":\"%s\"}",
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(mem.host_base())),
+                  static_cast<unsigned long long>(mem.size()), mem.backing());
+    return buf;
+  }
+  if (cmd == "release-memory") {
+    uint64_t features = 0;
+    auto u = m.release_memory(&features);
+    if (!u) return "error: " + u.error().message();
+    *fd_out = *u;
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "ok {\"uffd\":%s,\"features\":%llu}", *u >= 0 ? "true" : "false",
+                  static_cast<unsigned long long>(features));
+    return buf;
+  }
   return "error: unknown command \"" + cmd.substr(0, 64) + "\"";
 }
 
@@ -114,7 +132,7 @@ void serve_control(Machine& m, int fd) {
     std::string r = handle_control(m, cmd, &out_fd);
     bool sent = send_reply(fd, r, out_fd);
     // The uffd is ours to close once passed; the memfd stays the machine's.
-    if (out_fd >= 0 && cmd == "uffd") ::close(out_fd);
+    if (out_fd >= 0 && (cmd == "uffd" || cmd == "release-memory")) ::close(out_fd);
     if (!sent) {
       m.stop("control socket: reply failed");
       return;

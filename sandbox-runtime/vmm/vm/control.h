@@ -1,7 +1,12 @@
 // Control: the VMM's control socket, one SOCK_SEQPACKET connection from
 // sandgate. Each message is one command, each reply one message:
-//   "pause" | "resume" | "stats" | "snapshot <dir>" | "memfd" | "uffd" | "stop"
-// replies "ok" (stats: "ok {json}") or "error: <message>". "memfd" and
+//   "pause" | "resume" | "stats" | "snapshot <dir>" | "memfd" | "uffd" |
+//   "meminfo" | "release-memory" | "stop"
+// replies "ok" (stats, meminfo, release-memory: "ok {json}") or
+// "error: <message>". "meminfo": the RAM mapping's base address in the
+// VMM, size and backing. "release-memory" (paused only): the memory
+// offload's release (GuestMemory::release_to_userfaultfd); the first one
+// passes the new userfaultfd with SCM_RIGHTS. "memfd" and
 // "uffd" attach the fd to the reply with SCM_RIGHTS: the guest-RAM memfd
 // (booted machines only; a clone's RAM is a private file mapping), and a
 // new userfaultfd with all of guest RAM registered for missing-page faults

@@ -321,6 +321,16 @@ Status Machine::resume() {
   return {};
 }
 
+Result<int> Machine::release_memory(uint64_t* features) {
+  // Held across the release so a resume cannot start the vCPUs halfway.
+  std::unique_lock lock(mu_);
+  if (state_ != State::kPaused) return conflict_error("release the guest memory of a paused machine only");
+  Result<int> r = mem_.release_to_userfaultfd(features);
+  lock.unlock();
+  if (!r && r.error().kind() == ErrorKind::kInternal) stop("guest RAM lost in a memory release: " + r.error().message());
+  return r;
+}
+
 void Machine::stop(const std::string& why) {
   {
     std::lock_guard lock(mu_);

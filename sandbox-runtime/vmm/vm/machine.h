@@ -104,6 +104,10 @@ class Machine {
   // Writes <dir>/vm.state and <dir>/memory (sparse: zero pages are holes).
   // The machine must be paused. dir is created; files appear atomically.
   Status snapshot(const std::string& dir);
+  // Memory offload: GuestMemory::release_to_userfaultfd on a paused
+  // machine (the console is quiet while paused). Returns the new uffd or
+  // -1. A failure after the remap stops the machine: its RAM is gone.
+  Result<int> release_memory(uint64_t* features);
   void stop(const std::string& why);
   // Blocks until kStopped; returns why it stopped.
   std::string wait();

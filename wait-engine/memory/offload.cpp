@@ -1,0 +1,461 @@
+// MemoryEngine (offload.h; design in docs/memory-offload.md).
+#include "memory/offload.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "memory/page_codec.h"
+#include "sys/log.h"
+#include "sys/sys.h"
+
+namespace sg::memory {
+
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr size_t kReadBatch = 256;               // pages per process_vm_readv
+constexpr uint64_t kMaxGuestBytes = 64ull << 30;  // bounds the page-map read (128 MiB of entries)
+constexpr uint64_t kPmPresent = 1ull << 63, kPmSwapped = 1ull << 62;
+
+// True on the thread while it runs a prefetch: the source then does not
+// count its pages as demand faults.
+thread_local bool t_in_prefetch = false;
+
+const uint32_t kZeroPageCrc = [] {
+  static const uint8_t zero[kPage] = {};
+  return page_crc32c(zero, kPage);
+}();
+
+CodecContext& codec() {
+  static thread_local CodecContext cc;
+  return cc;
+}
+
+Result<std::vector<uint64_t>> read_pagemap(int pid, uint64_t base, uint64_t size) {
+  std::string path = "/proc/" + std::to_string(pid) + "/pagemap";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return sys::errno_error("open", path);
+  std::vector<uint64_t> pm(size / kPage);
+  size_t want = pm.size() * sizeof(uint64_t), got = 0;
+  auto* p = reinterpret_cast<char*>(pm.data());
+  off_t off = static_cast<off_t>(base / kPage * sizeof(uint64_t));
+  while (got < want) {
+    ssize_t n = ::pread(fd.get(), p + got, want - got, off + static_cast<off_t>(got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return n == 0 ? Error(ErrorKind::kUnavailable, path + ": short read") : sys::errno_error("read", path);
+    got += static_cast<size_t>(n);
+  }
+  return pm;
+}
+
+// Reads pages[0..n) of the VMM (page indices into the RAM at base) into buf.
+Status read_pages(int pid, uint64_t base, const uint64_t* pages, size_t n, uint8_t* buf) {
+  struct iovec local = {buf, n * kPage};
+  std::vector<struct iovec> remote;
+  remote.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    auto* addr = reinterpret_cast<uint8_t*>(base + pages[i] * kPage);
+    if (!remote.empty() && static_cast<uint8_t*>(remote.back().iov_base) + remote.back().iov_len == addr)
+      remote.back().iov_len += kPage;
+    else
+      remote.push_back({addr, kPage});
+  }
+  size_t done = 0, ri = 0, rdone = 0;
+  while (done < n * kPage) {
+    // Resume a partial transfer from where it stopped.
+    std::vector<struct iovec> rest(remote.begin() + static_cast<long>(ri), remote.end());
+    rest[0].iov_base = static_cast<uint8_t*>(rest[0].iov_base) + rdone;
+    rest[0].iov_len -= rdone;
+    struct iovec l = {static_cast<uint8_t*>(local.iov_base) + done, local.iov_len - done};
+    ssize_t r = ::process_vm_readv(pid, &l, 1, rest.data(), std::min<size_t>(rest.size(), IOV_MAX), 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return r == 0 ? Error(ErrorKind::kUnavailable, "process_vm_readv: nothing read") : sys::errno_error("process_vm_readv", "guest RAM");
+    done += static_cast<size_t>(r);
+    size_t adv = static_cast<size_t>(r) + rdone;
+    while (ri < remote.size() && adv >= remote[ri].iov_len) adv -= remote[ri++].iov_len;
+    rdone = adv;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+struct MemoryEngine::Sandbox {
+  std::mutex op;  // one offload or prefetch at a time
+  bool attached = false;
+  std::string cohort;
+  int pid = -1;
+  uint64_t base = 0, size = 0;
+  const uint8_t* tmpl = nullptr;  // the template memory file, mapped read-only
+  uint64_t tmpl_size = 0;
+  uint32_t rounds = 0;     // offloads done
+  bool released = false;   // RAM out since the last offload, no prefetch yet
+  std::vector<uint64_t> prefetched;  // by the last prefetch
+  // Checksums of the pages the last prefetch installed (written by the
+  // source on the prefetching thread, read by the next offload; both hold op).
+  std::unordered_map<uint64_t, uint32_t> prefetch_crc;
+  std::mutex trace_mu;
+  std::vector<uint64_t> trace;       // GUARDED_BY(trace_mu): demand faults since the last prefetch
+  std::atomic<bool> lost{false};
+  std::unique_ptr<FaultServer> fs;
+
+  const uint8_t* template_page(uint64_t page) const {
+    return tmpl && (page + 1) * kPage <= tmpl_size ? tmpl + page * kPage : nullptr;
+  }
+  ~Sandbox() {
+    fs.reset();  // the server thread uses tmpl: stop it first
+    if (tmpl) ::munmap(const_cast<uint8_t*>(tmpl), tmpl_size);
+  }
+};
+
+Result<std::unique_ptr<MemoryEngine>> MemoryEngine::open(MemoryEngineConfig cfg) {
+  auto pool = Pool::open(cfg.pool);
+  if (!pool) return pool.error().with_context("memory engine");
+  return std::unique_ptr<MemoryEngine>(new MemoryEngine(std::move(cfg), std::move(*pool)));
+}
+
+MemoryEngine::MemoryEngine(MemoryEngineConfig cfg, std::unique_ptr<Pool> pool)
+    : cfg_(std::move(cfg)), pool_(std::move(pool)), predictor_(cfg_.predictor) {}
+
+MemoryEngine::~MemoryEngine() {
+  std::lock_guard<std::mutex> g(mu_);
+  sandboxes_.clear();
+}
+
+std::shared_ptr<MemoryEngine::Sandbox> MemoryEngine::find(const std::string& id) {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = sandboxes_.find(id);
+  return it == sandboxes_.end() ? nullptr : it->second;
+}
+
+Status MemoryEngine::attach(Sandbox& s, const std::string& id, const OffloadTarget& t) {
+  if (s.attached) {
+    if (t.pid != s.pid || t.base != s.base || t.size != s.size)
+      return invalid_error("sandbox " + id + ": guest RAM moved since its last offload");
+    return Status::Ok();
+  }
+  if (t.pid <= 0 || t.size == 0 || t.base % kPage || t.size % kPage || t.size > kMaxGuestBytes)
+    return invalid_error("sandbox " + id + ": guest RAM range unusable for offload");
+  if (!t.template_memory.empty()) {
+    UniqueFd fd(::open(t.template_memory.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return sys::errno_error("open", t.template_memory);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) return sys::errno_error("fstat", t.template_memory);
+    if (st.st_size > 0) {
+      void* p = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd.get(), 0);
+      if (p == MAP_FAILED) return sys::errno_error("mmap", t.template_memory);
+      s.tmpl = static_cast<const uint8_t*>(p);
+      s.tmpl_size = static_cast<uint64_t>(st.st_size) / kPage * kPage;
+    }
+  }
+  s.cohort = t.cohort;
+  s.pid = t.pid;
+  s.base = t.base;
+  s.size = t.size;
+  s.attached = true;
+  return Status::Ok();
+}
+
+Result<OffloadReport> MemoryEngine::offload(const std::string& id, const OffloadTarget& t,
+                                            const std::atomic<bool>& cancel) {
+  uint64_t t0 = sys::monotonic_ns();
+  std::shared_ptr<Sandbox> sp;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    std::shared_ptr<Sandbox>& e = sandboxes_[id];
+    if (!e) e = std::make_shared<Sandbox>();
+    sp = e;
+  }
+  Sandbox& s = *sp;
+  std::lock_guard<std::mutex> op(s.op);
+  if (s.lost) return internal_error("sandbox " + id + ": its memory is lost");
+  if (Status a = attach(s, id, t); !a) {
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    return a.error();
+  }
+  auto pm = read_pagemap(s.pid, s.base, s.size);
+  if (!pm) {
+    failed_.fetch_add(1, std::memory_order_relaxed);
+    return Error(ErrorKind::kUnavailable, pm.error().message());
+  }
+  const uint64_t npages = s.size / kPage;
+  // Which pages to read: resident ones; on a first offload of memfd RAM,
+  // all (a shared mapping's page map misses pages it never mapped).
+  bool all = t.backing == "memfd" && !s.fs;
+  std::vector<uint64_t> pages;
+  for (uint64_t i = 0; i < npages; ++i)
+    if (all || ((*pm)[i] & (kPmPresent | kPmSwapped))) pages.push_back(i);
+
+  OffloadReport rep;
+  std::vector<uint64_t> used;     // prefetched pages written since (their content changed)
+  std::vector<uint64_t> put_now;  // taken out again if the offload stops
+  auto abandon = [&](Error e) -> Result<OffloadReport> {
+    for (uint64_t p : put_now) pool_->erase(id, p);
+    (e.kind() == ErrorKind::kConflict ? cancelled_ : failed_).fetch_add(1, std::memory_order_relaxed);
+    return e;
+  };
+  std::vector<uint8_t> buf(kReadBatch * kPage);
+  std::string rec;
+  CodecContext& cc = codec();
+  if (!cc.ok()) return abandon(Error(ErrorKind::kUnavailable, "zstd contexts could not be allocated"));
+  for (size_t at = 0; at < pages.size(); at += kReadBatch) {
+    size_t n = std::min(kReadBatch, pages.size() - at);
+    if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
+    if (Status r = read_pages(s.pid, s.base, pages.data() + at, n, buf.data()); !r)
+      return abandon(Error(ErrorKind::kUnavailable, r.error().message()));
+    for (size_t i = 0; i < n; ++i) {
+      if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
+      uint64_t page = pages[at + i];
+      const uint8_t* data = buf.data() + i * kPage;
+      if (!s.prefetch_crc.empty()) {
+        auto pc = s.prefetch_crc.find(page);
+        if (pc != s.prefetch_crc.end() && pc->second != page_crc32c(data, kPage)) used.push_back(page);
+      }
+      const uint8_t* tp = s.template_page(page);
+      rec.clear();
+      EncodeResult er = encode_page(cc, data, EncodeOptions{tp, nullptr, cfg_.zstd_level}, rec);
+      ++rep.pages_read;
+      bool base_equal = er.kind == PageKind::kTemplateSame || (!tp && er.kind == PageKind::kZero);
+      if (base_equal) {
+        if (pool_->contains(id, page)) pool_->erase(id, page);
+        ++rep.pages_base;
+        continue;
+      }
+      if (Status p = pool_->put(id, page, static_cast<uint8_t>(er.kind), rec); !p)
+        return abandon(Error(ErrorKind::kUnavailable, p.error().message()));
+      put_now.push_back(page);
+      ++rep.pages_stored;
+      rep.bytes_stored += rec.size();
+    }
+  }
+  if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
+  // The last resume's outcome: a prefetched page counts as used when it
+  // faulted or when its content changed since it was installed. A page
+  // only read is not visible to a userfaultfd, so precision is a lower
+  // bound (docs/memory-offload.md).
+  if (s.rounds > 0) {
+    std::vector<uint64_t> trace;
+    {
+      std::lock_guard<std::mutex> g(s.trace_mu);
+      trace.swap(s.trace);
+    }
+    std::vector<uint64_t> touched = trace;
+    touched.insert(touched.end(), used.begin(), used.end());
+    {
+      std::lock_guard<std::mutex> g(pred_mu_);
+      if (!s.prefetched.empty()) predictor_.report_outcome(id, s.prefetched, touched);
+      predictor_.record_trace(id, s.cohort, s.rounds - 1, trace);
+    }
+    used_.fetch_add(used.size(), std::memory_order_relaxed);
+    wasted_.fetch_add(s.prefetched.size() - std::min(s.prefetched.size(), used.size()), std::memory_order_relaxed);
+    s.prefetched.clear();
+    s.prefetch_crc.clear();
+  }
+  auto rel = t.release();
+  if (!rel) return abandon(Error(ErrorKind::kUnavailable, rel.error().message()));
+  if (!s.fs) {
+    auto lost = [this, id, sp](const std::string& why) {
+      if (sp->lost.exchange(true)) return;
+      lost_.fetch_add(1, std::memory_order_relaxed);
+      LOG_ERROR("sandbox " << id << ": guest memory lost: " << why);
+      if (cfg_.on_lost) cfg_.on_lost(id, why);
+    };
+    if (!rel->first) {
+      lost("the VMM released guest RAM without handing over its userfaultfd");
+      return internal_error("sandbox " + id + ": no userfaultfd from the VMM");
+    }
+    Sandbox* raw = sp.get();
+    PageSource src = [this, id, raw](uint64_t page, uint8_t* out) -> Result<PageFill> {
+      if (!t_in_prefetch) {
+        std::lock_guard<std::mutex> g(raw->trace_mu);
+        if (raw->trace.size() < cfg_.predictor.max_trace_pages) raw->trace.push_back(page);
+      }
+      Result<Record> r = pool_->get(id, page);
+      const uint8_t* tp = raw->template_page(page);
+      if (!r) {
+        if (r.error().kind() != ErrorKind::kNotFound) return r.error();
+        if (t_in_prefetch) raw->prefetch_crc[page] = tp ? page_crc32c(tp, kPage) : kZeroPageCrc;
+        if (!tp) return PageFill::kZero;
+        std::memcpy(out, tp, kPage);
+        return PageFill::kData;
+      }
+      if (Status d = decode_page(codec(), r->payload, tp, nullptr, out); !d)
+        return d.error().with_context("page " + std::to_string(page));
+      if (t_in_prefetch) raw->prefetch_crc[page] = page_crc32c(out, kPage);
+      // Resident from now on: the pool's copy would only cost memory.
+      pool_->erase(id, page);
+      return PageFill::kData;
+    };
+    FaultServerOptions fo;
+    fo.features = rel->second;
+    fo.on_failure = [lost](const Error& e) { lost(e.message()); };
+    auto fs = FaultServer::adopt(std::move(rel->first), s.base, s.size, std::move(src), std::move(fo));
+    if (fs) {
+      if (Status st = (*fs)->start(); !st) fs = st.error();
+    }
+    if (!fs) {
+      lost(fs.error().message());
+      return internal_error("sandbox " + id + ": guest RAM released but not served: " + fs.error().message());
+    }
+    s.fs = std::move(*fs);
+  }
+  s.released = true;
+  ++s.rounds;
+  rep.pool_bytes = pool_->stats(id).memory_bytes();
+  rep.ns = sys::monotonic_ns() - t0;
+  offloads_.fetch_add(1, std::memory_order_relaxed);
+  pages_read_.fetch_add(rep.pages_read, std::memory_order_relaxed);
+  pages_stored_.fetch_add(rep.pages_stored, std::memory_order_relaxed);
+  pages_base_.fetch_add(rep.pages_base, std::memory_order_relaxed);
+  bytes_stored_.fetch_add(rep.bytes_stored, std::memory_order_relaxed);
+  offload_ns_.fetch_add(rep.ns, std::memory_order_relaxed);
+  return rep;
+}
+
+Result<uint64_t> MemoryEngine::prefetch(const std::string& id) {
+  std::shared_ptr<Sandbox> sp = find(id);
+  if (!sp) return uint64_t{0};
+  Sandbox& s = *sp;
+  std::lock_guard<std::mutex> op(s.op);
+  if (!s.released || !s.fs) return uint64_t{0};
+  std::vector<uint64_t> pages;
+  {
+    std::lock_guard<std::mutex> g(pred_mu_);
+    pages = predictor_.predict(id, s.cohort, s.rounds - 1, cfg_.prefetch_pages);
+    predictor_.begin_restore(id);
+  }
+  const uint64_t npages = s.size / kPage;
+  pages.erase(std::remove_if(pages.begin(), pages.end(), [&](uint64_t p) { return p >= npages; }), pages.end());
+  Result<uint64_t> n = uint64_t{0};
+  if (!pages.empty()) {
+    t_in_prefetch = true;
+    n = s.fs->prefetch(pages);
+    t_in_prefetch = false;
+  }
+  {
+    std::lock_guard<std::mutex> g(s.trace_mu);
+    s.trace.clear();
+  }
+  s.prefetched = std::move(pages);
+  s.released = false;
+  return n;
+}
+
+void MemoryEngine::forget(const std::string& id) {
+  std::shared_ptr<Sandbox> sp;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return;
+    sp = std::move(it->second);
+    sandboxes_.erase(it);
+  }
+  {
+    std::lock_guard<std::mutex> op(sp->op);
+    if (sp->fs) {
+      FaultStats f = sp->fs->stats();
+      faults_retired_.fetch_add(f.faults, std::memory_order_relaxed);
+      prefetched_retired_.fetch_add(f.prefetched, std::memory_order_relaxed);
+      sp->fs->stop();
+    }
+  }
+  pool_->drop(id);
+  std::lock_guard<std::mutex> g(pred_mu_);
+  predictor_.forget(id);
+}
+
+std::optional<SandboxMemoryStats> MemoryEngine::stats(const std::string& id) {
+  std::shared_ptr<Sandbox> sp = find(id);
+  if (!sp) return std::nullopt;
+  SandboxMemoryStats st;
+  st.pool = pool_->stats(id);
+  {
+    std::lock_guard<std::mutex> op(sp->op);
+    if (sp->fs) st.faults = sp->fs->stats();
+    st.offloads = sp->rounds;
+    st.released = sp->released;
+  }
+  std::lock_guard<std::mutex> g(pred_mu_);
+  st.prefetch = predictor_.stats(id);
+  return st;
+}
+
+uint64_t MemoryEngine::pool_bytes(const std::string& id) const { return pool_->stats(id).memory_bytes(); }
+
+MemoryEngineTotals MemoryEngine::totals() {
+  MemoryEngineTotals t;
+  t.offloads = offloads_.load();
+  t.offloads_cancelled = cancelled_.load();
+  t.offloads_failed = failed_.load();
+  t.pages_read = pages_read_.load();
+  t.pages_stored = pages_stored_.load();
+  t.pages_base = pages_base_.load();
+  t.bytes_stored = bytes_stored_.load();
+  t.prefetch_used = used_.load();
+  t.prefetch_wasted = wasted_.load();
+  t.lost = lost_.load();
+  t.offload_ns = offload_ns_.load();
+  t.faults = faults_retired_.load();
+  t.prefetched = prefetched_retired_.load();
+  std::vector<std::shared_ptr<Sandbox>> all;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& [id, s] : sandboxes_) all.push_back(s);
+  }
+  for (auto& s : all) {
+    std::lock_guard<std::mutex> op(s->op);
+    if (!s->fs) continue;
+    FaultStats f = s->fs->stats();
+    t.faults += f.faults;
+    t.prefetched += f.prefetched;
+  }
+  t.pool = pool_->totals();
+  return t;
+}
+
+void MemoryEngine::render_metrics(std::string& out) {
+  MemoryEngineTotals t = totals();
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+           std::to_string(v) + "\n";
+  };
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
+           std::to_string(v) + "\n";
+  };
+  counter("sandgate_memory_offloads_total", "Guest-RAM offloads completed.", t.offloads);
+  counter("sandgate_memory_offloads_cancelled_total", "Offloads stopped by a response or other traffic.",
+          t.offloads_cancelled);
+  counter("sandgate_memory_offloads_failed_total", "Offloads refused (pool, VMM); the sandbox stayed whole.",
+          t.offloads_failed);
+  counter("sandgate_memory_pages_read_total", "Guest pages read and encoded by offloads.", t.pages_read);
+  counter("sandgate_memory_pages_stored_total", "Guest pages put into the pool.", t.pages_stored);
+  counter("sandgate_memory_pages_template_total", "Guest pages equal to their template page (nothing stored).",
+          t.pages_base);
+  counter("sandgate_memory_stored_bytes_total", "Encoded bytes put into the pool.", t.bytes_stored);
+  counter("sandgate_memory_faults_total", "Userfaultfd faults served on demand.", t.faults);
+  counter("sandgate_memory_prefetched_pages_total", "Pages installed before a resume.", t.prefetched);
+  counter("sandgate_memory_prefetch_used_total", "Prefetched pages written before the next offload.",
+          t.prefetch_used);
+  counter("sandgate_memory_prefetch_wasted_total", "Prefetched pages not written before the next offload.",
+          t.prefetch_wasted);
+  counter("sandgate_memory_lost_total", "Sandboxes whose memory could not be restored.", t.lost);
+  out += "# HELP sandgate_memory_offload_seconds_total Time spent offloading.\n"
+         "# TYPE sandgate_memory_offload_seconds_total counter\nsandgate_memory_offload_seconds_total " +
+         std::to_string(static_cast<double>(t.offload_ns) / 1e9) + "\n";
+  gauge("sandgate_memory_pool_bytes", "Host RAM the pool uses (records and metadata).", t.pool.bytes.memory_bytes());
+  gauge("sandgate_memory_pool_file_bytes", "Bytes of the pool's file tier.", t.pool.bytes.file_bytes);
+  gauge("sandgate_memory_pool_records", "Records in the pool.", t.pool.bytes.records);
+  counter("sandgate_memory_pool_read_errors_total", "Corrupt or unreadable pool records.", t.pool.read_errors);
+}
+
+}  // namespace sg::memory

@@ -1,0 +1,138 @@
+// MemoryEngine: offloads a paused microVM's guest RAM into the pool and
+// restores it through userfaultfd (issue 6, docs/memory-offload.md).
+//
+// offload() runs with the sandbox's vCPUs paused:
+//  1. reads the VMM's page map (/proc/PID/pagemap) for the RAM range and
+//     picks the resident pages (every page on a first offload of memfd
+//     RAM, whose holes the page map cannot tell from data);
+//  2. reads them out of the VMM with process_vm_readv, 256 at a time, and
+//     encodes each against the template page at the same address (the
+//     clone's snapshot memory file); a page equal to its base (the template
+//     page, or zeros without a template) is not stored at all: the fault
+//     source gives the base for any page the pool lacks;
+//  3. checks the cancel flag between pages: a tool call or a response that
+//     arrives stops the offload within one page, with nothing released;
+//  4. only when every page is stored, asks the VMM to release RAM
+//     (Sandbox::release_guest_memory: the first time it hands over the
+//     userfaultfd, which a FaultServer then serves for the VMM's life).
+// prefetch() runs before the vCPUs resume: installs the predicted pages
+// (history and cohort hot set, prefetch.h) and keeps each one's checksum,
+// so the next offload, which reads every resident page anyway, can tell
+// which of them the guest wrote (used) and report that to the throttle.
+//
+// A page that cannot be given back (a corrupt record) is poisoned where the
+// kernel can (the vCPU gets a memory error) and on_lost is called: the
+// sandbox is lost and must be killed.
+//
+// Thread safety: every method may be called from any thread; calls for one
+// sandbox are serialised. forget() must come after the VMM is dead: it
+// stops the fault server, and a live VMM would then read zeros.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "memory/pool.h"
+#include "memory/prefetch.h"
+#include "memory/uffd.h"
+#include "sys/fd.h"
+#include "sys/status.h"
+
+namespace sg::memory {
+
+struct MemoryEngineConfig {
+  PoolConfig pool;
+  int zstd_level = 3;
+  size_t prefetch_pages = 4096;  // pages installed before a resume, at most
+  PredictorConfig predictor;
+  // A sandbox whose memory cannot be restored (called once, from a fault
+  // server thread: must only queue the kill).
+  std::function<void(const std::string& sandbox, const std::string& why)> on_lost;
+};
+
+// One sandbox's guest RAM, as the runtime reports it (runtime.h).
+struct OffloadTarget {
+  std::string cohort;           // (tenant, template): whose hot sets it shares
+  int pid = -1;                 // the VMM
+  uint64_t base = 0;            // RAM mapping in the VMM's address space
+  uint64_t size = 0;
+  std::string backing;          // "memfd", "file", "userfaultfd"
+  std::string template_memory;  // the clone's snapshot memory file, or ""
+  // Drops guest RAM in the VMM; the first call returns the userfaultfd.
+  std::function<Result<std::pair<UniqueFd, uint64_t>>()> release;
+};
+
+struct OffloadReport {
+  uint64_t pages_read = 0;    // pages read out of the VMM and encoded
+  uint64_t pages_stored = 0;  // put into the pool
+  uint64_t pages_base = 0;    // equal to the template (or zero): nothing stored
+  uint64_t bytes_stored = 0;  // encoded bytes put
+  uint64_t pool_bytes = 0;    // the sandbox's pool RAM afterwards (M(t)'s share)
+  uint64_t ns = 0;
+};
+
+struct SandboxMemoryStats {
+  PoolStats pool;
+  FaultStats faults;
+  PrefetchOutcomeStats prefetch;
+  uint64_t offloads = 0;
+  bool released = false;  // RAM is out now (offloaded, not yet resumed)
+};
+
+struct MemoryEngineTotals {
+  uint64_t offloads = 0, offloads_cancelled = 0, offloads_failed = 0;
+  uint64_t pages_read = 0, pages_stored = 0, pages_base = 0, bytes_stored = 0;
+  uint64_t faults = 0, prefetched = 0, prefetch_used = 0, prefetch_wasted = 0;
+  uint64_t lost = 0;
+  uint64_t offload_ns = 0;
+  PoolTotals pool;
+};
+
+class MemoryEngine {
+ public:
+  static Result<std::unique_ptr<MemoryEngine>> open(MemoryEngineConfig cfg);
+  ~MemoryEngine();  // stops every fault server: only once the VMMs are gone
+  MemoryEngine(const MemoryEngine&) = delete;
+  MemoryEngine& operator=(const MemoryEngine&) = delete;
+
+  // Errors: kConflict when cancelled (nothing released), kUnavailable when
+  // the pool or the VMM refused (nothing released: the sandbox stays
+  // paused and whole), kInternal when RAM was released but cannot be
+  // served (on_lost was called), kInvalid for a target that does not match
+  // the sandbox's earlier one.
+  Result<OffloadReport> offload(const std::string& sandbox, const OffloadTarget& t, const std::atomic<bool>& cancel);
+  // Before the vCPUs resume. Returns the pages installed (0 when the
+  // sandbox is not offloaded).
+  Result<uint64_t> prefetch(const std::string& sandbox);
+  void forget(const std::string& sandbox);
+
+  std::optional<SandboxMemoryStats> stats(const std::string& sandbox);
+  // The sandbox's pool RAM (0 if unknown): cheap, for M(t) sampling.
+  uint64_t pool_bytes(const std::string& sandbox) const;
+  MemoryEngineTotals totals();
+  // Appends the engine's series in Prometheus text format.
+  void render_metrics(std::string& out);
+
+ private:
+  struct Sandbox;
+  explicit MemoryEngine(MemoryEngineConfig cfg, std::unique_ptr<Pool> pool);
+  std::shared_ptr<Sandbox> find(const std::string& id);
+  Status attach(Sandbox& s, const std::string& id, const OffloadTarget& t);
+
+  MemoryEngineConfig cfg_;
+  std::unique_ptr<Pool> pool_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Sandbox>> sandboxes_;  // GUARDED_BY(mu_)
+  std::mutex pred_mu_;
+  Predictor predictor_;  // GUARDED_BY(pred_mu_)
+  std::atomic<uint64_t> offloads_{0}, cancelled_{0}, failed_{0}, pages_read_{0}, pages_stored_{0}, pages_base_{0},
+      bytes_stored_{0}, lost_{0}, offload_ns_{0}, faults_retired_{0}, prefetched_retired_{0}, used_{0}, wasted_{0};
+};
+
+}  // namespace sg::memory
