@@ -487,6 +487,7 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
                        {"memUsed", s.usage.mem_used_bytes},
                        {"memTotal", s.usage.mem_limit_bytes},
                        {"memCache", s.usage.mem_cache_bytes},
+                       {"memPool", s.pool_bytes},
                        {"diskUsed", s.usage.disk_used_bytes},
                        {"diskTotal", row ? static_cast<uint64_t>(row->disk_size_mb) << 20 : 0}});
       return http::json_body(200, dump(arr));

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memory/offload.h"
 #include "sys/log.h"
 #include "sys/sys.h"
 
@@ -123,6 +124,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   auto live = std::make_shared<Live>();
   live->sb = std::move(*sb);
   live->tenant_id = tenant.id;
+  live->template_id = t.id;
   live->started_at = row.started_at;
   live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
   row.envd_version = "0.6.13";
@@ -173,6 +175,8 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
   if (live.sb) {
     st = live.sb->kill();
     live.sb.reset();
+    // The VMM is gone: its fault server and pool records can go too.
+    if (memory_) memory_->forget(id);
   }
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -209,8 +213,70 @@ Status SandboxService::wait_resume(const std::string& id) {
   if (!live->wait_paused) return Status::Ok();
   live->wait_paused = false;
   if (live->paused) return Status::Ok();  // a client paused it meanwhile: it stays paused
+  if (memory_) {
+    // Predicted pages in before the vCPUs run; the rest fault on demand.
+    if (Result<uint64_t> n = memory_->prefetch(id); !n)
+      LOG_WARN("sandbox " << id << ": prefetch before resume: " << n.error().message());
+  }
   if (Status s = live->sb->resume(); !s) return s.error().with_context("wait resume of sandbox " + id);
   return Status::Ok();
+}
+
+void SandboxService::set_memory_engine(memory::MemoryEngine* engine, size_t max_concurrent) {
+  memory_ = engine;
+  offload_slots_ = std::max<size_t>(1, max_concurrent);
+}
+
+Status SandboxService::wait_offload(const std::string& id, const std::atomic<bool>& cancel) {
+  if (!memory_) return Error(ErrorKind::kUnavailable, "memory offload is off");
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found(id);
+  // The CPU budget: at most offload_slots_ encoders at once; a sandbox
+  // that finds none stays paused (whole) for this wait.
+  if (offloads_running_.fetch_add(1) >= offload_slots_) {
+    offloads_running_.fetch_sub(1);
+    return Error(ErrorKind::kUnavailable, "memory offload: CPU budget in use by other offloads");
+  }
+  struct Slot {
+    std::atomic<size_t>& n;
+    ~Slot() { n.fetch_sub(1); }
+  } slot{offloads_running_};
+  std::lock_guard<std::mutex> g(live->op_mu);
+  if (!live->sb) return not_found(id);
+  if (!live->wait_paused || live->paused) return Error(ErrorKind::kConflict, "sandbox " + id + " is not wait-paused");
+  Result<runtime::GuestMemoryInfo> gm = live->sb->guest_memory();
+  if (!gm) return gm.error();
+  memory::OffloadTarget t;
+  t.cohort = live->tenant_id + "/" + live->template_id;
+  t.pid = gm->pid;
+  t.base = gm->base;
+  t.size = gm->size;
+  t.backing = gm->backing;
+  t.template_memory = gm->template_memory;
+  runtime::Sandbox* sb = live->sb.get();
+  t.release = [sb]() -> Result<std::pair<UniqueFd, uint64_t>> {
+    Result<runtime::GuestMemoryRelease> r = sb->release_guest_memory();
+    if (!r) return r.error();
+    return std::make_pair(std::move(r->uffd), r->features);
+  };
+  Result<memory::OffloadReport> rep = memory_->offload(id, t, cancel);
+  if (!rep) return rep.error().with_context("offload of sandbox " + id);
+  LOG_INFO("sandbox " << id << ": offloaded " << rep->pages_read << " resident pages in " << rep->ns / 1000000
+                      << " ms: " << rep->pages_stored << " stored (" << rep->bytes_stored << " bytes), "
+                      << rep->pages_base << " equal to the template");
+  return Status::Ok();
+}
+
+void SandboxService::note_memory_lost(const std::string& id, const std::string& why) {
+  std::lock_guard<std::mutex> g(lost_mu_);
+  lost_.emplace_back(id, why);
+}
+
+uint64_t SandboxService::memory_in_use() {
+  std::lock_guard<std::mutex> g(mu_);
+  uint64_t sum = 0;
+  for (auto& [id, live] : live_) sum += live->mem_now.load(std::memory_order_relaxed);
+  return sum;
 }
 
 Result<bool> SandboxService::wait_idle(const std::string& id, std::chrono::milliseconds timeout) {
@@ -352,6 +418,7 @@ Result<MetricSample> SandboxService::sample(Live& live) {
   m.unix_s = clock_();
   m.cpu_usage_ns = u->cpu_usage_ns;
   m.usage = *u;
+  if (memory_) m.pool_bytes = memory_->pool_bytes(live.sb->id());
   std::lock_guard<std::mutex> g(live.samples_mu);
   uint64_t prev_cpu = live.last_cpu_ns, prev_mono = live.last_mono_ns;
   if (prev_mono == 0) {
@@ -425,7 +492,17 @@ void SandboxService::tick() {
       }
     }
   }
-  // 2. Liveness, and 3. metric samples every 5 s.
+  // Sandboxes whose memory the engine could not restore.
+  std::vector<std::pair<std::string, std::string>> lost;
+  {
+    std::lock_guard<std::mutex> g(lost_mu_);
+    lost.swap(lost_);
+  }
+  for (auto& [id, why] : lost) {
+    Status s = kill_lost(id, "guest memory could not be restored: " + why);
+    if (!s && s.error().kind() != ErrorKind::kNotFound) LOG_ERROR("sandbox " << id << ": " << s.error().message());
+  }
+  // 2. Liveness, M(t) every second, and 3. metric samples every 5 s.
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -440,6 +517,12 @@ void SandboxService::tick() {
       LOG_WARN("sandbox " << id << " died: its PID 1 exited");
       (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost, "the sandbox's processes exited");
       continue;
+    }
+    {
+      // M(t): resident memory (cgroup, or the VMM's RSS) + pool bytes.
+      Result<runtime::Usage> u = live->sb->usage();
+      uint64_t pool = memory_ ? memory_->pool_bytes(id) : 0;
+      if (u) live->mem_now.store(u->mem_used_bytes + pool, std::memory_order_relaxed);
     }
     if (take_samples) {
       Result<MetricSample> m = sample(*live);

@@ -16,6 +16,7 @@
 //   running|paused -> lost         its processes died, or sandgate restarted
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -30,6 +31,10 @@
 
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
+
+namespace sg::memory {
+class MemoryEngine;
+}
 
 namespace sg::api {
 
@@ -48,6 +53,7 @@ struct MetricSample {
   uint64_t cpu_usage_ns = 0;
   double cpu_used_pct = 0;
   runtime::Usage usage;
+  uint64_t pool_bytes = 0;  // the memory engine's RAM for this sandbox (offloaded pages)
 };
 
 struct ServiceConfig {
@@ -127,6 +133,21 @@ class SandboxService {
   // Kills a live sandbox the gateway cannot use any more (a resume after a
   // wait pause failed); its state becomes lost with the reason.
   Status kill_lost(const std::string& id, const std::string& reason);
+
+  // Memory offload (wait-engine/memory/offload.h), set once before
+  // serving; engine outlives the service. wait_offload moves a wait-paused
+  // microVM's RAM into the pool (kConflict when cancel was set or the
+  // sandbox is not wait-paused; kUnavailable on the process backend or
+  // when the CPU budget, max_concurrent offloads at once, is spent), and
+  // wait_resume installs the predicted pages before the vCPUs run.
+  void set_memory_engine(memory::MemoryEngine* engine, size_t max_concurrent);
+  Status wait_offload(const std::string& id, const std::atomic<bool>& cancel);
+  // A sandbox whose memory the engine cannot restore: killed (lost) by the
+  // next tick(). Any thread; does not block.
+  void note_memory_lost(const std::string& id, const std::string& why);
+  // M(t) = resident memory + pool bytes, summed over live sandboxes, from
+  // the readings tick() takes every second.
+  uint64_t memory_in_use();
   // The tenant of a live sandbox, from memory; kNotFound otherwise.
   Result<std::string> live_tenant(const std::string& id);
 
@@ -139,7 +160,9 @@ class SandboxService {
     bool paused = false;  // GUARDED_BY(op_mu)
     bool wait_paused = false;  // GUARDED_BY(op_mu): frozen by the wait coordinator
     std::string tenant_id;
+    std::string template_id;
     int64_t started_at = 0;
+    std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
     uint32_t cpu_count = 1;
     std::mutex samples_mu;
     std::deque<MetricSample> samples;  // GUARDED_BY(samples_mu)
@@ -171,6 +194,11 @@ class SandboxService {
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
   std::function<void(const std::string&)> before_traffic_;       // set before serving
   std::function<void(const std::string&)> gone_;
+  memory::MemoryEngine* memory_ = nullptr;  // set before serving
+  size_t offload_slots_ = 1;
+  std::atomic<size_t> offloads_running_{0};
+  std::mutex lost_mu_;
+  std::vector<std::pair<std::string, std::string>> lost_;  // GUARDED_BY(lost_mu_)
 };
 
 // A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.

@@ -17,6 +17,7 @@
 #include "api-e2b/sandboxes.h"
 #include "gateway/http/server.h"
 #include "gateway/model_gateway.h"
+#include "memory/offload.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/templates/template_builder.h"
@@ -289,13 +290,37 @@ int serve(const AppConfig& cfg_in) {
     local_key = *k;
   }
 
+  // The memory offload engine (microVMs only): declared before the service
+  // it serves, so it goes after every sandbox (and VMM) is gone.
+  std::atomic<api::SandboxService*> lost_to{nullptr};
+  std::unique_ptr<memory::MemoryEngine> memory_engine;
+  if (use_kvm && cfg.memory_offload != "off") {
+    memory::MemoryEngineConfig ecfg;
+    ecfg.pool.dir = cfg.data_dir + "/memory-pool";
+    ecfg.pool.memory_budget = static_cast<uint64_t>(cfg.memory_pool_mb) << 20;
+    ecfg.on_lost = [&lost_to](const std::string& id, const std::string& why) {
+      if (api::SandboxService* s = lost_to.load()) s->note_memory_lost(id, why);
+    };
+    Result<std::unique_ptr<memory::MemoryEngine>> e = memory::MemoryEngine::open(ecfg);
+    if (!e) {
+      std::cerr << "sandgate: memory offload: " << e.error().message() << " (use --memory-offload off to run without it)\n";
+      return 1;
+    }
+    memory_engine = std::move(*e);
+    LOG_INFO("memory offload: " << cfg.memory_offload << ", pool " << cfg.memory_pool_mb << " MiB in RAM, then "
+                                << ecfg.pool.dir);
+  }
   api::SandboxService sandboxes(**store, *rt, api::ServiceConfig{}, [] { return sys::unix_seconds(); });
+  if (memory_engine) {
+    sandboxes.set_memory_engine(memory_engine.get(), static_cast<size_t>(cfg.offload_concurrency));
+    lost_to.store(&sandboxes);
+  }
   if (Status s = sandboxes.recover(); !s) {
     std::cerr << "sandgate: recovery: " << s.error().message() << "\n";
     return 1;
   }
 
-  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes);
+  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes, memory_engine.get());
   if (!models) {
     std::cerr << "sandgate: model proxy: " << models.error().message() << "\n";
     return 1;
@@ -374,6 +399,7 @@ int serve(const AppConfig& cfg_in) {
   server_ptr = nullptr;
   server.stop();
   sandboxes.shutdown();
+  lost_to.store(nullptr);
   // The model gateway outlives the server object (whose destruction drops
   // suspended request coroutines that refer to it) but lets go of the
   // server's sockets and of the sandboxes now.

@@ -56,6 +56,13 @@ struct AppConfig {
   bool llm_pause = true;
   int64_t llm_grace_ms = 30;
   int64_t llm_cooldown_ms = 250;
+  // Memory offload of wait-paused microVMs (wait-engine/memory,
+  // docs/memory-offload.md): "auto" (under host memory pressure, with
+  // hysteresis), "always", "off". Only the kvm runtime has guest RAM.
+  std::string memory_offload = "auto";
+  int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
+  int64_t memory_pool_mb = 1024;
+  int64_t offload_concurrency = 1;
 };
 
 // Runs until SIGINT or SIGTERM. Returns the process exit code.

@@ -90,6 +90,15 @@ serve options:
   --llm-cooldown-ms N           never pause sooner than N ms after a resume
                                 (0-600000, default 250)
   --no-llm-pause                never pause sandboxes that wait on a model
+  --memory-offload auto|always|off  offload a wait-paused microVM's memory
+                                (kvm runtime; auto: while host MemAvailable is
+                                under 20% of MemTotal, until it is over 30%;
+                                default auto)
+  --offload-min-wait-ms N       offload only when the expected remaining wait
+                                is at least N ms (0: every pause; default 2000)
+  --memory-pool-mb N            RAM for offloaded pages before they spill to
+                                DATA_DIR/memory-pool (default 1024)
+  --offload-concurrency N       offloads encoding at once (CPU budget; default 1)
   --no-local-tenant             do not create the "local" tenant
   --log-level debug|info|warn|error
 )";
@@ -277,7 +286,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "name", "base-url", "key-file", "tenant", "sandbox"};
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "offload-min-wait-ms", "memory-pool-mb",
+      "offload-concurrency", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
@@ -332,6 +342,14 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
     if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
     if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
+    if (a.opts.count("memory-offload")) {
+      const std::string& v = a.opts["memory-offload"];
+      if (v != "auto" && v != "always" && v != "off") {
+        err << "sandgate: --memory-offload wants auto, always or off\n";
+        return 2;
+      }
+      cfg.memory_offload = v;
+    }
     struct UrlOpt {
       const char* name;
       const char* provider;
@@ -367,6 +385,9 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
          [&](int64_t v) { cfg.llm_tokens_per_min = static_cast<double>(v); }},
         {"llm-grace-ms", 0, 10000, [&](int64_t v) { cfg.llm_grace_ms = v; }},
         {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
+        {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
+        {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
+        {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
     };
     for (const IntOpt& o : ints) {
       auto it = a.opts.find(o.name);

@@ -12,6 +12,8 @@
 #include "api-e2b/sandboxes.h"
 #include "coordinator/coordinator.h"
 #include "llm/proxy.h"
+#include "memory/offload.h"
+#include "memory/pressure.h"
 #include "storage/store.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -82,6 +84,9 @@ struct ModelGateway::Impl {
   TtlCache<std::optional<llm::Upstream>> upstream_cache{2'000'000'000ull, 10000};
   std::unique_ptr<wait::WaitCoordinator> coordinator;
   std::unique_ptr<llm::ModelProxy> proxy;
+  memory::MemoryEngine* memory = nullptr;
+  // --memory-offload auto: on under 20% MemAvailable, off over 30%.
+  memory::PressureGate pressure{0.2, 0.3};
 
   // The writer: usage rows and transition events, batched.
   std::mutex w_mu;
@@ -247,8 +252,10 @@ ModelGateway::ModelGateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ModelGateway::~ModelGateway() = default;
 
 Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg, storage::Store& store,
-                                                           api::SandboxService& sandboxes) {
+                                                           api::SandboxService& sandboxes,
+                                                           memory::MemoryEngine* memory) {
   auto m = std::make_unique<Impl>(cfg, store, sandboxes);
+  m->memory = memory;
   auto flag = [](const std::string& url, const std::string& key_file, llm::Provider p,
                  std::optional<llm::Upstream>& out) -> Status {
     if (url.empty()) return Status::Ok();
@@ -283,6 +290,19 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
       if (!s && s.error().kind() != ErrorKind::kNotFound)
         LOG_ERROR("sandbox " << id << ": kill after a failed resume: " << s.error().message());
     };
+    if (memory && cfg.memory_offload != "off") {
+      cc.wait.offload_enabled = true;
+      cc.wait.offload_min_remaining_ns = static_cast<uint64_t>(cfg.offload_min_wait_ms) * 1000000ull;
+      hooks.offload = [im](const std::string& id, const std::atomic<bool>& cancel) {
+        return im->sandboxes.wait_offload(id, cancel);
+      };
+      if (cfg.memory_offload == "auto") {
+        hooks.offload_wanted = [im] {
+          Result<memory::HostMemory> h = memory::read_host_memory();
+          return h ? im->pressure.update(h->available, h->total) : im->pressure.on();
+        };
+      }
+    }
     m->coordinator = std::make_unique<wait::WaitCoordinator>(cc, std::move(hooks), [] { return sys::monotonic_ns(); });
     wait::WaitCoordinator* co = m->coordinator.get();
     sandboxes.set_wait_hooks(
@@ -328,6 +348,17 @@ std::string ModelGateway::metrics() {
   impl_->proxy->render_metrics(out);
   // (The coordinator is gone only after shutdown(), when no request comes.)
   if (impl_->coordinator) impl_->coordinator->render_metrics(out);
+  if (impl_->memory) {
+    impl_->memory->render_metrics(out);
+    out += "# HELP sandgate_memory_pressure Whether host memory pressure has turned offloading on (auto mode).\n"
+           "# TYPE sandgate_memory_pressure gauge\nsandgate_memory_pressure " +
+           std::to_string(impl_->pressure.on() ? 1 : 0) + "\n";
+  }
+  // M(t) over every live sandbox: resident memory + pool bytes, sampled
+  // every second.
+  out += "# HELP sandgate_sandboxes_memory_bytes Resident memory of all sandboxes plus their pool bytes.\n"
+         "# TYPE sandgate_sandboxes_memory_bytes gauge\nsandgate_sandboxes_memory_bytes " +
+         std::to_string(impl_->sandboxes.memory_in_use()) + "\n";
   return out;
 }
 

@@ -28,13 +28,19 @@ namespace sg::api {
 class SandboxService;
 }
 
+namespace sg::memory {
+class MemoryEngine;
+}
+
 namespace sg::gateway {
 
 class ModelGateway {
  public:
   // Reads the serve flags' key files (errors name the file, never the key).
+  // memory: the offload engine (kvm runtime), or null; it outlives this.
   static Result<std::unique_ptr<ModelGateway>> create(const AppConfig& cfg, storage::Store& store,
-                                                      api::SandboxService& sandboxes);
+                                                      api::SandboxService& sandboxes,
+                                                      memory::MemoryEngine* memory = nullptr);
   ~ModelGateway();  // flushes the writer
 
   http::StreamHooks hooks();

@@ -19,6 +19,7 @@
 
 #include "kvm/memory.h"
 #include "memory/offload.h"
+#include "memory/pressure.h"
 #include "support/temp_dir.h"
 #include "sys/sys.h"
 
@@ -266,4 +267,24 @@ TEST_CASE("offload of a booted VM's memfd RAM (no template): zero pages cost not
   REQUIRE(st);
   CHECK(st->faults.zero_pages == rep->pages_base);
   CHECK(st->faults.copies == rep->pages_stored);
+}
+
+TEST_CASE("pressure gate: on below the low mark, off only above the high mark") {
+  PressureGate g(0.2, 0.3);
+  CHECK_FALSE(g.update(50, 100));
+  CHECK(g.update(19, 100));   // pressure: offload
+  CHECK(g.update(25, 100));   // between the marks: stays on
+  CHECK(g.update(30, 100));   // at the high mark: still on
+  CHECK_FALSE(g.update(31, 100));
+  CHECK_FALSE(g.update(25, 100));  // between the marks: stays off
+  CHECK_FALSE(g.update(0, 0));     // no reading: unchanged
+  auto m = parse_meminfo("MemTotal:       24000000 kB\nMemFree:  100 kB\nMemAvailable:   12000000 kB\n");
+  REQUIRE(m);
+  CHECK(m->total == 24000000ull * 1024);
+  CHECK(m->available == 12000000ull * 1024);
+  CHECK_FALSE(parse_meminfo("MemTotal: 5 kB\n"));
+  CHECK_FALSE(parse_meminfo("MemTotal: x kB\nMemAvailable: 1 kB\n"));
+  auto host = read_host_memory();
+  REQUIRE(host);
+  CHECK(host->available <= host->total);
 }

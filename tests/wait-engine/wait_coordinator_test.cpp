@@ -664,3 +664,179 @@ TEST_CASE("render_metrics is Prometheus text and its counters match totals()") {
   CHECK(types.at("sandgate_wait_stopped_sandboxes") == "gauge");
   CHECK(types.at("sandgate_waits_total") == "counter");
 }
+
+// ---- Offload (the memory engine's hook) ----
+
+namespace {
+
+// An offload hook that can succeed, fail, or run until it is cancelled
+// (a stand-in for encoding pages, checking the flag between them).
+struct OffloadFake {
+  std::mutex mu;
+  std::condition_variable cv;
+  enum class Mode { kSucceed, kFail, kUntilCancelled } mode = Mode::kSucceed;
+  int calls = 0, returned = 0, saw_cancel = 0;
+
+  void install(CoordinatorHooks& h) {
+    h.offload = [this](const std::string&, const std::atomic<bool>& cancel) -> Status {
+      std::unique_lock<std::mutex> l(mu);
+      ++calls;
+      cv.notify_all();
+      Status s = Status::Ok();
+      if (mode == Mode::kFail) {
+        s = Error(ErrorKind::kUnavailable, "pool full (injected)");
+      } else if (mode == Mode::kUntilCancelled) {
+        // Polls the flag as the engine does between pages (nothing
+        // notifies a flag), with a deadline.
+        auto deadline = std::chrono::steady_clock::now() + 5s;
+        while (!cancel.load() && std::chrono::steady_clock::now() < deadline) cv.wait_for(l, 1ms);
+        bool stopped = cancel.load();
+        if (stopped) ++saw_cancel;
+        s = stopped ? Status(Error(ErrorKind::kConflict, "offload cancelled")) : Status::Ok();
+      }
+      ++returned;
+      cv.notify_all();
+      return s;
+    };
+  }
+  template <class Pred>
+  bool until(Pred pred) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, 5s, pred);
+  }
+};
+
+struct OffloadRig {
+  explicit OffloadRig(OffloadFake::Mode mode) : fake(clock) {
+    off.mode = mode;
+    CoordinatorConfig c = config();
+    c.wait.offload_enabled = true;
+    c.wait.offload_min_remaining_ns = 0;  // every pause offloads
+    CoordinatorHooks h = fake.hooks();
+    off.install(h);
+    co = std::make_unique<WaitCoordinator>(c, std::move(h), [this] { return clock.now(); });
+  }
+  ~OffloadRig() {
+    // Wake a hook still polling so the coordinator's threads can join.
+    off.cv.notify_all();
+  }
+  TestClock clock;
+  Fake fake;
+  OffloadFake off;
+  std::unique_ptr<WaitCoordinator> co;
+};
+
+}  // namespace
+
+TEST_CASE("offload: a paused sandbox is offloaded; the response resumes it from offloaded before delivery") {
+  OffloadRig r(OffloadFake::Mode::kSucceed);
+  auto t = r.co->begin("sb", "tenant-a/model-x");
+  REQUIRE(r.fake.until([&] { return r.fake.entered("sb", State::kOffloaded) == 1; }));
+  CHECK(r.co->state("sb") == State::kOffloaded);
+  Delivery d;
+  r.co->response_started(t);
+  r.co->when_deliverable(t, d.callback(r.fake));
+  REQUIRE(r.fake.until([&] { return d.fired() == 1; }));
+  CHECK(d.resumes_returned_then() == 1);
+  r.co->end(t, Outcome::kCompleted);
+  auto ts = r.fake.transitions_of("sb");
+  check_chain(ts);
+  std::vector<State> to;
+  for (auto& x : ts) to.push_back(x.to);
+  CHECK(to == std::vector<State>{State::kWaiting, State::kPausing, State::kPaused, State::kOffloading,
+                                 State::kOffloaded, State::kResuming, State::kWaiting, State::kRunning});
+  std::string m;
+  r.co->render_metrics(m);
+  CHECK(m.find("sandgate_wait_offloads_total{result=\"done\"} 1") != std::string::npos);
+}
+
+TEST_CASE("offload: a response during the offload cancels it; the sandbox resumes, whole") {
+  OffloadRig r(OffloadFake::Mode::kUntilCancelled);
+  auto t = r.co->begin("sb", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.calls == 1; }));
+  CHECK(r.co->state("sb") == State::kOffloading);
+  Delivery d;
+  r.co->response_started(t);
+  r.co->when_deliverable(t, d.callback(r.fake));
+  // The flag reaches the hook (no timeout), it stops, the sandbox resumes.
+  REQUIRE(r.off.until([&] { return r.off.returned == 1; }));
+  CHECK(r.off.saw_cancel == 1);
+  REQUIRE(r.fake.until([&] { return d.fired() == 1; }));
+  CHECK(r.fake.get(&Fake::resumes_returned) == 1);
+  CHECK(r.fake.entered("sb", State::kOffloaded) == 0);
+  r.co->end(t, Outcome::kCompleted);
+  std::string m;
+  r.co->render_metrics(m);
+  CHECK(m.find("sandgate_wait_offloads_total{result=\"cancelled\"} 1") != std::string::npos);
+}
+
+TEST_CASE("offload: other traffic and kill cancel a running offload too") {
+  SUBCASE("ensure_running") {
+    OffloadRig r(OffloadFake::Mode::kUntilCancelled);
+    auto t = r.co->begin("sb", "tenant-a/model-x");
+    REQUIRE(r.off.until([&] { return r.off.calls == 1; }));
+    Status er = r.co->ensure_running("sb", 5000ms);
+    CHECK_MESSAGE(er, (er ? "" : er.error().message()));
+    CHECK(r.off.saw_cancel == 1);
+    CHECK(r.co->state("sb") == State::kWaiting);
+    r.co->end(t, Outcome::kCompleted);
+  }
+  SUBCASE("forget") {
+    OffloadRig r(OffloadFake::Mode::kUntilCancelled);
+    auto t = r.co->begin("sb", "tenant-a/model-x");
+    REQUIRE(r.off.until([&] { return r.off.calls == 1; }));
+    r.co->forget("sb");
+    REQUIRE(r.off.until([&] { return r.off.returned == 1; }));
+    CHECK(r.off.saw_cancel == 1);
+    CHECK_FALSE(r.co->state("sb"));
+    r.co->end(t, Outcome::kCancelled);
+  }
+}
+
+TEST_CASE("offload: a failed offload leaves the sandbox paused; the response resumes it") {
+  OffloadRig r(OffloadFake::Mode::kFail);
+  auto t = r.co->begin("sb", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.returned == 1; }));
+  REQUIRE(r.fake.until([&] {
+    return r.fake.entered("sb", State::kPaused) == 2;  // paused, offloading, paused again
+  }));
+  CHECK(r.co->state("sb") == State::kPaused);
+  Delivery d;
+  r.co->response_started(t);
+  r.co->when_deliverable(t, d.callback(r.fake));
+  REQUIRE(r.fake.until([&] { return d.fired() == 1; }));
+  r.co->end(t, Outcome::kCompleted);
+  std::string m;
+  r.co->render_metrics(m);
+  CHECK(m.find("sandgate_wait_offloads_total{result=\"failed\"} 1") != std::string::npos);
+}
+
+TEST_CASE("offload: without the hook, or with a history that does not pay, a wait only pauses") {
+  SUBCASE("no hook") {
+    CoordinatorConfig c = config();
+    c.wait.offload_enabled = true;
+    c.wait.offload_min_remaining_ns = 0;
+    Rig r(c);
+    auto t = r.paused_request("sb");
+    CHECK(r.co->state("sb") == State::kPaused);
+    r.co->end(t, Outcome::kCancelled);
+    std::lock_guard<std::mutex> l(r.fake.mu);
+    CHECK(r.fake.entered("sb", State::kOffloading) == 0);
+  }
+  SUBCASE("unknown history with a minimum wait") {
+    OffloadFake off;
+    TestClock clock;
+    Fake fake(clock);
+    CoordinatorConfig c = config();
+    c.wait.offload_enabled = true;
+    c.wait.offload_min_remaining_ns = 2000 * ms;
+    CoordinatorHooks h = fake.hooks();
+    off.install(h);
+    WaitCoordinator co(c, std::move(h), [&] { return clock.now(); });
+    auto t = co.begin("sb", "tenant-a/model-x");
+    REQUIRE(fake.until([&] { return fake.entered("sb", State::kPaused) == 1; }));
+    CHECK(co.state("sb") == State::kPaused);
+    co.end(t, Outcome::kCancelled);
+    CHECK(off.calls == 0);
+  }
+}

@@ -30,14 +30,26 @@ bool stopped(State s) {
 
 WaitCoordinator::WaitCoordinator(CoordinatorConfig cfg, CoordinatorHooks hooks, Clock clock)
     : cfg_(cfg), hooks_(std::move(hooks)), clock_(std::move(clock)) {
-  // Offload is the memory engine's (issue 6): not wired here yet.
-  cfg_.wait.offload_enabled = false;
+  // Offload needs the memory engine's hook.
+  cfg_.wait.offload_enabled = cfg_.wait.offload_enabled && bool(hooks_.offload);
   size_t n = std::max<size_t>(1, cfg_.action_threads);
   for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { action_loop(); });
   threads_.emplace_back([this] { timer_loop(); });
 }
 
 WaitCoordinator::~WaitCoordinator() {
+  {
+    // Running offloads stop within a page, so the threads join promptly.
+    std::vector<EntryPtr> all;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      for (auto& [id, e] : entries_) all.push_back(e);
+    }
+    for (auto& e : all) {
+      std::lock_guard<std::mutex> l(e->mu);
+      if (e->offload_cancel) e->offload_cancel->store(true, std::memory_order_release);
+    }
+  }
   {
     std::lock_guard<std::mutex> g(q_mu_);
     stopping_ = true;
@@ -155,8 +167,13 @@ void WaitCoordinator::after(const std::string& sandbox, const EntryPtr& e, std::
   }
   for (Action a : acts) {
     if (a == Action::kReleaseHeld) continue;  // handled below, by state
+    if (a == Action::kOffload) e->offload_cancel = std::make_shared<std::atomic<bool>>(false);
     post([this, sandbox, e, a] { run_action(sandbox, e, a); });
   }
+  // An offload no longer wanted (a response, other traffic, the last
+  // request gone, the sandbox killed) stops within a page.
+  if (e->offload_cancel && (e->sw.state() != State::kOffloading || e->sw.resume_wanted() || e->gone))
+    e->offload_cancel->store(true, std::memory_order_release);
   // Deliveries go whenever the sandbox runs (or is dead: the write fails
   // there, never hangs).
   if (e->sw.can_deliver() || e->sw.state() == State::kDead || e->gone) {
@@ -215,7 +232,26 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
       LOG_WARN("sandbox " << sandbox << ": wait resume failed: " << s.error().message());
     }
   } else if (a == Action::kOffload) {
-    s = internal_error("offload is not available");
+    std::shared_ptr<std::atomic<bool>> cancel;
+    {
+      std::lock_guard<std::mutex> g(e->mu);
+      cancel = e->offload_cancel;
+    }
+    if (!cancel) {
+      s = Error(ErrorKind::kConflict, "offload no longer wanted");
+    } else {
+      s = hooks_.offload(sandbox, *cancel);
+      offload_latency_.observe(static_cast<double>(clock_() - t0) / 1e9);
+    }
+    if (s) {
+      offloads_done_.fetch_add(1, std::memory_order_relaxed);
+    } else if (s.error().kind() == ErrorKind::kConflict) {
+      offloads_cancelled_.fetch_add(1, std::memory_order_relaxed);
+      LOG_DEBUG("sandbox " << sandbox << ": offload stopped: " << s.error().message());
+    } else {
+      offload_failures_.fetch_add(1, std::memory_order_relaxed);
+      LOG_WARN("sandbox " << sandbox << ": offload failed (it stays paused): " << s.error().message());
+    }
   }
   std::vector<std::function<void()>> fire;
   {
@@ -233,10 +269,12 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
           break;
         }
       }
-      acts = e->sw.on_pause_done(bool(s), now, remaining);
+      bool allowed = !cfg_.wait.offload_enabled || !hooks_.offload_wanted || hooks_.offload_wanted();
+      acts = e->sw.on_pause_done(bool(s), now, remaining, allowed);
     } else if (a == Action::kResume) {
       acts = e->sw.on_resume_done(bool(s), now);
     } else if (a == Action::kOffload) {
+      e->offload_cancel.reset();
       acts = e->sw.on_offload_done(bool(s), now);
     }
     after(sandbox, e, std::move(acts), now, fire);
@@ -440,6 +478,12 @@ void WaitCoordinator::render_metrics(std::string& out) {
   pause_latency_.render(out, "sandgate_wait_pause_latency_seconds", "Time to pause a sandbox (freeze or vCPU stop).");
   resume_latency_.render(out, "sandgate_wait_resume_latency_seconds", "Time to resume a wait-paused sandbox.");
   paused_duration_.render(out, "sandgate_wait_paused_duration_seconds", "Length of each wait pause.");
+  render_header(out, "sandgate_wait_offloads_total", "counter", "Offloads of wait-paused sandboxes, by result.");
+  render_sample(out, "sandgate_wait_offloads_total", "result=\"done\"", static_cast<double>(offloads_done_.load()));
+  render_sample(out, "sandgate_wait_offloads_total", "result=\"cancelled\"",
+                static_cast<double>(offloads_cancelled_.load()));
+  render_sample(out, "sandgate_wait_offloads_total", "result=\"failed\"", static_cast<double>(offload_failures_.load()));
+  offload_latency_.render(out, "sandgate_wait_offload_seconds", "Time to offload a paused sandbox's memory.");
 }
 
 }  // namespace sg::wait

@@ -20,6 +20,7 @@
 // must only post work elsewhere.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -53,6 +54,15 @@ struct CoordinatorHooks {
   // calls forget() in turn). Called on an action thread, no lock held.
   // Optional.
   std::function<void(const std::string& sandbox)> kill;
+  // Offloads a paused sandbox's memory (the memory engine). Must stop
+  // within a page once cancel is set (a response or other traffic came, or
+  // the sandbox went): an error leaves the sandbox paused and whole.
+  // Optional: without it (or with WaitConfig::offload_enabled false) a
+  // wait only pauses.
+  std::function<Status(const std::string& sandbox, const std::atomic<bool>& cancel)> offload;
+  // Whether offloading is wanted now (host memory pressure); asked when a
+  // pause finished. Optional: always, without it.
+  std::function<bool()> offload_wanted;
 };
 
 struct CoordinatorConfig {
@@ -123,6 +133,9 @@ class WaitCoordinator {
     bool gone = false;             // GUARDED_BY(mu)
     TimeNs stopped_since = 0;      // GUARDED_BY(mu)
     TimeNs paused_ns_recorded = 0; // GUARDED_BY(mu)
+    // Set while an offload runs; after() sets it once the offload is no
+    // longer wanted.
+    std::shared_ptr<std::atomic<bool>> offload_cancel;  // GUARDED_BY(mu)
   };
   using EntryPtr = std::shared_ptr<Entry>;
 
@@ -163,6 +176,8 @@ class WaitCoordinator {
   std::vector<std::thread> threads_;
 
   std::atomic<uint64_t> pause_failures_{0}, resume_failures_{0}, probes_{0};
+  std::atomic<uint64_t> offloads_done_{0}, offload_failures_{0}, offloads_cancelled_{0};
+  metrics::Histogram offload_latency_{{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}};
   metrics::Histogram pause_latency_{metrics::latency_bounds()};
   metrics::Histogram resume_latency_{metrics::latency_bounds()};
   metrics::Histogram paused_duration_{{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60, 120}};

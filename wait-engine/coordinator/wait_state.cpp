@@ -136,7 +136,8 @@ std::vector<Action> SandboxWait::on_tick(TimeNs now) {
   return {Action::kPause};
 }
 
-std::vector<Action> SandboxWait::on_pause_done(bool ok, TimeNs now, std::optional<TimeNs> expected_remaining_ns) {
+std::vector<Action> SandboxWait::on_pause_done(bool ok, TimeNs now, std::optional<TimeNs> expected_remaining_ns,
+                                               bool offload_allowed) {
   if (state_ != State::kPausing) return {};
   if (!ok) {
     go(State::kWaiting, now, "pause failed");
@@ -151,7 +152,9 @@ std::vector<Action> SandboxWait::on_pause_done(bool ok, TimeNs now, std::optiona
     return {Action::kResume};
   }
   go(State::kPaused, now, "paused");
-  if (cfg_.offload_enabled && expected_remaining_ns && *expected_remaining_ns >= cfg_.offload_min_remaining_ns) {
+  bool pays = cfg_.offload_min_remaining_ns == 0 ||
+              (expected_remaining_ns && *expected_remaining_ns >= cfg_.offload_min_remaining_ns);
+  if (cfg_.offload_enabled && offload_allowed && pays) {
     go(State::kOffloading, now, "expected wait pays for an offload");
     ++stats_.offloads;
     return {Action::kOffload};

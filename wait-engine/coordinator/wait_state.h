@@ -54,7 +54,9 @@ struct WaitConfig {
   TimeNs cooldown_ns = 250'000'000;      // no new pause this soon after a resume
   TimeNs idle_report_max_age_ns = 50'000'000;  // idle evidence older than this does not count
   bool offload_enabled = false;          // the memory engine (issue 6) is present
-  TimeNs offload_min_remaining_ns = 2'000'000'000;  // expected remaining wait that pays for an offload
+  // Expected remaining wait that pays for an offload; 0: offload every
+  // pause, even before the history knows the (tenant, model).
+  TimeNs offload_min_remaining_ns = 2'000'000'000;
 };
 
 struct Transition {
@@ -91,7 +93,9 @@ class SandboxWait {
   // Timers: call at next_deadline() (or any time; it is idempotent).
   std::vector<Action> on_tick(TimeNs now);
   // expected_remaining_ns: the history's estimate for the oldest request.
-  std::vector<Action> on_pause_done(bool ok, TimeNs now, std::optional<TimeNs> expected_remaining_ns = {});
+  // offload_allowed: the owner's own gate (host memory pressure).
+  std::vector<Action> on_pause_done(bool ok, TimeNs now, std::optional<TimeNs> expected_remaining_ns = {},
+                                    bool offload_allowed = true);
   std::vector<Action> on_offload_done(bool ok, TimeNs now);
   std::vector<Action> on_resume_done(bool ok, TimeNs now);
   // Anything else for this sandbox (envd, a port): it must run first.
@@ -101,6 +105,8 @@ class SandboxWait {
   State state() const { return state_; }
   bool can_deliver() const { return state_ == State::kRunning || state_ == State::kWaiting; }
   size_t outstanding() const { return requests_.size(); }
+  // A resume is due as soon as the running pause or offload reports back.
+  bool resume_wanted() const { return resume_wanted_; }
   // Some outstanding request still waits for its response to start.
   bool awaiting_response() const { return responding_.size() < requests_.size(); }
   size_t held() const { return held_.size(); }
