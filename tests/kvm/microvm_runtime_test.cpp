@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +24,7 @@
 #include <thread>
 
 #include "kvm/kvm_env.h"
+#include "memory/offload.h"
 #include "sys/sys.h"
 
 using namespace sg;
@@ -237,6 +239,144 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
   ::close(memfd);
   if (uffd >= 0) ::close(uffd);
   ::close(ch[0]);
+}
+
+namespace {
+
+// Runs a bash script inside the sandbox through envd (process.Process/Start,
+// Connect streaming JSON) and returns the whole response, which ends when
+// the script has exited; its end event says how.
+std::string envd_run(runtime::Sandbox& sb, const std::string& script) {
+  std::string msg = nlohmann::json{{"process", {{"cmd", "/bin/bash"}, {"args", {"-c", script}}}}}.dump();
+  std::string body(5, '\0');
+  for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>((msg.size() >> (8 * (3 - i))) & 0xff);
+  body += msg;
+  std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                    "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n"
+                    "X-Access-Token: tok\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  auto fd = sb.open_port(49983);
+  REQUIRE(fd);
+  REQUIRE(::write(fd->get(), req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    struct pollfd p = {fd->get(), POLLIN, 0};
+    if (::poll(&p, 1, 180000) <= 0) break;
+    ssize_t n = ::read(fd->get(), buf, sizeof buf);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// (Protobuf JSON leaves out a zero exitCode; the status text is always there.)
+bool exited_with(const std::string& resp, int code) {
+  return resp.find("\"status\":\"exit status " + std::to_string(code) + "\"") != std::string::npos;
+}
+
+std::string printable(const std::string& b) {
+  std::string o;
+  for (unsigned char c : b) o += (c == '\n' || (c >= 0x20 && c < 0x7f)) ? static_cast<char>(c) : '.';
+  return o.substr(0, 1500);
+}
+
+}  // namespace
+
+TEST_CASE("memory offload of a paused clone: RAM released to the pool, restored on touch; a process keeps its memory") {
+  auto cfg = testing::kvm_test_config("offload", true);
+  auto rt = microvm::make_microvm_runtime(cfg);
+  REQUIRE(rt->cleanup_stale());
+  memory::MemoryEngineConfig ecfg;
+  ecfg.pool.dir = cfg.state_root + "/memory-pool";
+  ecfg.pool.memory_budget = 64ull << 20;
+  std::atomic<int> lost{0};
+  ecfg.on_lost = [&](const std::string&, const std::string& why) {
+    std::printf("memory lost: %s\n", why.c_str());
+    lost.fetch_add(1);
+  };
+  auto engine = memory::MemoryEngine::open(ecfg);
+  REQUIRE_MESSAGE(engine, (engine ? "" : engine.error().message()));
+  auto sb = rt->create(spec_for("offload0000000000000"));
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+
+  // A process holds 16 MiB of random bytes and their checksum; told to
+  // (the file /tmp/go), it checksums them again.
+  const std::string keeper =
+      "import os, hashlib, time\n"
+      "b = bytearray(os.urandom(16 << 20))\n"
+      "def put(n, v):\n"
+      "  open(n + '.tmp', 'w').write(v); os.rename(n + '.tmp', n)\n"
+      "put('/tmp/h1', hashlib.sha256(b).hexdigest())\n"
+      "while True:\n"
+      "  while not os.path.exists('/tmp/go'): time.sleep(0.02)\n"
+      "  os.unlink('/tmp/go'); put('/tmp/h2', hashlib.sha256(b).hexdigest())\n";
+  std::string r = envd_run(**sb, "cat > /tmp/keeper.py <<'EOF'\n" + keeper +
+                                      "EOF\nnohup python3 /tmp/keeper.py </dev/null >/tmp/keeper.log 2>&1 &\n"
+                                      "for i in $(seq 1200); do [ -s /tmp/h1 ] && exit 0; sleep 0.1; done; exit 9");
+  REQUIRE_MESSAGE(exited_with(r, 0), printable(r));
+  const std::string check =
+      "rm -f /tmp/h2; touch /tmp/go; for i in $(seq 1200); do [ -s /tmp/h2 ] && break; sleep 0.1; done; "
+      "[ -s /tmp/h2 ] || exit 8; [ \"$(cat /tmp/h1)\" = \"$(cat /tmp/h2)\" ] && exit 42; exit 7";
+
+  auto offload_once = [&](int round) {
+    auto before = (*sb)->usage();
+    REQUIRE(before);
+    REQUIRE((*sb)->pause());
+    auto gm = (*sb)->guest_memory();
+    REQUIRE_MESSAGE(gm, (gm ? "" : gm.error().message()));
+    CHECK(gm->size == 256ull << 20);
+    CHECK(gm->backing == (round == 1 ? "file" : "userfaultfd"));
+    CHECK_FALSE(gm->template_memory.empty());
+    memory::OffloadTarget t;
+    t.cohort = "t/base";
+    t.pid = gm->pid;
+    t.base = gm->base;
+    t.size = gm->size;
+    t.backing = gm->backing;
+    t.template_memory = gm->template_memory;
+    runtime::Sandbox* raw = sb->get();
+    t.release = [raw]() -> Result<std::pair<UniqueFd, uint64_t>> {
+      auto rel = raw->release_guest_memory();
+      if (!rel) return rel.error();
+      return std::make_pair(std::move(rel->uffd), rel->features);
+    };
+    std::atomic<bool> cancel{false};
+    auto t0 = std::chrono::steady_clock::now();
+    auto rep = (*engine)->offload("offload0000000000000", t, cancel);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE_MESSAGE(rep, (rep ? "" : rep.error().message()));
+    auto after = (*sb)->usage();
+    REQUIRE(after);
+    std::printf("offload round %d: %llu resident pages read in %.2f s, %llu stored (%llu bytes), %llu equal to the "
+                "template; VMM RSS %llu -> %llu MiB; pool %llu KiB\n",
+                round, (unsigned long long)rep->pages_read, secs, (unsigned long long)rep->pages_stored,
+                (unsigned long long)rep->bytes_stored, (unsigned long long)rep->pages_base,
+                (unsigned long long)(before->mem_used_bytes >> 20), (unsigned long long)(after->mem_used_bytes >> 20),
+                (unsigned long long)(rep->pool_bytes >> 10));
+    CHECK(rep->pages_stored >= 4096);  // at least the 16 MiB of random bytes
+    CHECK(after->mem_used_bytes + (16ull << 20) < before->mem_used_bytes);
+    auto pre = (*engine)->prefetch("offload0000000000000");
+    REQUIRE_MESSAGE(pre, (pre ? "" : pre.error().message()));
+    std::printf("offload round %d: %llu pages prefetched before the resume\n", round, (unsigned long long)*pre);
+    if (round > 1) CHECK(*pre > 0);
+    REQUIRE((*sb)->resume());
+    CHECK(ping(**sb));
+    std::string c = envd_run(**sb, check);
+    CHECK_MESSAGE(exited_with(c, 42), printable(c));
+    auto st = (*engine)->stats("offload0000000000000");
+    REQUIRE(st);
+    std::printf("offload round %d: %llu faults served, %llu zero pages, %llu prefetched, max fault %.3f ms\n", round,
+                (unsigned long long)st->faults.faults, (unsigned long long)st->faults.zero_pages,
+                (unsigned long long)st->faults.prefetched, static_cast<double>(st->faults.fault_ns_max) / 1e6);
+    CHECK(st->faults.source_errors == 0);
+  };
+  offload_once(1);
+  offload_once(2);
+  CHECK((*sb)->kill());
+  (*engine)->forget("offload0000000000000");
+  CHECK((*engine)->totals().pool.bytes.records == 0);
+  // A fault still pending when the VMM was killed is not a lost memory.
+  CHECK(lost == 0);
 }
 
 int main(int argc, char** argv) {

@@ -296,6 +296,7 @@ FaultServer::Install FaultServer::install(uint64_t page, bool wake_now, uint8_t*
     if (wake_now) wake(page, 1);
     return Install::kPresent;
   }
+  if (e == ESRCH) return Install::kGone;  // its mm is gone: nobody waits for the page
   *err = sys::errno_error(*fill == PageFill::kZero ? "install zero page" : "UFFDIO_COPY",
                           "page " + std::to_string(page), e);
   return Install::kFailed;
@@ -314,6 +315,12 @@ void FaultServer::serve(uint64_t addr) {
   uint64_t page = (addr - base_) / kPage;
   Error err = internal_error("");
   Install r = install(page, false, fault_buf_.data(), &err);
+  if (r == Install::kGone) {
+    std::lock_guard lk(mu_);
+    ++stats_.faults;
+    ++stats_.target_exited;
+    return;
+  }
   if (r == Install::kSourceFailed || r == Install::kFailed) {
     bool poisoned = false;
     if (poison_) {

@@ -55,6 +55,7 @@ struct FaultStats {
   uint64_t source_errors = 0;      // faults whose page the source could not give
   uint64_t poisoned = 0;           // pages poisoned after a source error
   uint64_t out_of_range = 0;       // fault addresses outside the region (ignored, counted)
+  uint64_t target_exited = 0;      // faults left when the faulting process had exited (a killed VMM)
   uint64_t prefetched = 0;         // pages installed by prefetch()
   uint64_t prefetch_present = 0;   // prefetch() pages already there (faulted or prefetched before)
   uint64_t prefetch_errors = 0;    // prefetch() pages the source could not give (left to fault)
@@ -123,7 +124,8 @@ class FaultServer {
   FaultServer(UniqueFd uffd, uint64_t base, uint64_t len, PageSource source, FaultServerOptions opt, bool local);
   void run();
   void serve(uint64_t addr);
-  enum class Install { kCopied, kZeroed, kPresent, kSourceFailed, kFailed };
+  // kGone: the registered process exited (ESRCH), nothing to serve.
+  enum class Install { kCopied, kZeroed, kPresent, kSourceFailed, kFailed, kGone };
   // Gets the page from the source and installs it; wake=false leaves the
   // waiters for one UFFDIO_WAKE later. On kSourceFailed/kFailed *err says why.
   Install install(uint64_t page, bool wake, uint8_t* buf, Error* err);
