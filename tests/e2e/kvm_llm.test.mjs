@@ -80,10 +80,10 @@ async function direct(body) {
 }
 
 // curl inside the microVM against the proxy; returns what it printed.
-async function curlInside(file, body) {
+async function curlInside(file, body, latencyMs = LATENCY_MS) {
   await sbx.files.write(`/home/user/${file}`, body);
   const r = await sbx.commands.run(
-    `curl -sS -N --max-time 100 -H 'Content-Type: application/json' -H 'x-mock-latency-ms: ${LATENCY_MS}' ` +
+    `curl -sS -N --max-time 100 -H 'Content-Type: application/json' -H 'x-mock-latency-ms: ${latencyMs}' ` +
       `--data-binary @${file} "$OPENAI_BASE_URL/chat/completions"`,
     { cwd: '/home/user', timeoutMs: 120_000 },
   );
@@ -154,10 +154,48 @@ if (skip) {
     assert.match(streaming.got, /data: \[DONE\]\n\n$/);
   });
 
+  test('a long wait offloads the microVM\'s memory; it is back, whole, before the answer', STEP, async () => {
+    // sandgate runs with --memory-offload always --offload-min-wait-ms 0
+    // here (tests/CMakeLists.txt): every wait pause offloads. The short
+    // waits above end while the offload runs (it is cancelled); this one
+    // lasts long enough for it to finish under TCG.
+    let out = '';
+    const holder = await sbx.commands.run(
+      'python3 -c "\n' +
+        'import hashlib, os, sys\n' +
+        'b = bytearray(os.urandom(16 << 20)); print(hashlib.sha256(b).hexdigest(), flush=True)\n' +
+        'sys.stdin.readline(); print(hashlib.sha256(b).hexdigest(), flush=True)\n"',
+      { background: true, stdin: true, timeoutMs: 0, onStdout: (d) => { out += d; } },
+    );
+    await poll('the checksum printed', () => out, (o) => /^[0-9a-f]{64}\n/.test(o));
+    const seq = await lastSeq(sbx.sandboxId);
+    const body = JSON.stringify({ model: 'mock-gpt', messages: [{ role: 'user', content: 'a long think' }] });
+    const got = await curlInside('long.json', body, 40_000);
+    assert.equal(got, await direct(body));
+    const evs = await poll('an offload and a resume', () => waitEvents(sbx.sandboxId, seq),
+      (e) => e.some((x) => stepName(x) === 'offloading->offloaded') && e.at(-1).detail.to === 'running', 30_000);
+    console.log(`transitions for long.json: ${evs.map(stepName).join(' ')}`);
+    const off = evs.findIndex((x) => stepName(x) === 'offloading->offloaded');
+    assert.ok(evs.findIndex((x, i) => i > off && stepName(x) === 'offloaded->resuming') > off);
+    const metrics = await (await fetch(url + '/metrics')).text();
+    const num = (name) => Number((metrics.match(new RegExp(`^${name} (\\S+)$`, 'm')) || [])[1]);
+    console.log(`offloads ${num('sandgate_memory_offloads_total')}, pages stored ` +
+      `${num('sandgate_memory_pages_stored_total')}, faults ${num('sandgate_memory_faults_total')}, ` +
+      `cancelled ${num('sandgate_memory_offloads_cancelled_total')}`);
+    assert.ok(num('sandgate_memory_offloads_total') >= 1);
+    assert.ok(num('sandgate_memory_pages_stored_total') >= 4096, 'at least the 16 MiB of random bytes');
+    assert.ok(num('sandgate_memory_faults_total') > 0);
+    assert.equal(num('sandgate_memory_lost_total'), 0);
+    await sbx.commands.sendStdin(holder.pid, 'go\n');
+    const r = await holder.wait();
+    const [h1, h2] = r.stdout.trim().split('\n');
+    assert.equal(h2, h1, 'the 16 MiB came back byte for byte');
+  });
+
   test('usage was recorded for the sandbox', STEP, async () => {
     const rows = await poll('two usage rows', async () => (await getJson(`/llm/usage?sandboxID=${sbx.sandboxId}`)).requests,
-      (r) => r.filter((x) => x.route === '/v1/chat/completions').length >= 2, 30_000);
-    const [ns, st] = rows.filter((r) => r.route === '/v1/chat/completions').slice(-2);
+      (r) => r.filter((x) => x.route === '/v1/chat/completions').length >= 3, 30_000);
+    const [ns, st] = rows.filter((r) => r.route === '/v1/chat/completions').slice(0, 2);
     assert.deepEqual([ns.provider, ns.stream, ns.input_tokens, ns.output_tokens, ns.outcome, ns.status],
       ['openai', false, 4, 5, 'completed', 200]);
     assert.deepEqual([st.provider, st.stream, st.input_tokens, st.output_tokens, st.usage_found, st.status],
