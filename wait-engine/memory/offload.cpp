@@ -263,8 +263,11 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
   auto rel = t.release();
   if (!rel) return abandon(Error(ErrorKind::kUnavailable, rel.error().message()));
   if (!s.fs) {
-    auto lost = [this, id, sp](const std::string& why) {
-      if (sp->lost.exchange(true)) return;
+    // Raw pointers: the fault server that calls these is owned by the
+    // Sandbox (a shared_ptr here would be a cycle) and stopped before it.
+    Sandbox* raw = sp.get();
+    auto lost = [this, id, raw](const std::string& why) {
+      if (raw->lost.exchange(true)) return;
       lost_.fetch_add(1, std::memory_order_relaxed);
       LOG_ERROR("sandbox " << id << ": guest memory lost: " << why);
       if (cfg_.on_lost) cfg_.on_lost(id, why);
@@ -273,7 +276,6 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       lost("the VMM released guest RAM without handing over its userfaultfd");
       return internal_error("sandbox " + id + ": no userfaultfd from the VMM");
     }
-    Sandbox* raw = sp.get();
     PageSource src = [this, id, raw](uint64_t page, uint8_t* out) -> Result<PageFill> {
       if (!t_in_prefetch) {
         std::lock_guard<std::mutex> g(raw->trace_mu);
