@@ -2,7 +2,10 @@
 // auth, quota, tenant isolation, bad input.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
 
 #include "support/sandgate_process.h"
 
@@ -215,6 +218,49 @@ TEST_CASE("quota: concurrent sandboxes and memory get 429 with Retry-After and c
   CHECK(s.del("/sandboxes/" + id, one).status == 204);
   std::string id2 = create(s, R"({"templateID":"base"})", one);
   CHECK(s.del("/sandboxes/" + id2, one).status == 204);
+}
+
+TEST_CASE("a burst of 200 simultaneous creates: each is served or gets 429 with Retry-After, none is dropped") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"));
+  REQUIRE(s.started());
+  constexpr int kBurst = 200;
+  std::vector<Response> got(kBurst);
+  {
+    // Every thread connects and sends at once (one connection each).
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    for (int i = 0; i < kBurst; ++i)
+      threads.emplace_back([&, i] {
+        ready.fetch_add(1);
+        while (!go.load()) std::this_thread::yield();
+        got[i] = s.post("/v2/sandboxes", R"({"templateID":"base"})");
+      });
+    while (ready.load() < kBurst) std::this_thread::yield();
+    go.store(true);
+    for (auto& t : threads) t.join();
+  }
+  int created = 0, limited = 0;
+  std::vector<std::string> ids;
+  for (const Response& r : got) {
+    INFO(r.status << " " << r.error << " " << r.body.substr(0, 200));
+    REQUIRE(r.status != 0);  // a dropped or reset connection
+    if (r.status == 201) {
+      ++created;
+      ids.push_back(body_of(r)["sandboxID"].get<std::string>());
+    } else {
+      check_error(r, 429);
+      CHECK_FALSE(r.header("retry-after").empty());
+      ++limited;
+    }
+  }
+  MESSAGE("burst of " << kBurst << ": " << created << " created, " << limited << " answered 429");
+  CHECK(created > 0);
+  CHECK(created + limited == kBurst);
+  // What was created exists and runs; the listing agrees.
+  CHECK(body_of(s.get("/v2/sandboxes")).size() == ids.size());
+  for (const std::string& id : ids) CHECK(s.del("/sandboxes/" + id).status == 204);
 }
 
 TEST_CASE("bad input gets a clear JSON error and creates nothing") {
