@@ -248,6 +248,7 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
   if (!gm) return gm.error();
   memory::OffloadTarget t;
   t.cohort = live->tenant_id + "/" + live->template_id;
+  t.cohort_key = memory::CohortKey{live->tenant_id, live->template_id, ""};
   t.pid = gm->pid;
   t.base = gm->base;
   t.size = gm->size;

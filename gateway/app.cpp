@@ -293,9 +293,11 @@ int serve(const AppConfig& cfg_in) {
   // The memory offload engine (microVMs only): declared before the service
   // it serves, so it goes after every sandbox (and VMM) is gone.
   std::atomic<api::SandboxService*> lost_to{nullptr};
+  memory::DictionaryRegistry dictionaries(**store);  // cohort dictionaries, in SQLite
   std::unique_ptr<memory::MemoryEngine> memory_engine;
   if (use_kvm && cfg.memory_offload != "off") {
     memory::MemoryEngineConfig ecfg;
+    ecfg.dictionaries = &dictionaries;
     ecfg.pool.dir = cfg.data_dir + "/memory-pool";
     ecfg.pool.memory_budget = static_cast<uint64_t>(cfg.memory_pool_mb) << 20;
     ecfg.on_lost = [&lost_to](const std::string& id, const std::string& why) {

@@ -20,6 +20,7 @@
 #include "kvm/memory.h"
 #include "memory/offload.h"
 #include "memory/pressure.h"
+#include "storage/store.h"
 #include "support/temp_dir.h"
 #include "sys/sys.h"
 
@@ -287,4 +288,113 @@ TEST_CASE("pressure gate: on below the low mark, off only above the high mark") 
   auto host = read_host_memory();
   REQUIRE(host);
   CHECK(host->available <= host->total);
+}
+
+namespace {
+
+// JSON-ish text from a small vocabulary: what an interpreter's heap holds,
+// alike across siblings in content, not in layout.
+void fill_text(uint8_t* page, uint32_t seed) {
+  static const char* kWords[] = {"request", "tool_call", "sandbox", "template", "function", "arguments", "result",
+                                 "status", "content", "assistant", "message", "python", "import", "return"};
+  std::mt19937 rng(seed);
+  std::string s;
+  while (s.size() < kPg) {
+    s += "{\"";
+    s += kWords[rng() % 14];
+    s += "\": \"";
+    s += kWords[rng() % 14];
+    s += "\", \"id\": " + std::to_string(rng() % 100000) + "},\n";
+  }
+  std::memcpy(page, s.data(), kPg);
+}
+
+}  // namespace
+
+TEST_CASE("offload with cohort dictionaries: trained after a first offload, used from the next, shared by a sibling, released") {
+  test::TempDir dir;
+  auto store = storage::Store::open(dir.sub("s.db"));
+  REQUIRE(store);
+  DictionaryRegistry reg(**store);
+  MemoryEngineConfig cfg;
+  cfg.pool.dir = dir.sub("pool");
+  cfg.dictionaries = &reg;
+  auto e = MemoryEngine::open(cfg);
+  REQUIRE(e);
+  MemoryEngine& engine = **e;
+  auto target = [&](vmm::GuestMemory& mem) {
+    OffloadTarget t;
+    t.cohort = "tenant-a/tpl";
+    t.cohort_key = CohortKey{"tenant-a", "tpl", ""};
+    t.pid = ::getpid();
+    t.base = reinterpret_cast<uintptr_t>(mem.host_base());
+    t.size = mem.size();
+    t.backing = mem.backing();
+    vmm::GuestMemory* m = &mem;
+    t.release = [m]() -> Result<std::pair<UniqueFd, uint64_t>> {
+      uint64_t f = 0;
+      Result<int> r = m->release_to_userfaultfd(&f);
+      if (!r) return r.error();
+      return std::make_pair(UniqueFd(*r), f);
+    };
+    return t;
+  };
+  auto fill = [](vmm::GuestMemory& mem, uint32_t base_seed, std::vector<uint8_t>& want) {
+    want.assign(kPages * kPg, 0);
+    for (uint64_t p = 0; p < kPages; ++p) fill_text(want.data() + p * kPg, base_seed + static_cast<uint32_t>(p));
+    std::memcpy(mem.host_base(), want.data(), want.size());
+  };
+  std::atomic<bool> cancel{false};
+  std::string why;
+
+  auto a = vmm::GuestMemory::create_memfd(kPages * kPg);
+  REQUIRE(a);
+  std::vector<uint8_t> want_a;
+  fill(*a, 1, want_a);
+  auto r1 = engine.offload("a", target(*a), cancel);
+  REQUIRE_MESSAGE(r1, (r1 ? "" : r1.error().message()));
+  CHECK(r1->dictionary == 0);  // none yet: trained from this offload's pages
+  CHECK(r1->trained);
+  engine.wait_for_training();
+  auto acq = reg.acquire(CohortKey{"tenant-a", "tpl", ""});
+  REQUIRE(acq);
+  REQUIRE(acq->has_value());
+  uint32_t id = (*acq)->id();
+  REQUIRE(reg.release("tenant-a", id));  // the test's own reference back
+  CHECK_MESSAGE(reads_back(a->host_base(), want_a, &why), why);
+
+  // Round 2: the same content, now with the dictionary: smaller.
+  auto r2 = engine.offload("a", target(*a), cancel);
+  REQUIRE(r2);
+  CHECK(r2->dictionary == id);
+  CHECK(r2->pages_stored == r1->pages_stored);
+  MESSAGE("text pages: " << r1->bytes_stored << " bytes without the dictionary, " << r2->bytes_stored << " with it");
+  CHECK(r2->bytes_stored < r1->bytes_stored * 9 / 10);
+  CHECK_MESSAGE(reads_back(a->host_base(), want_a, &why), why);
+
+  // A sibling of the cohort uses it from its first offload.
+  auto b = vmm::GuestMemory::create_memfd(kPages * kPg);
+  REQUIRE(b);
+  std::vector<uint8_t> want_b;
+  fill(*b, 100000, want_b);
+  auto rb = engine.offload("b", target(*b), cancel);
+  REQUIRE(rb);
+  CHECK(rb->dictionary == id);
+  CHECK_FALSE(rb->trained);
+  CHECK_MESSAGE(reads_back(b->host_base(), want_b, &why), why);
+  auto row = (*store)->get_memory_dictionary("tenant-a", id);
+  REQUIRE(row);
+  REQUIRE(row->has_value());
+  CHECK((*row)->refcount == 2);  // a's (the publisher's) and b's
+  // Each sandbox gives its reference back when it goes; the last deletes it.
+  engine.forget("a");
+  row = (*store)->get_memory_dictionary("tenant-a", id);
+  REQUIRE(row);
+  REQUIRE(row->has_value());
+  CHECK((*row)->refcount == 1);
+  engine.forget("b");
+  row = (*store)->get_memory_dictionary("tenant-a", id);
+  REQUIRE(row);
+  CHECK_FALSE(row->has_value());
+  CHECK(engine.totals().dictionaries_published == 1);
 }

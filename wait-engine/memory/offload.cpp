@@ -35,6 +35,12 @@ const uint32_t kZeroPageCrc = [] {
   return page_crc32c(zero, kPage);
 }();
 
+// A deterministic scramble of n (reservoir sampling without a random source).
+uint64_t spread(uint64_t n) {
+  uint64_t h = n * 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 29);
+}
+
 CodecContext& codec() {
   static thread_local CodecContext cc;
   return cc;
@@ -106,6 +112,22 @@ struct MemoryEngine::Sandbox {
   std::mutex trace_mu;
   std::vector<uint64_t> trace;       // GUARDED_BY(trace_mu): demand faults since the last prefetch
   std::atomic<bool> lost{false};
+  CohortKey cohort_key;
+  // The cohort dictionary this sandbox's records use (one reference held,
+  // released by forget), fixed once taken so every record decodes with it.
+  // Set under dict_mu (the fault server reads it while an offload trains).
+  std::mutex dict_mu;
+  std::optional<Dictionary> dict;  // GUARDED_BY(dict_mu)
+  bool dict_tried = false;  // asked the registry / trained once (op held)
+  bool gone = false;        // GUARDED_BY(dict_mu): forgotten (a late dictionary is given back)
+  std::optional<Dictionary> dictionary() {
+    std::lock_guard<std::mutex> g(dict_mu);
+    return dict;
+  }
+  void set_dictionary(Dictionary d) {
+    std::lock_guard<std::mutex> g(dict_mu);
+    dict = std::move(d);
+  }
   std::unique_ptr<FaultServer> fs;
 
   const uint8_t* template_page(uint64_t page) const {
@@ -124,11 +146,70 @@ Result<std::unique_ptr<MemoryEngine>> MemoryEngine::open(MemoryEngineConfig cfg)
 }
 
 MemoryEngine::MemoryEngine(MemoryEngineConfig cfg, std::unique_ptr<Pool> pool)
-    : cfg_(std::move(cfg)), pool_(std::move(pool)), predictor_(cfg_.predictor) {}
+    : cfg_(std::move(cfg)), pool_(std::move(pool)), predictor_(cfg_.predictor) {
+  if (cfg_.dictionaries) trainer_ = std::thread([this] { train_loop(); });
+}
 
 MemoryEngine::~MemoryEngine() {
+  {
+    std::lock_guard<std::mutex> g(train_mu_);
+    train_stop_ = true;
+  }
+  train_cv_.notify_all();
+  if (trainer_.joinable()) trainer_.join();
   std::lock_guard<std::mutex> g(mu_);
   sandboxes_.clear();
+}
+
+void MemoryEngine::train_loop() {
+  for (;;) {
+    TrainJob job;
+    {
+      std::unique_lock<std::mutex> l(train_mu_);
+      train_cv_.wait(l, [&] { return train_stop_ || !train_queue_.empty(); });
+      if (train_stop_) return;  // queued jobs are dropped: nothing was published for them
+      job = std::move(train_queue_.front());
+      train_queue_.pop_front();
+    }
+    Sandbox& s = *job.sandbox;
+    std::vector<const uint8_t*> ptrs;
+    for (const std::string& p : job.sample) ptrs.push_back(reinterpret_cast<const uint8_t*>(p.data()));
+    TrainReport tr;
+    trained_.fetch_add(1, std::memory_order_relaxed);
+    Result<std::optional<Dictionary>> d =
+        cfg_.dictionaries->train_and_maybe_publish(s.cohort_key, ptrs, cfg_.train, sys::unix_seconds(), &tr);
+    if (!d) {
+      LOG_WARN("sandbox " << job.id << ": dictionary training: " << d.error().message());
+    } else if (!d->has_value()) {
+      LOG_INFO("sandbox " << job.id << ": cohort dictionary not published: " << tr.reason);
+    } else {
+      uint32_t did = (*d)->id();
+      published_.fetch_add(1, std::memory_order_relaxed);
+      LOG_INFO("sandbox " << job.id << ": cohort dictionary " << did << " published: saves "
+                          << static_cast<int>(tr.saved * 100) << "% on " << tr.eval_pages << " held-out pages");
+      // The publisher's reference goes to the sandbox; one that is gone
+      // meanwhile gives it back at once.
+      bool kept = false;
+      {
+        std::lock_guard<std::mutex> g(s.dict_mu);
+        if (!s.gone && !s.dict) {
+          s.dict = std::move(**d);
+          kept = true;
+        }
+      }
+      if (!kept) (void)cfg_.dictionaries->release(s.cohort_key.tenant_id, did);
+    }
+    {
+      std::lock_guard<std::mutex> g(train_mu_);
+      ++trains_done_;
+    }
+    train_cv_.notify_all();
+  }
+}
+
+void MemoryEngine::wait_for_training() {
+  std::unique_lock<std::mutex> l(train_mu_);
+  train_cv_.wait(l, [&] { return train_stop_ || trains_done_ == trains_queued_; });
 }
 
 std::shared_ptr<MemoryEngine::Sandbox> MemoryEngine::find(const std::string& id) {
@@ -158,6 +239,7 @@ Status MemoryEngine::attach(Sandbox& s, const std::string& id, const OffloadTarg
     }
   }
   s.cohort = t.cohort;
+  s.cohort_key = t.cohort_key;
   s.pid = t.pid;
   s.base = t.base;
   s.size = t.size;
@@ -203,6 +285,24 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
     (e.kind() == ErrorKind::kConflict ? cancelled_ : failed_).fetch_add(1, std::memory_order_relaxed);
     return e;
   };
+  // The cohort's dictionary, if it has one, from this sandbox's first
+  // offload on (a later one would leave records that need two).
+  bool use_dicts = cfg_.dictionaries && !s.cohort_key.tenant_id.empty();
+  std::optional<Dictionary> held = s.dictionary();
+  if (use_dicts && !held && !s.dict_tried && s.rounds == 0) {
+    Result<std::optional<Dictionary>> d = cfg_.dictionaries->acquire(s.cohort_key);
+    if (d && d->has_value()) {
+      s.set_dictionary(**d);
+      held = std::move(*d);
+    }
+    if (!d) LOG_WARN("sandbox " << id << ": cohort dictionary: " << d.error().message());
+  }
+  const Dictionary* dict = held ? &*held : nullptr;
+  rep.dictionary = dict ? dict->id() : 0;
+  // Training sample: pages that neither equal the template nor are zero.
+  bool want_sample = use_dicts && !held && !s.dict_tried;
+  std::vector<std::string> sample;
+  size_t seen_for_sample = 0;
   std::vector<uint8_t> buf(kReadBatch * kPage);
   std::string rec;
   CodecContext& cc = codec();
@@ -222,7 +322,7 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       }
       const uint8_t* tp = s.template_page(page);
       rec.clear();
-      EncodeResult er = encode_page(cc, data, EncodeOptions{tp, nullptr, cfg_.zstd_level}, rec);
+      EncodeResult er = encode_page(cc, data, EncodeOptions{tp, dict, cfg_.zstd_level}, rec);
       ++rep.pages_read;
       bool base_equal = er.kind == PageKind::kTemplateSame || (!tp && er.kind == PageKind::kZero);
       if (base_equal) {
@@ -232,6 +332,15 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       }
       if (Status p = pool_->put(id, page, static_cast<uint8_t>(er.kind), rec); !p)
         return abandon(Error(ErrorKind::kUnavailable, p.error().message()));
+      if (want_sample && er.kind != PageKind::kZero && er.kind != PageKind::kRuns) {
+        // Every page until the sample is full, then one in (seen / cap)
+        // in place: an even spread over the offload, bounded memory.
+        ++seen_for_sample;
+        if (sample.size() < cfg_.train_sample_pages)
+          sample.emplace_back(reinterpret_cast<const char*>(data), kPage);
+        else if (size_t k = spread(seen_for_sample) % seen_for_sample; k < sample.size())
+          sample[k].assign(reinterpret_cast<const char*>(data), kPage);
+      }
       put_now.push_back(page);
       ++rep.pages_stored;
       rep.bytes_stored += rec.size();
@@ -290,7 +399,10 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
         std::memcpy(out, tp, kPage);
         return PageFill::kData;
       }
-      if (Status d = decode_page(codec(), r->payload, tp, nullptr, out); !d)
+      std::optional<Dictionary> dict = record_kind(r->payload) == static_cast<uint8_t>(PageKind::kZstdDict)
+                                           ? raw->dictionary()
+                                           : std::nullopt;
+      if (Status d = decode_page(codec(), r->payload, tp, dict ? &*dict : nullptr, out); !d)
         return d.error().with_context("page " + std::to_string(page));
       if (t_in_prefetch) raw->prefetch_crc[page] = page_crc32c(out, kPage);
       // Resident from now on: the pool's copy would only cost memory.
@@ -312,6 +424,17 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
   }
   s.released = true;
   ++s.rounds;
+  if (want_sample && sample.size() >= cfg_.train.min_train_pages) {
+    // Training costs seconds of CPU: the trainer thread does it, so this
+    // offload (and the resume a response may be waiting for) ends now. The
+    // dictionary applies from the sandbox's next offload on.
+    s.dict_tried = true;
+    rep.trained = true;
+    std::lock_guard<std::mutex> g(train_mu_);
+    train_queue_.push_back(TrainJob{id, sp, std::move(sample)});
+    ++trains_queued_;
+    train_cv_.notify_all();
+  }
   rep.pool_bytes = pool_->stats(id).memory_bytes();
   rep.ns = sys::monotonic_ns() - t0;
   offloads_.fetch_add(1, std::memory_order_relaxed);
@@ -371,6 +494,14 @@ void MemoryEngine::forget(const std::string& id) {
     }
   }
   pool_->drop(id);
+  {
+    std::lock_guard<std::mutex> g(sp->dict_mu);
+    sp->gone = true;
+  }
+  if (std::optional<Dictionary> d = sp->dictionary(); d && cfg_.dictionaries) {
+    Result<int64_t> left = cfg_.dictionaries->release(sp->cohort_key.tenant_id, d->id());
+    if (!left) LOG_WARN("sandbox " << id << ": release of dictionary " << d->id() << ": " << left.error().message());
+  }
   std::lock_guard<std::mutex> g(pred_mu_);
   predictor_.forget(id);
 }
@@ -406,6 +537,8 @@ MemoryEngineTotals MemoryEngine::totals() {
   t.prefetch_wasted = wasted_.load();
   t.lost = lost_.load();
   t.offload_ns = offload_ns_.load();
+  t.dictionaries_trained = trained_.load();
+  t.dictionaries_published = published_.load();
   t.faults = faults_retired_.load();
   t.prefetched = prefetched_retired_.load();
   std::vector<std::shared_ptr<Sandbox>> all;
@@ -451,6 +584,9 @@ void MemoryEngine::render_metrics(std::string& out) {
   counter("sandgate_memory_prefetch_wasted_total", "Prefetched pages not written before the next offload.",
           t.prefetch_wasted);
   counter("sandgate_memory_lost_total", "Sandboxes whose memory could not be restored.", t.lost);
+  counter("sandgate_memory_dictionaries_trained_total", "Cohort dictionaries trained.", t.dictionaries_trained);
+  counter("sandgate_memory_dictionaries_published_total", "Cohort dictionaries that paid and were published.",
+          t.dictionaries_published);
   out += "# HELP sandgate_memory_offload_seconds_total Time spent offloading.\n"
          "# TYPE sandgate_memory_offload_seconds_total counter\nsandgate_memory_offload_seconds_total " +
          std::to_string(static_cast<double>(t.offload_ns) / 1e9) + "\n";

@@ -30,6 +30,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -37,7 +39,10 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "memory/dictionary.h"
 #include "memory/pool.h"
 #include "memory/prefetch.h"
 #include "memory/uffd.h"
@@ -51,6 +56,17 @@ struct MemoryEngineConfig {
   int zstd_level = 3;
   size_t prefetch_pages = 4096;  // pages installed before a resume, at most
   PredictorConfig predictor;
+  // Cohort dictionaries (dictionary.h), or null for none. A sandbox takes
+  // its cohort's newest dictionary at its first offload; a cohort without
+  // one trains it from the pages of a completed offload (kept as a sample
+  // of at most train_sample_pages), after the release, and publishes it
+  // only if it pays on held-out pages, on the engine's trainer thread (so
+  // neither the offload nor a resume waits for it). Used from that
+  // sandbox's next offload on, and by siblings that start offloading
+  // afterwards.
+  DictionaryRegistry* dictionaries = nullptr;
+  TrainOptions train;
+  size_t train_sample_pages = 1024;
   // A sandbox whose memory cannot be restored (called once, from a fault
   // server thread: must only queue the kill).
   std::function<void(const std::string& sandbox, const std::string& why)> on_lost;
@@ -59,6 +75,7 @@ struct MemoryEngineConfig {
 // One sandbox's guest RAM, as the runtime reports it (runtime.h).
 struct OffloadTarget {
   std::string cohort;           // (tenant, template): whose hot sets it shares
+  CohortKey cohort_key;         // the same, for dictionaries (tenant_id must be set to use one)
   int pid = -1;                 // the VMM
   uint64_t base = 0;            // RAM mapping in the VMM's address space
   uint64_t size = 0;
@@ -75,6 +92,8 @@ struct OffloadReport {
   uint64_t bytes_stored = 0;  // encoded bytes put
   uint64_t pool_bytes = 0;    // the sandbox's pool RAM afterwards (M(t)'s share)
   uint64_t ns = 0;
+  uint32_t dictionary = 0;    // the dictionary id the records used (0: none)
+  bool trained = false;       // this offload's pages were queued to train the cohort's dictionary
 };
 
 struct SandboxMemoryStats {
@@ -91,6 +110,7 @@ struct MemoryEngineTotals {
   uint64_t faults = 0, prefetched = 0, prefetch_used = 0, prefetch_wasted = 0;
   uint64_t lost = 0;
   uint64_t offload_ns = 0;
+  uint64_t dictionaries_trained = 0, dictionaries_published = 0;
   PoolTotals pool;
 };
 
@@ -116,6 +136,9 @@ class MemoryEngine {
   // The sandbox's pool RAM (0 if unknown): cheap, for M(t) sampling.
   uint64_t pool_bytes(const std::string& sandbox) const;
   MemoryEngineTotals totals();
+  // Blocks until every dictionary training queued so far has finished
+  // (tests; training runs on the engine's trainer thread).
+  void wait_for_training();
   // Appends the engine's series in Prometheus text format.
   void render_metrics(std::string& out);
 
@@ -131,8 +154,23 @@ class MemoryEngine {
   std::map<std::string, std::shared_ptr<Sandbox>> sandboxes_;  // GUARDED_BY(mu_)
   std::mutex pred_mu_;
   Predictor predictor_;  // GUARDED_BY(pred_mu_)
+  // Dictionary training, one job at a time on its own thread (at most one
+  // core): samples of a completed offload, for cohorts without a dictionary.
+  struct TrainJob {
+    std::string id;
+    std::shared_ptr<Sandbox> sandbox;
+    std::vector<std::string> sample;
+  };
+  void train_loop();
+  std::mutex train_mu_;
+  std::condition_variable train_cv_;
+  std::deque<TrainJob> train_queue_;  // GUARDED_BY(train_mu_)
+  bool train_stop_ = false;           // GUARDED_BY(train_mu_)
+  uint64_t trains_queued_ = 0, trains_done_ = 0;  // GUARDED_BY(train_mu_)
+  std::thread trainer_;
   std::atomic<uint64_t> offloads_{0}, cancelled_{0}, failed_{0}, pages_read_{0}, pages_stored_{0}, pages_base_{0},
-      bytes_stored_{0}, lost_{0}, offload_ns_{0}, faults_retired_{0}, prefetched_retired_{0}, used_{0}, wasted_{0};
+      bytes_stored_{0}, lost_{0}, offload_ns_{0}, faults_retired_{0}, prefetched_retired_{0}, used_{0}, wasted_{0},
+      trained_{0}, published_{0};
 };
 
 }  // namespace sg::memory
