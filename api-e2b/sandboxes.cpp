@@ -235,7 +235,7 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
   // that finds none stays paused (whole) for this wait.
   if (offloads_running_.fetch_add(1) >= offload_slots_) {
     offloads_running_.fetch_sub(1);
-    return Error(ErrorKind::kUnavailable, "memory offload: CPU budget in use by other offloads");
+    return Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
   }
   struct Slot {
     std::atomic<size_t>& n;
@@ -327,6 +327,9 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
     if (!done) return done.error();
     return *done ? Status::Ok() : Status(not_found(id));
   }
+  // A running offload holds the sandbox's lock for seconds: this stops it
+  // within a page (and resumes the sandbox, which is then killed).
+  if (before_traffic_) before_traffic_(id);
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   return kill_locked(*live, id, tenant_id, storage::kStateKilled, "killed by client");
@@ -336,6 +339,7 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
   std::shared_ptr<Live> live = found->live;
+  if (before_traffic_) before_traffic_(id);  // a running offload stops first (kill() says why)
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
@@ -474,7 +478,8 @@ void SandboxService::tick() {
         (void)store_.finish(r.id, storage::kStateKilled, "timeout", now);
         continue;
       }
-      std::lock_guard<std::mutex> g(live->op_mu);
+      std::unique_lock<std::mutex> g(live->op_mu, std::try_to_lock);
+      if (!g.owns_lock()) continue;  // busy (an offload): the next tick acts on it
       if (!live->sb) continue;
       if (r.on_timeout == "pause") {
         Result<bool> moved = store_.transition(r.id, {storage::kStateRunning}, storage::kStatePaused);
@@ -512,8 +517,10 @@ void SandboxService::tick() {
   bool take_samples = now - last_sample_s_ >= 5;
   if (take_samples) last_sample_s_ = now;
   for (auto& [id, live] : all) {
-    std::lock_guard<std::mutex> g(live->op_mu);
-    if (!live->sb) continue;
+    // A sandbox busy with a long operation (an offload) is looked at on a
+    // later tick: one sandbox must not hold up the sweep of the others.
+    std::unique_lock<std::mutex> g(live->op_mu, std::try_to_lock);
+    if (!g.owns_lock() || !live->sb) continue;
     if (!live->sb->alive()) {
       LOG_WARN("sandbox " << id << " died: its PID 1 exited");
       (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost, "the sandbox's processes exited");

@@ -137,7 +137,7 @@ class SandboxService {
   // Memory offload (wait-engine/memory/offload.h), set once before
   // serving; engine outlives the service. wait_offload moves a wait-paused
   // microVM's RAM into the pool (kConflict when cancel was set or the
-  // sandbox is not wait-paused; kUnavailable on the process backend or
+  // sandbox is not wait-paused; kUnavailable on the process backend; kQuota
   // when the CPU budget, max_concurrent offloads at once, is spent), and
   // wait_resume installs the predicted pages before the vCPUs run.
   void set_memory_engine(memory::MemoryEngine* engine, size_t max_concurrent);

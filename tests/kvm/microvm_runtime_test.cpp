@@ -49,22 +49,28 @@ bool ping(runtime::Sandbox& sb, std::chrono::milliseconds timeout = 30000ms) {
   return r && nlohmann::json::parse(*r, nullptr, false).value("type", "") == "pong";
 }
 
-// One HTTP request to envd inside the sandbox over a channel stream.
-std::string envd_get(runtime::Sandbox& sb, const std::string& path) {
+// Sends req to envd inside the sandbox over a channel stream and returns
+// everything until EOF (Connection: close), each read bounded by timeout_ms.
+std::string envd_exchange(runtime::Sandbox& sb, const std::string& req, int timeout_ms) {
   auto fd = sb.open_port(49983);
   REQUIRE(fd);
-  std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Access-Token: tok\r\n\r\n";
   REQUIRE(::write(fd->get(), req.data(), req.size()) == static_cast<ssize_t>(req.size()));
   std::string out;
   char buf[4096];
   for (;;) {
     struct pollfd p = {fd->get(), POLLIN, 0};
-    if (::poll(&p, 1, 60000) <= 0) break;
+    if (::poll(&p, 1, timeout_ms) <= 0) break;
     ssize_t n = ::read(fd->get(), buf, sizeof buf);
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
   return out;
+}
+
+// One HTTP request to envd inside the sandbox over a channel stream.
+std::string envd_get(runtime::Sandbox& sb, const std::string& path) {
+  return envd_exchange(sb, "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Access-Token: tok\r\n\r\n",
+                       60000);
 }
 
 bool wait_dead(runtime::Sandbox& sb, std::chrono::milliseconds limit) {
@@ -254,19 +260,7 @@ std::string envd_run(runtime::Sandbox& sb, const std::string& script) {
   std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                     "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n"
                     "X-Access-Token: tok\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  auto fd = sb.open_port(49983);
-  REQUIRE(fd);
-  REQUIRE(::write(fd->get(), req.data(), req.size()) == static_cast<ssize_t>(req.size()));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    struct pollfd p = {fd->get(), POLLIN, 0};
-    if (::poll(&p, 1, 180000) <= 0) break;
-    ssize_t n = ::read(fd->get(), buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
+  return envd_exchange(sb, req, 180000);
 }
 
 // (Protobuf JSON leaves out a zero exitCode; the status text is always there.)

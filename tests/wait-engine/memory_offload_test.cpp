@@ -81,6 +81,26 @@ bool reads_back(const uint8_t* base, const std::vector<uint8_t>& want, std::stri
   return bad < 0;
 }
 
+// A target for RAM mapped in this process, released by the VMM's own code.
+OffloadTarget target_for(vmm::GuestMemory& mem, const std::string& template_path, const CohortKey& key = {}) {
+  OffloadTarget t;
+  t.cohort = key.tenant_id.empty() ? "tenant/template" : key.tenant_id + "/" + key.template_id;
+  t.cohort_key = key;
+  t.pid = ::getpid();
+  t.base = reinterpret_cast<uintptr_t>(mem.host_base());
+  t.size = mem.size();
+  t.backing = mem.backing();
+  t.template_memory = template_path;
+  vmm::GuestMemory* m = &mem;
+  t.release = [m]() -> Result<std::pair<UniqueFd, uint64_t>> {
+    uint64_t features = 0;
+    Result<int> r = m->release_to_userfaultfd(&features);
+    if (!r) return r.error();
+    return std::make_pair(UniqueFd(*r), features);
+  };
+  return t;
+}
+
 struct Env {
   test::TempDir dir;
   std::string tmpl_path = dir.sub("memory");
@@ -98,21 +118,7 @@ struct Env {
     engine = std::move(*e);
   }
   OffloadTarget target(vmm::GuestMemory& mem, bool with_template) {
-    OffloadTarget t;
-    t.cohort = "tenant/template";
-    t.pid = ::getpid();
-    t.base = reinterpret_cast<uintptr_t>(mem.host_base());
-    t.size = mem.size();
-    t.backing = mem.backing();
-    t.template_memory = with_template ? tmpl_path : "";
-    vmm::GuestMemory* m = &mem;
-    t.release = [m]() -> Result<std::pair<UniqueFd, uint64_t>> {
-      uint64_t features = 0;
-      Result<int> r = m->release_to_userfaultfd(&features);
-      if (!r) return r.error();
-      return std::make_pair(UniqueFd(*r), features);
-    };
-    return t;
+    return target_for(mem, with_template ? tmpl_path : "");
   }
 };
 
@@ -322,23 +328,7 @@ TEST_CASE("offload with cohort dictionaries: trained after a first offload, used
   auto e = MemoryEngine::open(cfg);
   REQUIRE(e);
   MemoryEngine& engine = **e;
-  auto target = [&](vmm::GuestMemory& mem) {
-    OffloadTarget t;
-    t.cohort = "tenant-a/tpl";
-    t.cohort_key = CohortKey{"tenant-a", "tpl", ""};
-    t.pid = ::getpid();
-    t.base = reinterpret_cast<uintptr_t>(mem.host_base());
-    t.size = mem.size();
-    t.backing = mem.backing();
-    vmm::GuestMemory* m = &mem;
-    t.release = [m]() -> Result<std::pair<UniqueFd, uint64_t>> {
-      uint64_t f = 0;
-      Result<int> r = m->release_to_userfaultfd(&f);
-      if (!r) return r.error();
-      return std::make_pair(UniqueFd(*r), f);
-    };
-    return t;
-  };
+  auto target = [](vmm::GuestMemory& mem) { return target_for(mem, "", CohortKey{"tenant-a", "tpl", ""}); };
   auto fill = [](vmm::GuestMemory& mem, uint32_t base_seed, std::vector<uint8_t>& want) {
     want.assign(kPages * kPg, 0);
     for (uint64_t p = 0; p < kPages; ++p) fill_text(want.data() + p * kPg, base_seed + static_cast<uint32_t>(p));

@@ -248,6 +248,9 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
     } else if (s.error().kind() == ErrorKind::kConflict) {
       offloads_cancelled_.fetch_add(1, std::memory_order_relaxed);
       LOG_DEBUG("sandbox " << sandbox << ": offload stopped: " << s.error().message());
+    } else if (s.error().kind() == ErrorKind::kQuota) {
+      offloads_skipped_.fetch_add(1, std::memory_order_relaxed);  // no CPU slot: stays paused, whole
+      LOG_DEBUG("sandbox " << sandbox << ": offload skipped: " << s.error().message());
     } else {
       offload_failures_.fetch_add(1, std::memory_order_relaxed);
       LOG_WARN("sandbox " << sandbox << ": offload failed (it stays paused): " << s.error().message());
@@ -482,6 +485,7 @@ void WaitCoordinator::render_metrics(std::string& out) {
   render_sample(out, "sandgate_wait_offloads_total", "result=\"done\"", static_cast<double>(offloads_done_.load()));
   render_sample(out, "sandgate_wait_offloads_total", "result=\"cancelled\"",
                 static_cast<double>(offloads_cancelled_.load()));
+  render_sample(out, "sandgate_wait_offloads_total", "result=\"skipped\"", static_cast<double>(offloads_skipped_.load()));
   render_sample(out, "sandgate_wait_offloads_total", "result=\"failed\"", static_cast<double>(offload_failures_.load()));
   offload_latency_.render(out, "sandgate_wait_offload_seconds", "Time to offload a paused sandbox's memory.");
 }

@@ -56,7 +56,8 @@ struct CoordinatorHooks {
   std::function<void(const std::string& sandbox)> kill;
   // Offloads a paused sandbox's memory (the memory engine). Must stop
   // within a page once cancel is set (a response or other traffic came, or
-  // the sandbox went): an error leaves the sandbox paused and whole.
+  // the sandbox went): an error leaves the sandbox paused and whole
+  // (kConflict: cancelled; kQuota: skipped for want of a CPU slot).
   // Optional: without it (or with WaitConfig::offload_enabled false) a
   // wait only pauses.
   std::function<Status(const std::string& sandbox, const std::atomic<bool>& cancel)> offload;
@@ -176,7 +177,7 @@ class WaitCoordinator {
   std::vector<std::thread> threads_;
 
   std::atomic<uint64_t> pause_failures_{0}, resume_failures_{0}, probes_{0};
-  std::atomic<uint64_t> offloads_done_{0}, offload_failures_{0}, offloads_cancelled_{0};
+  std::atomic<uint64_t> offloads_done_{0}, offload_failures_{0}, offloads_cancelled_{0}, offloads_skipped_{0};
   metrics::Histogram offload_latency_{{0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30}};
   metrics::Histogram pause_latency_{metrics::latency_bounds()};
   metrics::Histogram resume_latency_{metrics::latency_bounds()};

@@ -559,14 +559,12 @@ MemoryEngineTotals MemoryEngine::totals() {
 
 void MemoryEngine::render_metrics(std::string& out) {
   MemoryEngineTotals t = totals();
-  auto counter = [&](const char* name, const char* help, uint64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name + " " +
+  auto series = [&](const char* type, const char* name, const char* help, uint64_t v) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
            std::to_string(v) + "\n";
   };
-  auto gauge = [&](const char* name, const char* help, uint64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
-           std::to_string(v) + "\n";
-  };
+  auto counter = [&](const char* name, const char* help, uint64_t v) { series("counter", name, help, v); };
+  auto gauge = [&](const char* name, const char* help, uint64_t v) { series("gauge", name, help, v); };
   counter("sandgate_memory_offloads_total", "Guest-RAM offloads completed.", t.offloads);
   counter("sandgate_memory_offloads_cancelled_total", "Offloads stopped by a response or other traffic.",
           t.offloads_cancelled);
