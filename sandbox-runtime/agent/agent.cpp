@@ -27,6 +27,7 @@
 #include <thread>
 
 #include "agent/envd/server.h"
+#include "agent/harden.h"
 #include "agent/reaper.h"
 #include "agent/service_forwarder.h"
 #include "channel/control_message.h"
@@ -447,6 +448,14 @@ int run(const AgentConfig& cfg) {
     else
       envd_server->start();
   };
+  if (!cfg.vm && ::getpid() == 1) {
+    // The process backend's sandbox: harden it before anything else runs
+    // in it (a microVM's kernel is the boundary there). Not run half-hardened.
+    if (Status s = harden_sandbox(); !s) {
+      LOG_ERROR("agent: hardening the sandbox: " << s.error().message());
+      return 1;
+    }
+  }
   if (!cfg.vm) start_envd(cfg.envd_access_token, cfg.child_env);
 
   channel::MuxConfig mc;

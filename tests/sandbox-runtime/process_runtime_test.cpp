@@ -28,6 +28,7 @@
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/process_runtime.h"
+#include "agent/harden.h"
 #include "sys/sys.h"
 #include "test_rootfs.h"
 
@@ -755,14 +756,16 @@ std::string printable(const std::string& b) {
 // Runs one process inside the sandbox through envd (process.Process/Start,
 // Connect streaming JSON, over open_port(49983)) and returns the whole HTTP
 // response, which ends when the process has exited.
-std::string envd_run(runtime::Sandbox& s, const std::string& token, const std::string& script) {
+std::string envd_run(runtime::Sandbox& s, const std::string& token, const std::string& script,
+                     const std::string& basic_auth = "") {
   std::string msg = json{{"process", {{"cmd", "/bin/bash"}, {"args", {"-c", script}}}}}.dump();
   std::string body(5, '\0');
   for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>((msg.size() >> (8 * (3 - i))) & 0xff);
   body += msg;
   std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                     "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n"
-                    "X-Access-Token: " + token + "\r\n"
+                    "X-Access-Token: " + token + "\r\n" +
+                    (basic_auth.empty() ? "" : "Authorization: Basic " + basic_auth + "\r\n") +
                     "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   auto c = s.open_port(49983);
   REQUIRE(c);
@@ -886,6 +889,47 @@ resp=$(cat <&3 2>/dev/null)
 exit 3)";
   std::string resp = envd_run(**sb, spec.envd_access_token, script);
   CHECK_MESSAGE(resp.find("\"exitCode\":43") != std::string::npos, printable(resp.substr(0, 2000)));
+  CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  REQUIRE((*sb)->kill());
+}
+
+TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, agent /proc or sysctl writes; ordinary root work runs") {
+  Env env;
+  std::string id = new_id();
+  auto spec = env.spec(id);
+  auto sb = env.rt->create(spec);
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  const std::string root = "cm9vdDo=";  // "root:"
+  // The bounding set is exactly the kept capabilities (envd's child is root).
+  std::string r = envd_run(**sb, spec.envd_access_token,
+                           "[ \"$(id -u)\" = 0 ] || exit 2; grep -q \"^CapBnd:\\s*$(printf '%016x' " +
+                               std::to_string(agent::kept_capabilities()) + ")$\" /proc/self/status && exit 42; exit 3",
+                           root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  // Each of these must fail; the script exits with the number of the first
+  // that did not.
+  const std::string attempts =
+      "mount -t tmpfs none /mnt 2>/dev/null && exit 11\n"
+      "mknod /tmp/mem c 1 1 2>/dev/null && exit 12\n"
+      "cat /proc/1/environ >/dev/null 2>&1 && exit 13\n"
+      "( exec 5>/proc/1/fd/3 ) 2>/dev/null && exit 14\n"  // the agent's channel socket
+      "echo 1 > /proc/sys/kernel/sysrq 2>/dev/null && exit 15\n"
+      "echo h > /proc/sysrq-trigger 2>/dev/null && exit 16\n"
+      "[ -s /proc/kcore ] && head -c1 /proc/kcore 2>/dev/null | grep -q . && exit 17\n"
+      "umount /proc/sysrq-trigger 2>/dev/null && exit 18\n"
+      "date -s 2000-01-01 >/dev/null 2>&1 && exit 19\n"
+      "exit 42\n";
+  r = envd_run(**sb, spec.envd_access_token, attempts, root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  // Ordinary root work: files owned by others, setuid to the user.
+  r = envd_run(**sb, spec.envd_access_token,
+               "touch /tmp/f && chown 1000:1000 /tmp/f && [ \"$(stat -c %u /tmp/f)\" = 1000 ] || exit 21\n"
+               "chmod 4755 /tmp/f || exit 22\n"
+               "su -s /bin/sh -c 'id -u' user | grep -qx 1000 || exit 23\n"
+               "kill -0 $$ || exit 24\n"
+               "exit 42\n",
+               root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
   CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
   REQUIRE((*sb)->kill());
 }
