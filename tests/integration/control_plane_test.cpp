@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "support/sandgate_process.h"
+#include "sys/sys.h"
 
 using namespace sg;
 using namespace sg::test;
@@ -261,6 +262,47 @@ TEST_CASE("a burst of 200 simultaneous creates: each is served or gets 429 with 
   // What was created exists and runs; the listing agrees.
   CHECK(body_of(s.get("/v2/sandboxes")).size() == ids.size());
   for (const std::string& id : ids) CHECK(s.del("/sandboxes/" + id).status == 204);
+}
+
+TEST_CASE("secrets never reach the log, at debug level: API, envd, virtual and provider keys") {
+  TempDir dir;
+  const std::string provider_key = "sk-provider-SECRET-7f3c9a1e5b2d4c6a8e0f";
+  REQUIRE(sys::write_file(dir.sub("upstream.key"), provider_key + "\n"));
+  // An upstream nobody listens on: the model call fails (502) after the key
+  // has been looked up and put in the upstream request.
+  SandgateProcess s(dir.sub("data"), {"--log-level", "debug", "--openai-base-url", "http://127.0.0.1:1",
+                                      "--openai-key-file", dir.sub("upstream.key")});
+  REQUIRE(s.started());
+  const std::string wrong = "e2b_0123456789abcdef0123456789abcdef01234567";
+  CHECK(s.get("/v2/sandboxes", wrong).status == 401);
+  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
+  REQUIRE(c.status == 201);
+  std::string id = body_of(c)["sandboxID"].get<std::string>();
+  std::string token = body_of(c)["envdAccessToken"].get<std::string>();
+  CliResult vk = run_sandgate({"llm", "key", "create", "local", "--data-dir", s.data_dir()});
+  REQUIRE_MESSAGE(vk.exit_code == 0, vk.err);
+  std::string vkey = vk.out.substr(0, vk.out.find('\n'));
+  REQUIRE(vkey.rfind("sk-sg-", 0) == 0);
+  HttpClient http = s.client();
+  std::string body = R"({"model":"gpt-x","messages":[{"role":"user","content":"hi"}]})";
+  Response m = http.request("POST", "/v1/chat/completions", body,
+                            {{"Authorization", "Bearer " + vkey}, {"Content-Type", "application/json"},
+                             {"X-Sandgate-Sandbox", id}});
+  CHECK(m.status == 502);
+  Response bad = http.request("POST", "/v1/chat/completions", body,
+                              {{"Authorization", "Bearer sk-sg-" + std::string(48, 'a')},
+                               {"Content-Type", "application/json"}});
+  CHECK(bad.status == 401);
+  Response e = http.request("GET", "/health", "", {{"X-Access-Token", token}});
+  (void)e;
+  CHECK(s.del("/sandboxes/" + id).status == 204);
+  std::string log = s.log();
+  CHECK(log.find("debug") != std::string::npos);  // the level took effect
+  CHECK(log.find(id) != std::string::npos);       // and this is the server's log
+  for (const std::string& secret : {s.key(), wrong, token, vkey, provider_key, std::string(48, 'a')}) {
+    INFO("secret " << secret.substr(0, 8) << "...");
+    CHECK(log.find(secret) == std::string::npos);
+  }
 }
 
 TEST_CASE("bad input gets a clear JSON error and creates nothing") {
