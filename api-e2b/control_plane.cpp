@@ -247,6 +247,13 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
       if (l != n->end() && !l->is_null() && !l->is_array())
         return invalid_error(std::string("field 'network.") + list + "' must be an array");
     }
+    // Sandboxes here have no uplink: every egress is denied, which honours
+    // any denyOut. Asking for egress is refused, not silently dropped.
+    if (auto a = n->find("allowOut"); a != n->end() && a->is_array() && !a->empty())
+      return invalid_error("field 'network.allowOut': egress is not available on this server "
+                           "(sandboxes have no network uplink; every destination is denied)");
+    if (auto e = n->find("egressProxy"); e != n->end() && !e->is_null())
+      return invalid_error("field 'network.egressProxy': egress is not available on this server");
   }
   return p;
 }

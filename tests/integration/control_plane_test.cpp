@@ -327,6 +327,9 @@ TEST_CASE("bad input gets a clear JSON error and creates nothing") {
       {R"({"templateID":"base","envVars":[]})", 400, "envVars"},
       {R"({"templateID":"base","autoPause":"yes"})", 400, "autoPause"},
       {R"({"templateID":"base","volumeMounts":[{"name":"v","path":"/v"}]})", 400, "volume"},
+      {R"({"templateID":"base","network":{"allowOut":["1.1.1.1"]}})", 400, "network.allowOut"},
+      {R"({"templateID":"base","network":{"egressProxy":{"address":"p:1"}}})", 400, "network.egressProxy"},
+      {R"({"templateID":"base","network":{"denyOut":"x"}})", 400, "network.denyOut"},
       {R"({"templateID":"base","secure":true})", 400, "unknown field 'secure'"},  // v1-only field on v2
       {R"({"templateID":"no-such-template"})", 404, "no-such-template"},
   };
@@ -336,6 +339,10 @@ TEST_CASE("bad input gets a clear JSON error and creates nothing") {
     check_error(r, c.status);
     CHECK(body_of(r)["message"].get<std::string>().find(c.needle) != std::string::npos);
   }
+  // Denying egress is what every sandbox here gets: accepted.
+  Response deny = s.post("/v2/sandboxes", R"({"templateID":"base","network":{"denyOut":["0.0.0.0/0"],"allowOut":[]}})");
+  REQUIRE_MESSAGE(deny.status == 201, deny.body);
+  CHECK(s.del("/sandboxes/" + body_of(deny)["sandboxID"].get<std::string>()).status == 204);
   Response big = s.post("/v2/sandboxes", std::string(R"({"templateID":"base","metadata":{"x":")") +
                                              std::string(8000, 'y') + "\"}}");
   check_error(big, 413);
