@@ -933,3 +933,53 @@ TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, ag
   CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
   REQUIRE((*sb)->kill());
 }
+
+TEST_CASE("process runtime: a fork bomb and a memory bomb are contained by the sandbox's limits; its agent and a sibling run on") {
+  Env env;
+  std::string id_a = new_id(), id_b = new_id();
+  auto spec_a = env.spec(id_a);  // pids 64, 256 MiB
+  auto spec_b = env.spec(id_b);
+  auto a = env.rt->create(spec_a);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = env.rt->create(spec_b);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  const std::string root = "cm9vdDo=";
+  // Fork until the kernel refuses; the children keep their pids. The count
+  // stays under the sandbox's pids limit and the refusal is EAGAIN.
+  std::string r = envd_run(**a, spec_a.envd_access_token,
+                           "python3 -c '\n"
+                           "import os, sys, time\n"
+                           "n = 0\n"
+                           "try:\n"
+                           "  while n < 100000:\n"
+                           "    if os.fork() == 0:\n"
+                           "      time.sleep(120); os._exit(0)\n"
+                           "    n += 1\n"
+                           "except OSError as e:\n"
+                           "  print(n, e.errno); sys.exit(42 if e.errno == 11 and n < 64 else 3)\n"
+                           "sys.exit(4)'",
+                           root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  // Its agent still answers (and still counts its processes), so does the sibling.
+  CHECK(control(**a, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  CHECK(control(**a, {{"type", "status"}})["processes"].get<int>() >= 50);
+  CHECK(control(**b, {{"type", "ping"}, {"id", 2}})["id"] == 2);
+  // Allocate (and touch) until the memory limit: the allocating process is
+  // killed by the sandbox's own OOM, not the agent, not the sibling.
+  r = envd_run(**b, spec_b.envd_access_token,
+               "python3 -c '\n"
+               "b = []\n"
+               "while len(b) < 64:\n"
+               "  b.append(bytearray(b\"x\" * (16 << 20)))\n"
+               "print(\"not limited\")'",
+               root);
+  CHECK_MESSAGE(r.find("signal: killed") != std::string::npos, printable(r.substr(0, 1500)));
+  CHECK(control(**b, {{"type", "ping"}, {"id", 3}})["id"] == 3);
+  CHECK(control(**a, {{"type", "ping"}, {"id", 4}})["id"] == 4);
+  // Both go without a trace, the fork bomb's sleepers included.
+  int pid_a = (*a)->init_pid(), pid_b = (*b)->init_pid();
+  REQUIRE((*a)->kill());
+  check_gone(env, id_a, pid_a);
+  REQUIRE((*b)->kill());
+  check_gone(env, id_b, pid_b);
+}
