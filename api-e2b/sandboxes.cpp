@@ -415,15 +415,13 @@ Status SandboxService::set_timeout(const std::string& tenant_id, const std::stri
   return store_.set_end_at(id, clock_() + timeout_s);
 }
 
-Result<MetricSample> SandboxService::sample(Live& live) {
-  Result<runtime::Usage> u = live.sb->usage();
-  if (!u) return u.error();
+MetricSample SandboxService::sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes) {
   uint64_t mono = sys::monotonic_ns();
   MetricSample m;
   m.unix_s = clock_();
-  m.cpu_usage_ns = u->cpu_usage_ns;
-  m.usage = *u;
-  if (memory_) m.pool_bytes = memory_->pool_bytes(live.sb->id());
+  m.cpu_usage_ns = u.cpu_usage_ns;
+  m.usage = u;
+  m.pool_bytes = pool_bytes;
   std::lock_guard<std::mutex> g(live.samples_mu);
   uint64_t prev_cpu = live.last_cpu_ns, prev_mono = live.last_mono_ns;
   if (prev_mono == 0) {
@@ -434,9 +432,9 @@ Result<MetricSample> SandboxService::sample(Live& live) {
   // Percent of the sandbox's own CPUs, as E2B reports it.
   double cpus = live.cpu_count;
   double wall = static_cast<double>(mono - prev_mono);
-  if (wall > 0 && u->cpu_usage_ns >= prev_cpu)
-    m.cpu_used_pct = 100.0 * static_cast<double>(u->cpu_usage_ns - prev_cpu) / wall / cpus;
-  live.last_cpu_ns = u->cpu_usage_ns;
+  if (wall > 0 && u.cpu_usage_ns >= prev_cpu)
+    m.cpu_used_pct = 100.0 * static_cast<double>(u.cpu_usage_ns - prev_cpu) / wall / cpus;
+  live.last_cpu_ns = u.cpu_usage_ns;
   live.last_mono_ns = mono;
   return m;
 }
@@ -457,9 +455,9 @@ Result<std::vector<MetricSample>> SandboxService::metrics(const std::string& ten
   if ((!start || now >= *start) && (!end || now <= *end)) {
     std::lock_guard<std::mutex> g(live->op_mu);
     if (live->sb) {
-      Result<MetricSample> m = sample(*live);
-      if (!m) return m.error().with_context("metrics of sandbox " + id);
-      out.push_back(*m);
+      Result<runtime::Usage> u = live->sb->usage();
+      if (!u) return u.error().with_context("metrics of sandbox " + id);
+      out.push_back(sample(*live, *u, memory_ ? memory_->pool_bytes(id) : 0));
     }
   }
   return out;
@@ -526,19 +524,17 @@ void SandboxService::tick() {
       (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost, "the sandbox's processes exited");
       continue;
     }
-    {
-      // M(t): resident memory (cgroup, or the VMM's RSS) + pool bytes.
-      Result<runtime::Usage> u = live->sb->usage();
-      uint64_t pool = memory_ ? memory_->pool_bytes(id) : 0;
-      if (u) live->mem_now.store(u->mem_used_bytes + pool, std::memory_order_relaxed);
-    }
+    // One reading a second: M(t) (resident memory, i.e. cgroup or the
+    // VMM's RSS, + pool bytes), and every 5 s a metric sample from it.
+    Result<runtime::Usage> u = live->sb->usage();
+    if (!u) continue;
+    uint64_t pool = memory_ ? memory_->pool_bytes(id) : 0;
+    live->mem_now.store(u->mem_used_bytes + pool, std::memory_order_relaxed);
     if (take_samples) {
-      Result<MetricSample> m = sample(*live);
-      if (m) {
-        std::lock_guard<std::mutex> sg(live->samples_mu);
-        live->samples.push_back(*m);
-        while (live->samples.size() > 720) live->samples.pop_front();
-      }
+      MetricSample m = sample(*live, *u, pool);
+      std::lock_guard<std::mutex> sg(live->samples_mu);
+      live->samples.push_back(m);
+      while (live->samples.size() > 720) live->samples.pop_front();
     }
   }
 }

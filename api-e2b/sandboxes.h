@@ -181,7 +181,8 @@ class SandboxService {
   Status check_timeout(int64_t timeout_s) const;
   Status kill_locked(Live& live, const std::string& id, const std::string& tenant_id, const std::string& state,
                      const std::string& reason);
-  Result<MetricSample> sample(Live& live);
+  // A metric sample from a usage reading (cpu percent since the last one).
+  MetricSample sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes);
   void event(const std::string& tenant_id, const std::string& id, const std::string& kind,
              const std::string& detail);
 

@@ -14,6 +14,7 @@
 #include "llm/proxy.h"
 #include "memory/offload.h"
 #include "memory/pressure.h"
+#include "metrics/histogram.h"
 #include "storage/store.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -350,15 +351,14 @@ std::string ModelGateway::metrics() {
   if (impl_->coordinator) impl_->coordinator->render_metrics(out);
   if (impl_->memory) {
     impl_->memory->render_metrics(out);
-    out += "# HELP sandgate_memory_pressure Whether host memory pressure has turned offloading on (auto mode).\n"
-           "# TYPE sandgate_memory_pressure gauge\nsandgate_memory_pressure " +
-           std::to_string(impl_->pressure.on() ? 1 : 0) + "\n";
+    metrics::render_count(out, "sandgate_memory_pressure", "gauge",
+                          "Whether host memory pressure has turned offloading on (auto mode).",
+                          impl_->pressure.on() ? 1 : 0);
   }
   // M(t) over every live sandbox: resident memory + pool bytes, sampled
   // every second.
-  out += "# HELP sandgate_sandboxes_memory_bytes Resident memory of all sandboxes plus their pool bytes.\n"
-         "# TYPE sandgate_sandboxes_memory_bytes gauge\nsandgate_sandboxes_memory_bytes " +
-         std::to_string(impl_->sandboxes.memory_in_use()) + "\n";
+  metrics::render_count(out, "sandgate_sandboxes_memory_bytes", "gauge",
+                        "Resident memory of all sandboxes plus their pool bytes.", impl_->sandboxes.memory_in_use());
   return out;
 }
 

@@ -256,6 +256,10 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
       LOG_WARN("sandbox " << sandbox << ": offload failed (it stays paused): " << s.error().message());
     }
   }
+  // The owner's offload gate (it reads /proc/meminfo): asked before the
+  // sandbox's lock is taken, and only when a completed pause could offload.
+  bool offload_allowed = a != Action::kPause || !s || !cfg_.wait.offload_enabled || !hooks_.offload_wanted ||
+                         hooks_.offload_wanted();
   std::vector<std::function<void()>> fire;
   {
     std::lock_guard<std::mutex> g(e->mu);
@@ -272,8 +276,7 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
           break;
         }
       }
-      bool allowed = !cfg_.wait.offload_enabled || !hooks_.offload_wanted || hooks_.offload_wanted();
-      acts = e->sw.on_pause_done(bool(s), now, remaining, allowed);
+      acts = e->sw.on_pause_done(bool(s), now, remaining, offload_allowed);
     } else if (a == Action::kResume) {
       acts = e->sw.on_resume_done(bool(s), now);
     } else if (a == Action::kOffload) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "memory/page_codec.h"
+#include "metrics/histogram.h"
 #include "sys/log.h"
 #include "sys/sys.h"
 
@@ -103,8 +104,10 @@ struct MemoryEngine::Sandbox {
   uint64_t base = 0, size = 0;
   const uint8_t* tmpl = nullptr;  // the template memory file, mapped read-only
   uint64_t tmpl_size = 0;
-  uint32_t rounds = 0;     // offloads done
-  bool released = false;   // RAM out since the last offload, no prefetch yet
+  // Written under op; read without it by stats() and totals() (/metrics
+  // must not wait for a running offload).
+  std::atomic<uint32_t> rounds{0};    // offloads done
+  std::atomic<bool> released{false};  // RAM out since the last offload, no prefetch yet
   std::vector<uint64_t> prefetched;  // by the last prefetch
   // Checksums of the pages the last prefetch installed (written by the
   // source on the prefetching thread, read by the next offload; both hold op).
@@ -128,13 +131,22 @@ struct MemoryEngine::Sandbox {
     std::lock_guard<std::mutex> g(dict_mu);
     dict = std::move(d);
   }
-  std::unique_ptr<FaultServer> fs;
+  // Set once under op (and fs_mu); stats readers copy it under fs_mu only.
+  std::mutex fs_mu;
+  std::shared_ptr<FaultServer> fs;
+  std::shared_ptr<FaultServer> fault_server() {
+    std::lock_guard<std::mutex> g(fs_mu);
+    return fs;
+  }
 
   const uint8_t* template_page(uint64_t page) const {
     return tmpl && (page + 1) * kPage <= tmpl_size ? tmpl + page * kPage : nullptr;
   }
   ~Sandbox() {
-    fs.reset();  // the server thread uses tmpl: stop it first
+    // The server thread uses tmpl (and this object): stop it first, even if
+    // a stats reader still holds a copy of the pointer.
+    if (fs) fs->stop();
+    fs.reset();
     if (tmpl) ::munmap(const_cast<uint8_t*>(tmpl), tmpl_size);
   }
 };
@@ -326,7 +338,7 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       ++rep.pages_read;
       bool base_equal = er.kind == PageKind::kTemplateSame || (!tp && er.kind == PageKind::kZero);
       if (base_equal) {
-        if (pool_->contains(id, page)) pool_->erase(id, page);
+        pool_->erase(id, page);  // an older record, if any (a no-op otherwise)
         ++rep.pages_base;
         continue;
       }
@@ -420,6 +432,7 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       lost(fs.error().message());
       return internal_error("sandbox " + id + ": guest RAM released but not served: " + fs.error().message());
     }
+    std::lock_guard<std::mutex> g(s.fs_mu);
     s.fs = std::move(*fs);
   }
   s.released = true;
@@ -486,11 +499,11 @@ void MemoryEngine::forget(const std::string& id) {
   }
   {
     std::lock_guard<std::mutex> op(sp->op);
-    if (sp->fs) {
-      FaultStats f = sp->fs->stats();
+    if (std::shared_ptr<FaultServer> fs = sp->fault_server()) {
+      FaultStats f = fs->stats();
       faults_retired_.fetch_add(f.faults, std::memory_order_relaxed);
       prefetched_retired_.fetch_add(f.prefetched, std::memory_order_relaxed);
-      sp->fs->stop();
+      fs->stop();
     }
   }
   pool_->drop(id);
@@ -511,12 +524,9 @@ std::optional<SandboxMemoryStats> MemoryEngine::stats(const std::string& id) {
   if (!sp) return std::nullopt;
   SandboxMemoryStats st;
   st.pool = pool_->stats(id);
-  {
-    std::lock_guard<std::mutex> op(sp->op);
-    if (sp->fs) st.faults = sp->fs->stats();
-    st.offloads = sp->rounds;
-    st.released = sp->released;
-  }
+  if (std::shared_ptr<FaultServer> fs = sp->fault_server()) st.faults = fs->stats();
+  st.offloads = sp->rounds.load();
+  st.released = sp->released.load();
   std::lock_guard<std::mutex> g(pred_mu_);
   st.prefetch = predictor_.stats(id);
   return st;
@@ -547,9 +557,9 @@ MemoryEngineTotals MemoryEngine::totals() {
     for (auto& [id, s] : sandboxes_) all.push_back(s);
   }
   for (auto& s : all) {
-    std::lock_guard<std::mutex> op(s->op);
-    if (!s->fs) continue;
-    FaultStats f = s->fs->stats();
+    std::shared_ptr<FaultServer> fs = s->fault_server();
+    if (!fs) continue;
+    FaultStats f = fs->stats();
     t.faults += f.faults;
     t.prefetched += f.prefetched;
   }
@@ -559,12 +569,10 @@ MemoryEngineTotals MemoryEngine::totals() {
 
 void MemoryEngine::render_metrics(std::string& out) {
   MemoryEngineTotals t = totals();
-  auto series = [&](const char* type, const char* name, const char* help, uint64_t v) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + " " +
-           std::to_string(v) + "\n";
+  auto counter = [&](const char* name, const char* help, uint64_t v) {
+    metrics::render_count(out, name, "counter", help, v);
   };
-  auto counter = [&](const char* name, const char* help, uint64_t v) { series("counter", name, help, v); };
-  auto gauge = [&](const char* name, const char* help, uint64_t v) { series("gauge", name, help, v); };
+  auto gauge = [&](const char* name, const char* help, uint64_t v) { metrics::render_count(out, name, "gauge", help, v); };
   counter("sandgate_memory_offloads_total", "Guest-RAM offloads completed.", t.offloads);
   counter("sandgate_memory_offloads_cancelled_total", "Offloads stopped by a response or other traffic.",
           t.offloads_cancelled);
@@ -585,9 +593,8 @@ void MemoryEngine::render_metrics(std::string& out) {
   counter("sandgate_memory_dictionaries_trained_total", "Cohort dictionaries trained.", t.dictionaries_trained);
   counter("sandgate_memory_dictionaries_published_total", "Cohort dictionaries that paid and were published.",
           t.dictionaries_published);
-  out += "# HELP sandgate_memory_offload_seconds_total Time spent offloading.\n"
-         "# TYPE sandgate_memory_offload_seconds_total counter\nsandgate_memory_offload_seconds_total " +
-         std::to_string(static_cast<double>(t.offload_ns) / 1e9) + "\n";
+  metrics::render_header(out, "sandgate_memory_offload_seconds_total", "counter", "Time spent offloading.");
+  metrics::render_sample(out, "sandgate_memory_offload_seconds_total", "", static_cast<double>(t.offload_ns) / 1e9);
   gauge("sandgate_memory_pool_bytes", "Host RAM the pool uses (records and metadata).", t.pool.bytes.memory_bytes());
   gauge("sandgate_memory_pool_file_bytes", "Bytes of the pool's file tier.", t.pool.bytes.file_bytes);
   gauge("sandgate_memory_pool_records", "Records in the pool.", t.pool.bytes.records);

@@ -28,6 +28,12 @@ void render_sample(std::string& out, const std::string& name, const std::string&
   out += " " + num(value) + "\n";
 }
 
+void render_count(std::string& out, const std::string& name, const char* type, const std::string& help,
+                  uint64_t value) {
+  render_header(out, name, type, help);
+  out += name + " " + std::to_string(value) + "\n";
+}
+
 std::string escape_label(const std::string& v) {
   std::string o;
   for (char c : v) {

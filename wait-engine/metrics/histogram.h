@@ -41,6 +41,10 @@ std::vector<double> latency_bounds();
 // `a="b",c="d"` (values already escaped with escape_label).
 void render_header(std::string& out, const std::string& name, const char* type, const std::string& help);
 void render_sample(std::string& out, const std::string& name, const std::string& labels, double value);
+// A whole series with one unlabelled integer sample, written exactly (byte
+// and page counts pass 2^53 and %.9g's nine digits).
+void render_count(std::string& out, const std::string& name, const char* type, const std::string& help,
+                  uint64_t value);
 std::string escape_label(const std::string& v);
 
 }  // namespace sg::metrics

@@ -68,6 +68,37 @@ Result<UniqueFd> open_uffd() {
   if (!fd) return sys::errno_error("userfaultfd", "guest RAM");
   return fd;
 }
+
+// A new userfaultfd past UFFDIO_API, with UFFD_FEATURE_POISON where the
+// kernel offers it (probed on a throwaway fd: UFFDIO_API may be called once
+// per fd, and asking for an unknown feature fails it).
+Result<UniqueFd> open_uffd_api(uint64_t* features) {
+  uint64_t offered = 0;
+  {
+    auto probe = open_uffd();
+    if (!probe) return probe.error();
+    uffdio_api api{};
+    api.api = UFFD_API;
+    if (::ioctl(probe->get(), UFFDIO_API, &api) == 0) offered = api.features;
+  }
+  auto fd = open_uffd();
+  if (!fd) return fd.error();
+  uffdio_api api{};
+  api.api = UFFD_API;
+  api.features = offered & kFeaturePoison;
+  if (::ioctl(fd->get(), UFFDIO_API, &api) != 0) return sys::errno_error("UFFDIO_API", "guest RAM");
+  *features = api.features;
+  return fd;
+}
+
+Status register_missing(int uffd, uint8_t* base, uint64_t size) {
+  uffdio_register reg{};
+  reg.range.start = reinterpret_cast<uint64_t>(base);
+  reg.range.len = size;
+  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
+  if (::ioctl(uffd, UFFDIO_REGISTER, &reg) != 0) return sys::errno_error("UFFDIO_REGISTER", "guest RAM");
+  return Status::Ok();
+}
 }  // namespace
 
 Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
@@ -82,39 +113,16 @@ Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
     }
     return -1;
   }
-  // The features this kernel offers, from a throwaway fd (UFFDIO_API may
-  // be called once per fd; asking for an unknown feature fails it).
-  uint64_t offered = 0;
-  {
-    auto probe = open_uffd();
-    if (!probe) return Error(ErrorKind::kUnavailable, probe.error().message());
-    uffdio_api api{};
-    api.api = UFFD_API;
-    if (::ioctl(probe->get(), UFFDIO_API, &api) == 0) offered = api.features;
-  }
-  auto fd = open_uffd();
+  uint64_t got = 0;
+  auto fd = open_uffd_api(&got);
   if (!fd) return Error(ErrorKind::kUnavailable, fd.error().message());
-  uffdio_api api{};
-  api.api = UFFD_API;
-  api.features = offered & kFeaturePoison;
-  if (::ioctl(fd->get(), UFFDIO_API, &api) != 0) {
-    Error e = sys::errno_error("UFFDIO_API", "guest RAM");
-    return Error(ErrorKind::kUnavailable, e.message());
-  }
   void* p = ::mmap(base_, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   if (p == MAP_FAILED || p != base_) {
     Error e = sys::errno_error("mmap MAP_FIXED anonymous", "guest RAM");
     return Error(ErrorKind::kInternal, e.message());
   }
   uffd_ = true;
-  uffdio_register reg{};
-  reg.range.start = reinterpret_cast<uint64_t>(base_);
-  reg.range.len = size_;
-  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
-  if (::ioctl(fd->get(), UFFDIO_REGISTER, &reg) != 0) {
-    Error e = sys::errno_error("UFFDIO_REGISTER", "guest RAM");
-    return Error(ErrorKind::kInternal, e.message());
-  }
+  if (Status r = register_missing(fd->get(), base_, size_); !r) return Error(ErrorKind::kInternal, r.error().message());
   // The old pages: a private file mapping's copies went with the mapping;
   // a memfd keeps its page cache while the fd is open, so punch it out.
   if (memfd_ && ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(size_)) != 0)
@@ -122,7 +130,16 @@ Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
   fd_.reset();
   memfd_ = false;
   file_ = false;
-  *features = api.features;
+  *features = got;
+  return fd->release();
+}
+
+Result<int> GuestMemory::new_userfaultfd(uint64_t* features) const {
+  *features = 0;
+  if (!base_) return Error(ErrorKind::kUnavailable, "no guest RAM");
+  auto fd = open_uffd_api(features);
+  if (!fd) return fd.error();
+  if (Status r = register_missing(fd->get(), base_, size_); !r) return r.error();
   return fd->release();
 }
 

@@ -72,6 +72,11 @@ class GuestMemory {
   // (registering the range) leaves RAM unusable and the caller must stop
   // the machine: that is kInternal, everything else kUnavailable.
   Result<int> release_to_userfaultfd(uint64_t* features);
+  // A new userfaultfd (features as above) with the RAM as it is mapped now
+  // registered for missing faults; the caller owns it. Only memfd (shmem)
+  // or anonymous RAM can be registered: a snapshot file's private mapping
+  // is refused by the kernel.
+  Result<int> new_userfaultfd(uint64_t* features) const;
 
   // Host pointer to [gpa, gpa+len) or null when any byte of it is outside
   // RAM (or len is 0 and gpa is past the end of its region).

@@ -1,12 +1,8 @@
 // Control socket commands.
 #include "vm/control.h"
 
-#include <fcntl.h>
-#include <linux/userfaultfd.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,21 +16,6 @@ namespace sg::vmm {
 namespace {
 
 std::string reply(const Status& s) { return s ? "ok" : "error: " + s.error().message(); }
-
-Result<int> make_uffd(const GuestMemory& mem) {
-  int fd = static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK));
-  if (fd < 0) return sys::errno_error("userfaultfd", "guest RAM");
-  UniqueFd u(fd);
-  uffdio_api api{};
-  api.api = UFFD_API;
-  if (::ioctl(fd, UFFDIO_API, &api) != 0) return sys::errno_error("UFFDIO_API", "guest RAM");
-  uffdio_register reg{};
-  reg.range.start = reinterpret_cast<uint64_t>(mem.host_base());
-  reg.range.len = mem.size();
-  reg.mode = UFFDIO_REGISTER_MODE_MISSING;
-  if (::ioctl(fd, UFFDIO_REGISTER, &reg) != 0) return sys::errno_error("UFFDIO_REGISTER", "guest RAM");
-  return u.release();
-}
 
 bool send_reply(int sock, const std::string& msg, int fd) {
   struct iovec iov = {const_cast<char*>(msg.data()), msg.size()};
@@ -92,7 +73,8 @@ std::string handle_control(Machine& m, const std::string& cmd, int* fd_out) {
     return "ok";
   }
   if (cmd == "uffd") {
-    auto u = make_uffd(m.memory());
+    uint64_t features = 0;
+    auto u = m.memory().new_userfaultfd(&features);
     if (!u) return "error: " + u.error().message();
     *fd_out = *u;
     return "ok";
