@@ -187,6 +187,13 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   CHECK(cli(dir, {"serve", "--llm-body-limit", "10"}).rc == 2);
   CHECK(cli(dir, {"serve", "--llm-rate", "x"}).rc == 2);
   CHECK(cli(dir, {"serve", "--llm-tokens-per-min", "-5"}).rc == 2);
+  Run off = cli(dir, {"serve", "--memory-offload", "sometimes"});
+  CHECK(off.rc == 2);
+  CHECK(off.err.find("--memory-offload wants auto, always or off") != std::string::npos);
+  CHECK(cli(dir, {"serve", "--offload-min-wait-ms", "-1"}).rc == 2);
+  CHECK(cli(dir, {"serve", "--memory-pool-mb", "x"}).rc == 2);
+  CHECK(cli(dir, {"serve", "--offload-concurrency", "0"}).rc == 2);
+  CHECK(cli(dir, {"serve", "--offload-concurrency", "65"}).rc == 2);
   // --no-llm-pause and --no-local-tenant take no value: "version" after them
   // stays the command instead of being swallowed as their value.
   CHECK(cli(dir, {"version", "--no-llm-pause"}).rc == 0);

@@ -136,6 +136,7 @@ TEST_CASE("create, get, list, pause, connect, timeout, metrics and kill with E2B
   REQUIRE(ms.size() >= 1);
   CHECK(ms.back()["memUsed"].get<uint64_t>() > 0);
   CHECK(ms.back()["memTotal"].get<uint64_t>() == 512ull << 20);
+  CHECK(ms.back()["memPool"].get<uint64_t>() == 0);  // nothing offloaded on the process backend
   CHECK(ms.back().contains("cpuUsedPct"));
   CHECK(ms.back().contains("timestamp"));
 

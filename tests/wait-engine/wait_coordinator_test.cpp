@@ -674,7 +674,7 @@ namespace {
 struct OffloadFake {
   std::mutex mu;
   std::condition_variable cv;
-  enum class Mode { kSucceed, kFail, kUntilCancelled } mode = Mode::kSucceed;
+  enum class Mode { kSucceed, kFail, kNoSlot, kUntilCancelled } mode = Mode::kSucceed;
   int calls = 0, returned = 0, saw_cancel = 0;
 
   void install(CoordinatorHooks& h) {
@@ -685,6 +685,8 @@ struct OffloadFake {
       Status s = Status::Ok();
       if (mode == Mode::kFail) {
         s = Error(ErrorKind::kUnavailable, "pool full (injected)");
+      } else if (mode == Mode::kNoSlot) {
+        s = Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
       } else if (mode == Mode::kUntilCancelled) {
         // Polls the flag as the engine does between pages (nothing
         // notifies a flag), with a deadline.
@@ -707,13 +709,14 @@ struct OffloadFake {
 };
 
 struct OffloadRig {
-  explicit OffloadRig(OffloadFake::Mode mode) : fake(clock) {
+  explicit OffloadRig(OffloadFake::Mode mode, std::function<bool()> wanted = {}) : fake(clock) {
     off.mode = mode;
     CoordinatorConfig c = config();
     c.wait.offload_enabled = true;
     c.wait.offload_min_remaining_ns = 0;  // every pause offloads
     CoordinatorHooks h = fake.hooks();
     off.install(h);
+    h.offload_wanted = std::move(wanted);
     co = std::make_unique<WaitCoordinator>(c, std::move(h), [this] { return clock.now(); });
   }
   ~OffloadRig() {
@@ -838,5 +841,34 @@ TEST_CASE("offload: without the hook, or with a history that does not pay, a wai
     CHECK(co.state("sb") == State::kPaused);
     co.end(t, Outcome::kCancelled);
     CHECK(off.calls == 0);
+  }
+}
+
+TEST_CASE("offload: no CPU slot is 'skipped' (the sandbox stays paused); a gate that says no means no offload") {
+  SUBCASE("no slot") {
+    OffloadRig r(OffloadFake::Mode::kNoSlot);
+    auto t = r.co->begin("sb", "tenant-a/model-x");
+    REQUIRE(r.off.until([&] { return r.off.returned == 1; }));
+    REQUIRE(r.fake.until([&] { return r.fake.entered("sb", State::kPaused) == 2; }));
+    CHECK(r.co->state("sb") == State::kPaused);
+    r.co->end(t, Outcome::kCancelled);
+    std::string m;
+    r.co->render_metrics(m);
+    CHECK(m.find("sandgate_wait_offloads_total{result=\"skipped\"} 1") != std::string::npos);
+    CHECK(m.find("sandgate_wait_offloads_total{result=\"failed\"} 0") != std::string::npos);
+  }
+  SUBCASE("gate closed") {
+    std::atomic<int> asked{0};
+    OffloadRig r(OffloadFake::Mode::kSucceed, [&] {
+      asked.fetch_add(1);
+      return false;
+    });
+    auto t = r.co->begin("sb", "tenant-a/model-x");
+    REQUIRE(r.fake.until([&] { return r.fake.entered("sb", State::kPaused) == 1; }));
+    CHECK(r.co->state("sb") == State::kPaused);
+    CHECK(asked.load() == 1);
+    r.co->end(t, Outcome::kCancelled);
+    std::lock_guard<std::mutex> l(r.off.mu);
+    CHECK(r.off.calls == 0);
   }
 }
