@@ -5,6 +5,7 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -61,6 +62,39 @@ int last_cap() {
 
 }  // namespace
 
+sys::seccomp::Policy sandbox_syscall_policy() {
+  using namespace sys::seccomp;
+  Policy p;
+  p.default_action = allow();
+  p.foreign_action = kill_process();
+  const uint32_t deny = fail_with(EPERM);
+  auto refuse = [&](long nr) { p.rules.push_back(Rule{nr, deny, std::nullopt}); };
+  // A new user namespace hands its creator every capability inside it (and
+  // with them mount, the network stack's privileged paths, ...).
+  p.rules.push_back(Rule{SYS_unshare, deny, ArgCheck{0, ArgCheck::Op::kAnyBitSet, CLONE_NEWUSER}});
+  p.rules.push_back(Rule{SYS_clone, deny, ArgCheck{0, ArgCheck::Op::kAnyBitSet, CLONE_NEWUSER}});
+  p.rules.push_back(Rule{SYS_clone3, fail_with(ENOSYS), std::nullopt});
+  for (long nr : {SYS_setns,
+                  // kernel keyrings are not namespaced
+                  SYS_add_key, SYS_keyctl, SYS_request_key,
+                  // large kernel surface, a source of kernel exploits
+                  SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_io_uring_setup, SYS_io_uring_enter,
+                  SYS_io_uring_register,
+                  // the kernel itself
+                  SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_kexec_load, SYS_kexec_file_load,
+                  SYS_reboot, SYS_syslog, SYS_acct, SYS_swapon, SYS_swapoff, SYS_quotactl,
+                  // mounts, old and new API
+                  SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen, SYS_fsconfig,
+                  SYS_fsmount, SYS_fspick, SYS_mount_setattr,
+                  // file handles reach files outside the sandbox's root
+                  SYS_open_by_handle_at, SYS_name_to_handle_at})
+    refuse(nr);
+#if defined(__x86_64__)
+  for (long nr : {SYS_iopl, SYS_ioperm, SYS_uselib, SYS__sysctl}) refuse(nr);
+#endif
+  return p;
+}
+
 uint64_t kept_capabilities() {
   uint64_t m = 0;
   for (int c : {CAP_CHOWN, CAP_DAC_OVERRIDE, CAP_FSETID, CAP_FOWNER, CAP_SETGID, CAP_SETUID, CAP_SETPCAP,
@@ -92,7 +126,12 @@ Status harden_sandbox(const std::string& proc_root, const std::string& sys_root)
   if (::syscall(SYS_capset, &hdr, data) != 0) return sys::errno_error("capset", "agent");
   if (::prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0 && errno != EINVAL)
     return sys::errno_error("prctl PR_CAP_AMBIENT_CLEAR_ALL", "agent");
-  return Status::Ok();
+  // Last: the filter refuses mount, which the masks above needed. The agent
+  // still has CAP_SYS_ADMIN, so no_new_privs is not needed (and not set:
+  // setuid programs inside keep working).
+  auto program = sys::seccomp::compile(sandbox_syscall_policy());
+  if (!program) return program.error();
+  return sys::seccomp::install(*program, /*all_threads=*/true);
 }
 
 }  // namespace sg::agent

@@ -11,7 +11,15 @@
 //    ambient sets are emptied. Every program started from then on (envd's
 //    processes, setuid binaries) gets at most that set, so root inside can
 //    no longer mount, load modules, mknod, ptrace the agent or read its
-//    /proc files and channel socket, change the clock, or undo the masks.
+//    /proc files and channel socket, change the clock, or undo the masks;
+//  - a seccomp filter on the agent and so on every process after it
+//    (sandbox_syscall_policy below) refuses, with EPERM, the syscalls that
+//    reach kernel surface a sandbox has no use for and that namespaces do
+//    not confine: new user namespaces (in which dropped capabilities come
+//    back), keyrings, bpf, perf events, userfaultfd, io_uring, module and
+//    kexec loading, the mount API, file handles, swap, accounting; clone3 is
+//    ENOSYS (its flags cannot be inspected; the C library falls back to
+//    clone); syscalls through another ABI (i386, x32) kill the process.
 // The agent keeps its own capabilities (it needs none of the dropped ones
 // after this, but dropping them from itself would not add a boundary:
 // nothing in the sandbox can act as the agent).
@@ -20,6 +28,7 @@
 #include <cstdint>
 #include <string>
 
+#include "sys/seccomp.h"
 #include "sys/status.h"
 
 namespace sg::agent {
@@ -27,8 +36,11 @@ namespace sg::agent {
 // The bounding set kept, as a bit mask of CAP_* numbers.
 uint64_t kept_capabilities();
 
+// The seccomp policy installed by harden_sandbox (default: allow).
+sys::seccomp::Policy sandbox_syscall_policy();
+
 // Masks and read-only remounts under proc_root ("/proc") and sys_root
-// ("/sys"), then the capability drop. Paths the kernel does not have are
+// ("/sys"), then the capability drop, then the seccomp filter (all threads). Paths the kernel does not have are
 // skipped. Any other failure is returned (the agent then refuses to start:
 // a sandbox is not run half-hardened).
 Status harden_sandbox(const std::string& proc_root = "/proc", const std::string& sys_root = "/sys");

@@ -893,7 +893,7 @@ exit 3)";
   REQUIRE((*sb)->kill());
 }
 
-TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, agent /proc or sysctl writes; ordinary root work runs") {
+TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, agent /proc or sysctl writes, user namespaces or keyrings; ordinary root work runs") {
   Env env;
   std::string id = new_id();
   auto spec = env.spec(id);
@@ -918,6 +918,12 @@ TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, ag
       "[ -s /proc/kcore ] && head -c1 /proc/kcore 2>/dev/null | grep -q . && exit 17\n"
       "umount /proc/sysrq-trigger 2>/dev/null && exit 18\n"
       "date -s 2000-01-01 >/dev/null 2>&1 && exit 19\n"
+      // The seccomp filter: in force (mode 2), no new user namespace (in
+      // which the dropped capabilities would come back), no keyrings.
+      "grep -q '^Seccomp:[[:space:]]*2$' /proc/self/status || exit 26\n"
+      "unshare -U true 2>/dev/null && exit 27\n"
+      "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None, use_errno=True); "
+      "sys.exit(0 if l.syscall(250, 0, -3, 0) == -1 and ctypes.get_errno() == 1 else 1)' || exit 28\n"
       "exit 42\n";
   r = envd_run(**sb, spec.envd_access_token, attempts, root);
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
