@@ -25,6 +25,7 @@
 #include "sys/log.h"
 #include "sys/sys.h"
 #include "tenancy/api_key.h"
+#include "tenancy/llm_keys.h"
 #include "tenancy/rate_limiter.h"
 #include "tenancy/tenants.h"
 
@@ -38,6 +39,16 @@ std::string exe_dir() {
   if (n <= 0) return ".";
   std::string p(buf, static_cast<size_t>(n));
   return p.substr(0, p.rfind('/'));
+}
+
+// No token configured: open. Otherwise the bearer token must match
+// (compared in constant time).
+bool metrics_authorized(const http::HttpRequest& req, const std::string& token) {
+  if (token.empty()) return true;
+  std::string auth = req.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (auth.size() <= kBearer.size() || auth.compare(0, kBearer.size(), kBearer) != 0) return false;
+  return tenancy::secrets_equal(std::string_view(auth).substr(kBearer.size()), token);
 }
 
 // The local tenant's key lives in a 0600 file beside the database: the
@@ -174,6 +185,18 @@ int serve(const AppConfig& cfg_in) {
   if (cfg.agent_path.empty()) cfg.agent_path = exe_dir() + "/sandgate-agent";
   if (cfg.vmm_path.empty()) cfg.vmm_path = exe_dir() + "/sandgate-vmm";
   if (cfg.guest_dir.empty()) cfg.guest_dir = cfg.data_dir + "/guest";
+
+  std::string metrics_token;
+  if (!cfg.metrics_token_file.empty()) {
+    Result<std::string> t = tenancy::read_secret_file(cfg.metrics_token_file, "the metrics token");
+    if (!t) {
+      std::cerr << "sandgate: --metrics-token-file: " << t.error().message() << "\n";
+      return 1;
+    }
+    metrics_token = std::move(*t);
+  } else if (!cfg.local_tenant) {
+    LOG_WARN("/metrics is open to anyone who reaches this port; a hosted deployment sets --metrics-token-file");
+  }
 
   // Signals are taken synchronously by this thread; block them before any
   // other thread starts so none of those gets them.
@@ -351,6 +374,9 @@ int serve(const AppConfig& cfg_in) {
       [&](http::HttpRequest& req) -> http::HttpResponse {
         if (req.path == "/metrics") {
           if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on /metrics");
+          if (!metrics_authorized(req, metrics_token))
+            return http::json_error(401, "/metrics needs Authorization: Bearer with the metrics token")
+                .header("WWW-Authenticate", "Bearer realm=\"sandgate metrics\"");
           http::HttpResponse r;
           r.content_type = "text/plain; version=0.0.4; charset=utf-8";
           r.body = (*models)->metrics();

@@ -40,6 +40,10 @@ struct AppConfig {
   int64_t local_max_memory_mb = 64 * 1024;
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
+  // If set, GET /metrics requires "Authorization: Bearer <token>" with the
+  // token this file holds (read once at start, never logged). A hosted
+  // deployment sets it; without it /metrics is open (local use).
+  std::string metrics_token_file;
 
   // Model API proxy (wait-engine/llm, docs/llm-gateway.md). Global
   // upstreams; a tenant's own (sandgate llm upstream set) win over these.

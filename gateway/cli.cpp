@@ -100,6 +100,9 @@ serve options:
                                 DATA_DIR/memory-pool (default 1024)
   --offload-concurrency N       offloads encoding at once (CPU budget; default 1)
   --no-local-tenant             do not create the "local" tenant
+  --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
+                                TOKEN" with the token in FILE (set it when
+                                the port is public; default: open)
   --log-level debug|info|warn|error
 )";
 
@@ -287,7 +290,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "offload-min-wait-ms", "memory-pool-mb",
-      "offload-concurrency", "name", "base-url", "key-file", "tenant", "sandbox"};
+      "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
@@ -368,6 +371,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     }
     if (a.opts.count("openai-key-file")) cfg.openai_key_file = a.opts["openai-key-file"];
     if (a.opts.count("anthropic-key-file")) cfg.anthropic_key_file = a.opts["anthropic-key-file"];
+    if (a.opts.count("metrics-token-file")) cfg.metrics_token_file = a.opts["metrics-token-file"];
     struct IntOpt {
       const char* name;
       int64_t lo, hi;

@@ -212,26 +212,26 @@ Result<std::string> check_upstream(const std::string& provider, const std::strin
   return format_base_url(*u);
 }
 
-Result<std::string> read_upstream_key_file(const std::string& path) {
+Result<std::string> read_secret_file(const std::string& path, std::string_view what) {
   // Room for surrounding whitespace; the trimmed key is checked below.
   Result<std::string> raw = sys::read_file(path, 4 * kMaxUpstreamKeyBytes);
   if (!raw) {
     if (raw.error().message().find("larger than limit") != std::string::npos)
-      return invalid_error("key file " + path + " is larger than 4096 bytes: it should hold only the provider key");
+      return invalid_error("key file " + path + " is larger than 4096 bytes: it should hold only " + std::string(what));
     return raw.error().with_context("read key file");
   }
   std::string_view k = *raw;
   auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; };
   while (!k.empty() && space(k.front())) k.remove_prefix(1);
   while (!k.empty() && space(k.back())) k.remove_suffix(1);
-  if (k.empty()) return invalid_error("key file " + path + " is empty: write the provider key into it");
+  if (k.empty()) return invalid_error("key file " + path + " is empty: write " + std::string(what) + " into it");
   if (k.size() > kMaxUpstreamKeyBytes)
-    return invalid_error("key file " + path + " holds more than 4096 bytes: it should hold only the provider key");
+    return invalid_error("key file " + path + " holds more than 4096 bytes: it should hold only " + std::string(what));
   for (char c : k)
     if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f)
       return invalid_error("key file " + path +
-                           " holds whitespace, control or non-ASCII characters inside the key: it should hold "
-                           "only the provider key, on one line");
+                           " holds whitespace, control or non-ASCII characters inside the key: it should hold only " +
+                           std::string(what) + ", on one line");
   return std::string(k);
 }
 

@@ -87,11 +87,15 @@ std::string host_header(const BaseUrl& u);
 Result<std::string> check_upstream(const std::string& provider, const std::string& base_url);
 
 inline constexpr size_t kMaxUpstreamKeyBytes = 4096;
-// Reads a provider key from a file: surrounding whitespace trimmed; kInvalid
+// Reads a secret (a provider key, a token) from a file: surrounding whitespace trimmed; kInvalid
 // when empty, over kMaxUpstreamKeyBytes, or holding characters outside
 // printable ASCII without space (it goes into an HTTP header). The message
-// names the file, never its contents.
-Result<std::string> read_upstream_key_file(const std::string& path);
+// names the file, never its contents. what names the secret in messages
+// ("the provider key", "the metrics token").
+Result<std::string> read_secret_file(const std::string& path, std::string_view what);
+inline Result<std::string> read_upstream_key_file(const std::string& path) {
+  return read_secret_file(path, "the provider key");
+}
 // What listings show of a provider key: "...abcd" (its last 4 characters)
 // for keys of 16 characters or more, "(set)" for shorter ones, "" for none.
 std::string upstream_key_hint(std::string_view key);

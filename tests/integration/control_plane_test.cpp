@@ -306,6 +306,43 @@ TEST_CASE("secrets never reach the log, at debug level: API, envd, virtual and p
   }
 }
 
+TEST_CASE("/metrics with --metrics-token-file: only the bearer of the token reads it; the token is not logged") {
+  TempDir dir;
+  const std::string token = "metrics-SECRET-9c1d7e3a5f";
+  REQUIRE(sys::write_file(dir.sub("metrics.token"), token + "\n"));
+  SandgateProcess s(dir.sub("data"), {"--log-level", "debug", "--metrics-token-file", dir.sub("metrics.token")});
+  REQUIRE(s.started());
+  HttpClient http = s.client();
+  for (const std::string& auth : {std::string(), "Bearer wrong-" + token, "Bearer " + token + "x",
+                                  "Basic " + token, std::string("Bearer "), token, "bearer " + token}) {
+    CAPTURE(auth);
+    std::map<std::string, std::string> h;
+    if (!auth.empty()) h["Authorization"] = auth;
+    Response r = http.request("GET", "/metrics", "", h);
+    check_error(r, 401);
+    CHECK(r.header("www-authenticate").rfind("Bearer", 0) == 0);
+    CHECK(r.body.find("sandgate_") == std::string::npos);
+  }
+  // An API key is not the metrics token either.
+  Response k = http.request("GET", "/metrics", "", {{"Authorization", "Bearer " + s.key()}});
+  CHECK(k.status == 401);
+  Response ok = http.request("GET", "/metrics", "", {{"Authorization", "Bearer " + token}});
+  CHECK(ok.status == 200);
+  CHECK(ok.body.find("sandgate_") != std::string::npos);
+  // The API is not affected.
+  CHECK(s.get("/v2/sandboxes").status == 200);
+  CHECK(s.log().find(token) == std::string::npos);
+
+  // A token file that cannot be used stops the start, naming the file.
+  REQUIRE(sys::write_file(dir.sub("empty.token"), "\n"));
+  for (const std::string& f : {dir.sub("empty.token"), dir.sub("missing.token")}) {
+    CliResult r = run_sandgate({"serve", "--listen", "127.0.0.1:0", "--data-dir", dir.sub("data2"),
+                                "--metrics-token-file", f});
+    CHECK(r.exit_code == 1);
+    CHECK_MESSAGE(r.err.find(f) != std::string::npos, r.err);
+  }
+}
+
 TEST_CASE("bad input gets a clear JSON error and creates nothing") {
   TempDir dir;
   SandgateProcess s(dir.sub("data"), {"--body-limit", "4096"});
