@@ -107,6 +107,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   spec.cpu_count = static_cast<uint32_t>(t.cpu_count);
   spec.memory_mb = static_cast<uint64_t>(t.memory_mb);
   spec.max_pids = cfg_.max_pids;
+  spec.disk_mb = static_cast<uint64_t>(t.disk_size_mb);
   if (cfg_.model_proxy_env)
     for (auto& [k, v] : model_proxy_env())
       if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);

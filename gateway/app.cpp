@@ -289,6 +289,9 @@ int serve(const AppConfig& cfg_in) {
   rcfg.state_root = cfg.data_dir + "/sandboxes";
   rcfg.agent_path = cfg.agent_path;
   rcfg.cgroup_parent = cfg.cgroup_parent;
+  rcfg.disk_limits = cfg.disk_limit == "on"    ? runtime::DiskLimits::kOn
+                     : cfg.disk_limit == "off" ? runtime::DiskLimits::kOff
+                                               : runtime::DiskLimits::kAuto;
   std::unique_ptr<runtime::Runtime> rt;
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;

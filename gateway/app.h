@@ -64,6 +64,10 @@ struct AppConfig {
   // docs/memory-offload.md): "auto" (under host memory pressure, with
   // hysteresis), "always", "off". Only the kvm runtime has guest RAM.
   std::string memory_offload = "auto";
+  // Size-limited writable layers on the process backend (the template's
+  // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
+  // and mkfs.ext4 are available, "on" (a create fails without them), "off".
+  std::string disk_limit = "auto";
   int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
   int64_t memory_pool_mb = 1024;
   int64_t offload_concurrency = 1;

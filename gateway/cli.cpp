@@ -99,6 +99,10 @@ serve options:
   --memory-pool-mb N            RAM for offloaded pages before they spill to
                                 DATA_DIR/memory-pool (default 1024)
   --offload-concurrency N       offloads encoding at once (CPU budget; default 1)
+  --disk-limit auto|on|off      limit each process sandbox's writable layer to
+                                its template's disk size (a loop-mounted ext4
+                                image; auto: where loop devices and mkfs.ext4
+                                are available; default auto)
   --no-local-tenant             do not create the "local" tenant
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
@@ -289,7 +293,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "offload-min-wait-ms", "memory-pool-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
@@ -345,6 +349,14 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
     if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
     if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
+    if (a.opts.count("disk-limit")) {
+      const std::string& v = a.opts["disk-limit"];
+      if (v != "auto" && v != "on" && v != "off") {
+        err << "sandgate: --disk-limit wants auto, on or off\n";
+        return 2;
+      }
+      cfg.disk_limit = v;
+    }
     if (a.opts.count("memory-offload")) {
       const std::string& v = a.opts["memory-offload"];
       if (v != "auto" && v != "always" && v != "off") {

@@ -38,6 +38,13 @@ namespace sg::runtime {
 // sandboxes' threads at once.
 using ServiceOpener = std::function<Result<UniqueFd>(const std::string& sandbox_id, const std::string& service)>;
 
+// Size-limited writable layers (the process backend, process/disk.h):
+// kAuto limits them where loop devices and mkfs.ext4 are available and
+// otherwise leaves them unlimited (logged once); kOn fails a create that
+// cannot have one; kOff never limits. MicroVMs' writable layer is a guest
+// tmpfs, bounded by the guest's memory either way.
+enum class DiskLimits { kAuto, kOn, kOff };
+
 struct RuntimeConfig {
   // Directory under which each sandbox gets state_root/<id>/ (overlay upper,
   // work, mount point). Created if missing.
@@ -52,6 +59,7 @@ struct RuntimeConfig {
   // Gateway services for streams the agent opens; empty: every such stream
   // is refused ("no gateway services on this host").
   ServiceOpener open_service;
+  DiskLimits disk_limits = DiskLimits::kAuto;
 };
 
 struct SandboxSpec {
@@ -60,6 +68,7 @@ struct SandboxSpec {
   uint32_t cpu_count = 2;
   uint64_t memory_mb = 512;
   uint32_t max_pids = 1024;
+  uint64_t disk_mb = 0;  // size of the writable layer; 0: unlimited (see DiskLimits)
   // Default environment of every process in the sandbox (create's envVars).
   std::vector<std::pair<std::string, std::string>> env;
   // envd access token handed to the agent (it checks X-Access-Token).

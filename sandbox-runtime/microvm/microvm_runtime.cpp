@@ -49,29 +49,6 @@ Result<struct stat> stat_of(const std::string& path) {
   return st;
 }
 
-// Runs argv, waits, returns its exit status; output goes to log_path.
-Status run_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return sys::errno_error("spawn", argv[0], rc);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return sys::errno_error("waitpid", argv[0]);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    auto out = sys::read_file(log_path, 4096);
-    return internal_error(argv[0] + " failed: " + (out ? *out : std::string("(no output)")));
-  }
-  return {};
-}
-
 // Serialises image builds: two sandgate processes never share a templates
 // dir's writes, but two threads of one may both find the image missing.
 std::mutex image_mu;
@@ -362,7 +339,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (::mkdir(dir.c_str(), 0700) != 0) return sys::errno_error("mkdir", dir);
     auto sb = cfg_.use_snapshots ? clone(spec, *image, dir) : boot(spec, *image, dir);
     if (!sb) {
-      sys::remove_tree(dir);
+      (void)sys::remove_tree(dir);
       return sb.error();
     }
     LOG_DEBUG("sandbox " << spec.id << " microVM ready in " << (sys::monotonic_ns() - t0) / 1000 << " us");
@@ -448,9 +425,9 @@ class MicrovmRuntime final : public runtime::Runtime {
     LOG_INFO("kvm: booting a template microVM for " << image << " (" << spec.memory_mb << " MiB, " << spec.cpu_count
                                                    << " vCPUs) to snapshot it");
     std::string work = cfg_.state_root + "/snapshots/" + name + ".partial";
-    sys::remove_tree(work);
+    (void)sys::remove_tree(work);
     std::string vmdir = cfg_.state_root + "/snapshots/" + name + ".boot";
-    sys::remove_tree(vmdir);
+    (void)sys::remove_tree(vmdir);
     if (Status s = sys::make_dirs(vmdir, 0700); !s) return s.error();
     runtime::SandboxSpec tspec = spec;
     tspec.id = "template";
@@ -462,7 +439,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto r = (*vm)->vmm("snapshot " + work, std::chrono::milliseconds(300000));
     if (!r) return r.error().with_context("snapshot the template microVM");
     (void)(*vm)->kill();
-    sys::remove_tree(vmdir);
+    (void)sys::remove_tree(vmdir);
     if (::rename(work.c_str(), snap.c_str()) != 0) return sys::errno_error("rename", work);
     LOG_INFO("kvm: template snapshot " << snap << " ready: boot " << (t1 - t0) / 1000000 << " ms, snapshot "
                                        << (sys::monotonic_ns() - t1) / 1000000 << " ms");
@@ -539,7 +516,7 @@ Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
   std::string tmp = image + ".partial";
   ::unlink(tmp.c_str());
   LOG_INFO("kvm: building the root filesystem image " << image << " (" << mib << " MiB) from " << rootfs_dir);
-  if (Status s = run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "sandgate-root", "-d", rootfs_dir,
+  if (Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "sandgate-root", "-d", rootfs_dir,
                                tmp, std::to_string(mib) + "M"},
                               image + ".log");
       !s)

@@ -62,6 +62,12 @@ int child_main(void* arg) {
 
   if (::sethostname(a.hostname, a.hostname_len) != 0) return fail(a, ChildStep::kHostname);
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return fail(a, ChildStep::kMakePrivate);
+  if (a.disk_node) {
+    // In this namespace only (/ is private now): it goes when the sandbox does.
+    if (::mount(a.disk_node, a.disk_dir, "ext4", MS_NODEV, "discard") != 0) return fail(a, ChildStep::kMountDisk);
+    if (!ok_or_exists(::mkdir(a.disk_upper, 0755)) || !ok_or_exists(::mkdir(a.disk_work, 0700)))
+      return fail(a, ChildStep::kMkdirLayer);
+  }
   if (::mount("overlay", a.merged, "overlay", 0, a.overlay_opts) != 0) return fail(a, ChildStep::kMountOverlay);
 
   if (!ok_or_exists(::mkdir(a.sandgate_dir, 0755))) return fail(a, ChildStep::kMkdirSandgate);
@@ -124,6 +130,8 @@ std::string describe_step(ChildStep step, const ChildArgs& a) {
     case ChildStep::kPdeathSig: return "prctl PR_SET_PDEATHSIG";
     case ChildStep::kHostname: return "sethostname " + s(a.hostname);
     case ChildStep::kMakePrivate: return "make / rprivate";
+    case ChildStep::kMountDisk: return "mount the writable layer " + s(a.disk_node) + " on " + s(a.disk_dir);
+    case ChildStep::kMkdirLayer: return "mkdir " + s(a.disk_upper) + " and " + s(a.disk_work);
     case ChildStep::kMountOverlay: return "mount overlay on " + s(a.merged) + " (" + s(a.overlay_opts) + ")";
     case ChildStep::kMkdirSandgate: return "mkdir " + s(a.sandgate_dir);
     case ChildStep::kCreateAgentFile: return "create mount point " + s(a.agent_dst);

@@ -18,6 +18,8 @@ enum class ChildStep : int32_t {
   kPdeathSig,
   kHostname,
   kMakePrivate,
+  kMountDisk,
+  kMkdirLayer,
   kMountOverlay,
   kMkdirSandgate,
   kCreateAgentFile,
@@ -65,6 +67,12 @@ struct ChildArgs {
   const char* hostname = nullptr;
   size_t hostname_len = 0;
   const char* merged = nullptr;
+  // The size-limited writable layer (process/disk.h), mounted here before
+  // the overlay; disk_node null: the layer is a plain host directory.
+  const char* disk_node = nullptr;
+  const char* disk_dir = nullptr;
+  const char* disk_upper = nullptr;  // disk_dir/upper and disk_dir/work,
+  const char* disk_work = nullptr;   // named in overlay_opts
   const char* overlay_opts = nullptr;
   const char* sandgate_dir = nullptr;  // merged/.sandgate
   const char* agent_src = nullptr;     // host path of the agent binary

@@ -28,12 +28,14 @@
 #include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "channel/control_message.h"
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/child.h"
+#include "process/disk.h"
 #include "process/host_channel.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -181,6 +183,10 @@ class ProcessSandbox final : public runtime::Sandbox {
     u.mem_used_bytes = st->mem_used_bytes;
     u.mem_cache_bytes = st->mem_cache_bytes;
     u.mem_limit_bytes = st->mem_limit_bytes;
+    if (!disk_image_.empty()) {
+      u.disk_used_bytes = writable_disk_used_bytes(disk_image_);
+      return u;
+    }
     std::string upper = state_dir_ + "/upper";
     UniqueFd d(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     struct stat root;
@@ -238,6 +244,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   std::mutex mu_;
   std::string id_;
   std::string state_dir_;
+  std::string disk_image_;   // the size-limited writable layer's image; "" when unlimited
   Cgroup cgroup_;            // GUARDED_BY(mu_)
   bool has_cgroup_ = false;  // GUARDED_BY(mu_)
   int pid_ = -1;
@@ -257,7 +264,13 @@ bool safe_overlay_path(const std::string& p) { return p.find_first_of(",:\\") ==
 
 class ProcessRuntime final : public runtime::Runtime {
  public:
-  explicit ProcessRuntime(runtime::RuntimeConfig cfg) : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()) {}
+  explicit ProcessRuntime(runtime::RuntimeConfig cfg)
+      : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()),
+        disk_(cfg_.disk_limits == runtime::DiskLimits::kOff ? Status::Ok() : writable_disk_available()) {
+    if (cfg_.disk_limits == runtime::DiskLimits::kAuto && !disk_)
+      LOG_WARN("sandbox disks are not size-limited: " << disk_.error().message()
+                                                      << " (--disk-limit=on requires it, =off silences this)");
+  }
 
   std::string name() const override { return "process"; }
 
@@ -327,9 +340,25 @@ class ProcessRuntime final : public runtime::Runtime {
     }
     created_dir = true;
     sb.state_dir_ = dir;
-    std::string upper = dir + "/upper", work = dir + "/work", merged = dir + "/merged";
-    for (const std::string& d : {upper, work, merged})
-      if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+    // The writable layer: a size-limited filesystem of its own that the
+    // child mounts on disk_dir (disk.h), or plain directories here.
+    const bool limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
+                            (disk_ || cfg_.disk_limits == runtime::DiskLimits::kOn);
+    std::string merged = dir + "/merged", disk_dir = dir + "/disk";
+    std::string upper = (limit_disk ? disk_dir : dir) + "/upper", work = (limit_disk ? disk_dir : dir) + "/work";
+    std::optional<WritableDisk> disk;  // its loop descriptor lives until the child has mounted it
+    if (limit_disk) {
+      if (!disk_) return disk_.error();
+      Result<WritableDisk> d = make_writable_disk(dir, spec.disk_mb);
+      if (!d) return d.error();
+      disk = std::move(*d);
+      sb.disk_image_ = disk->image;
+      for (const std::string& d : {disk_dir, merged})
+        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+    } else {
+      for (const std::string& d : {upper, work, merged})
+        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+    }
 
     CgroupLimits lim;
     lim.cpu_count = spec.cpu_count;
@@ -413,6 +442,12 @@ class ProcessRuntime final : public runtime::Runtime {
     a.hostname = spec.id.c_str();
     a.hostname_len = spec.id.size();
     a.merged = merged.c_str();
+    if (disk) {
+      a.disk_node = disk->node.c_str();
+      a.disk_dir = disk_dir.c_str();
+      a.disk_upper = upper.c_str();
+      a.disk_work = work.c_str();
+    }
     a.overlay_opts = overlay_opts.c_str();
     a.sandgate_dir = sandgate_dir.c_str();
     a.agent_src = cfg_.agent_path.c_str();
@@ -489,6 +524,7 @@ class ProcessRuntime final : public runtime::Runtime {
 
   runtime::RuntimeConfig cfg_;
   Result<CgroupLayout> layout_;
+  Status disk_;  // whether size-limited writable layers can be made here
   Spawner spawner_;
 };
 

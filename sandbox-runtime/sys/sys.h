@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "sys/status.h"
 
@@ -40,5 +41,9 @@ std::string format_rfc3339(int64_t t);
 
 // n random bytes from the kernel (getrandom), hex-encoded lowercase.
 std::string random_hex(size_t n_bytes);
+
+// Runs argv (PATH searched), waits; stdout and stderr go to log_path. An
+// error quotes the first 4 KiB of that log when it does not exit 0.
+Status run_and_wait(const std::vector<std::string>& argv, const std::string& log_path);
 
 }  // namespace sg::sys

@@ -27,6 +27,7 @@
 
 #include "channel/frame.h"
 #include "process/cgroup.h"
+#include "process/disk.h"
 #include "process/process_runtime.h"
 #include "agent/harden.h"
 #include "sys/sys.h"
@@ -938,6 +939,81 @@ TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, ag
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
   CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
   REQUIRE((*sb)->kill());
+}
+
+namespace {
+
+// Loop devices whose backing file lies under dir (sysfs names it).
+int loop_devices_under(const std::string& dir) {
+  int n = 0;
+  for (int i = 0; i < 4096; ++i) {
+    auto b = sys::read_file("/sys/block/loop" + std::to_string(i) + "/loop/backing_file", 4096);
+    if (b && b->find(dir) != std::string::npos) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with ENOSPC; the host and a sibling write on") {
+  if (!process::writable_disk_available()) {
+    MESSAGE("skipped: " << process::writable_disk_available().error().message());
+    return;
+  }
+  Env env;
+  std::string id_a = new_id(), id_b = new_id();
+  auto spec_a = env.spec(id_a);
+  spec_a.disk_mb = 64;
+  auto spec_b = env.spec(id_b);
+  spec_b.disk_mb = 64;
+  auto a = env.rt->create(spec_a);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = env.rt->create(spec_b);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  const std::string root = "cm9vdDo=";
+  CHECK(loop_devices_under(env.cfg.state_root) == 2);
+  // The sandbox sees its disk's size; writing past it fails with ENOSPC
+  // (dd's message), root or not: no blocks are reserved for root.
+  std::string r = envd_run(**a, spec_a.envd_access_token,
+                           "kb=$(df -Pk / | awk 'NR==2 {print $2}'); [ \"$kb\" -gt 40000 ] && [ \"$kb\" -le 65536 ] || exit 2\n"
+                           "dd if=/dev/zero of=/root/fill bs=1M count=200 2>/tmp/dd.err && exit 3\n"
+                           "grep -q 'No space left on device' /tmp/dd.err || exit 4\n"
+                           "exit 42\n",
+                           root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  auto ua = (*a)->usage();
+  REQUIRE(ua);
+  CHECK(ua->disk_used_bytes > (40ull << 20));
+  CHECK(ua->disk_used_bytes <= (64ull << 20));
+  // The agent answers on; the sibling writes; so does the host's state dir.
+  CHECK(control(**a, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  r = envd_run(**b, spec_b.envd_access_token,
+               "dd if=/dev/zero of=/root/f bs=1M count=16 2>/dev/null && [ \"$(stat -c %s /root/f)\" = 16777216 ] && exit 42\n",
+               root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  REQUIRE(sys::write_file(env.cfg.state_root + "/host-probe", std::string(1 << 20, 'x')));
+  ::unlink((env.cfg.state_root + "/host-probe").c_str());
+  // Deleting gives the blocks back to the host (discard punches holes).
+  r = envd_run(**a, spec_a.envd_access_token, "rm /root/fill && sync && exit 42\n", root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  bool shrunk = false;
+  for (uint64_t end = sys::monotonic_ns() + 10'000'000'000ull; !shrunk && sys::monotonic_ns() < end;) {
+    auto u = (*a)->usage();
+    REQUIRE(u);
+    shrunk = u->disk_used_bytes < (20ull << 20);
+    if (!shrunk) std::this_thread::yield();
+  }
+  CHECK(shrunk);
+  // After kill nothing is left: no loop device, no image.
+  REQUIRE((*a)->kill());
+  REQUIRE((*b)->kill());
+  bool gone = false;
+  for (uint64_t end = sys::monotonic_ns() + 10'000'000'000ull; !gone && sys::monotonic_ns() < end;) {
+    gone = loop_devices_under(env.cfg.state_root) == 0;
+    if (!gone) std::this_thread::yield();
+  }
+  CHECK(gone);
+  CHECK_FALSE(sys::path_exists(env.cfg.state_root + "/" + id_a));
 }
 
 TEST_CASE("process runtime: a fork bomb and a memory bomb are contained by the sandbox's limits; its agent and a sibling run on") {

@@ -1,0 +1,115 @@
+// Size-limited writable layers for process sandboxes (disk.h).
+#include "process/disk.h"
+
+#include <fcntl.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#include "sys/sys.h"
+
+namespace sg::process {
+
+namespace {
+
+constexpr int kAttachTries = 16;
+
+bool find_mkfs() {
+  const char* env = std::getenv("PATH");
+  std::string path = std::string(env ? env : "") + ":/usr/sbin:/sbin";
+  size_t i = 0;
+  while (i <= path.size()) {
+    size_t j = path.find(':', i);
+    if (j == std::string::npos) j = path.size();
+    std::string dir = path.substr(i, j - i);
+    if (!dir.empty() && ::access((dir + "/mkfs.ext4").c_str(), X_OK) == 0) return true;
+    i = j + 1;
+  }
+  return false;
+}
+
+// "7:12\n" from /sys/block/loopN/dev.
+Result<dev_t> loop_dev_number(int n) {
+  std::string path = "/sys/block/loop" + std::to_string(n) + "/dev";
+  auto text = sys::read_file(path, 64);
+  if (!text) return text.error();
+  unsigned maj = 0, min = 0;
+  if (std::sscanf(text->c_str(), "%u:%u", &maj, &min) != 2) return internal_error("parse " + path + ": " + *text);
+  return static_cast<dev_t>(makedev(maj, min));
+}
+
+}  // namespace
+
+Status writable_disk_available() {
+  UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl)
+    return Error(ErrorKind::kUnavailable,
+                 "/dev/loop-control: " + std::string(std::strerror(errno)) +
+                     ": size-limited writable layers need loop devices");
+  if (!find_mkfs())
+    return Error(ErrorKind::kUnavailable,
+                 "mkfs.ext4 not found: size-limited writable layers need it (Debian package e2fsprogs)");
+  return Status::Ok();
+}
+
+Result<WritableDisk> make_writable_disk(const std::string& dir, uint64_t size_mb) {
+  if (size_mb == 0 || size_mb > (1ull << 24)) return invalid_error("disk size " + std::to_string(size_mb) + " MiB");
+  WritableDisk d;
+  d.image = dir + "/disk.img";
+  d.node = dir + "/disk.dev";
+  {
+    UniqueFd img(::open(d.image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!img) return sys::errno_error("create", d.image);
+    if (::ftruncate(img.get(), static_cast<off_t>(size_mb << 20)) != 0) return sys::errno_error("ftruncate", d.image);
+  }
+  // No journal (the layer dies with the sandbox), no blocks reserved for
+  // root (the sandbox gets the size it asked for), an inode per 8 KiB
+  // (package trees are many small files), inode tables left unwritten.
+  if (Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "8192", "-E",
+                                    "lazy_itable_init=1,nodiscard", "-L", "sandgate-disk", d.image},
+                                   dir + "/mkfs.log");
+      !s)
+    return s.error().with_context("make the writable layer");
+
+  UniqueFd img(::open(d.image.c_str(), O_RDWR | O_CLOEXEC));
+  if (!img) return sys::errno_error("open", d.image);
+  UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  if (!ctl) return sys::errno_error("open", "/dev/loop-control");
+  for (int attempt = 0; attempt < kAttachTries; ++attempt) {
+    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    if (n < 0) return sys::errno_error("ioctl LOOP_CTL_GET_FREE", "/dev/loop-control");
+    Result<dev_t> num = loop_dev_number(n);
+    if (!num) return num.error();
+    ::unlink(d.node.c_str());
+    if (::mknod(d.node.c_str(), S_IFBLK | 0600, *num) != 0) return sys::errno_error("mknod", d.node);
+    UniqueFd loop(::open(d.node.c_str(), O_RDWR | O_CLOEXEC));
+    if (!loop) return sys::errno_error("open", d.node + " (loop" + std::to_string(n) + ")");
+    loop_config lc{};
+    lc.fd = static_cast<__u32>(img.get());
+    lc.info.lo_flags = LO_FLAGS_AUTOCLEAR;
+    if (::ioctl(loop.get(), LOOP_CONFIGURE, &lc) == 0) {
+      d.loop = std::move(loop);
+      return d;
+    }
+    if (errno != EBUSY) return sys::errno_error("ioctl LOOP_CONFIGURE", "loop" + std::to_string(n));
+    // Another thread or process took it between GET_FREE and here.
+  }
+  return internal_error("attach " + d.image + ": no free loop device after " + std::to_string(kAttachTries) +
+                        " tries");
+}
+
+uint64_t writable_disk_used_bytes(const std::string& image) {
+  struct stat st {};
+  if (::stat(image.c_str(), &st) != 0) return 0;
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+}  // namespace sg::process
