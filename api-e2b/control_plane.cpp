@@ -1,12 +1,9 @@
 // Control-plane routes and their JSON mapping (docs/api.md).
 #include "api-e2b/control_plane.h"
 
-#include <cstdio>
-#include <ctime>
-#include <set>
-
 #include <nlohmann/json.hpp>
 
+#include "api-e2b/requests.h"
 #include "sys/log.h"
 #include "sys/sys.h"
 
@@ -37,225 +34,14 @@ HttpResponse error_response(const Error& e) {
   return r;
 }
 
-bool decode_metadata_query(const std::string& once, std::vector<std::pair<std::string, std::string>>& out) {
-  // As E2B's API does it (Go: url.ParseQuery on the value, then
-  // url.QueryUnescape of each key and value): two more decodes after the
-  // query parser's, '+' as space. JS 2.51 encodes each part twice before
-  // joining; a client that encodes once decodes the same, since the second
-  // decode finds no escapes left.
-  out.clear();
-  std::string_view rest(once);
-  while (!rest.empty()) {
-    size_t amp = rest.find('&');
-    std::string_view part = rest.substr(0, amp);
-    rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
-    if (part.empty()) continue;
-    size_t eq = part.find('=');
-    if (eq == std::string_view::npos) return false;
-    std::string k1, v1, k, v;
-    if (!http::percent_decode(part.substr(0, eq), k1, true) || !http::percent_decode(part.substr(eq + 1), v1, true) ||
-        !http::percent_decode(k1, k, true) || !http::percent_decode(v1, v, true))
-      return false;
-    out.emplace_back(std::move(k), std::move(v));
-  }
-  return true;
-}
-
 namespace {
 
-
-// Parses RFC 3339 ("2026-12-01T08:00:00Z", optional fraction, Z or
-// +hh:mm offset) to unix seconds.
-std::optional<int64_t> parse_rfc3339(const std::string& s) {
-  struct tm tm = {};
-  const char* rest = strptime(s.c_str(), "%Y-%m-%dT%H:%M:%S", &tm);
-  if (!rest) return std::nullopt;
-  if (*rest == '.')
-    do ++rest;
-    while (*rest >= '0' && *rest <= '9');
-  int64_t offset = 0;
-  if (*rest == 'Z' || *rest == 'z') {
-    ++rest;
-  } else if (*rest == '+' || *rest == '-') {
-    int hh = 0, mm = 0;
-    if (std::sscanf(rest + 1, "%2d:%2d", &hh, &mm) != 2) return std::nullopt;
-    offset = (hh * 3600 + mm * 60) * (*rest == '+' ? 1 : -1);
-    rest += 6;
-  } else {
-    return std::nullopt;
-  }
-  if (*rest) return std::nullopt;
-  return static_cast<int64_t>(timegm(&tm)) - offset;
-}
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json parse_metadata(const std::string& s) {
   json j = json::parse(s, nullptr, false);
   return j.is_object() ? j : json::object();
-}
-
-// Path segments: "/sandboxes/abc/pause" -> {"sandboxes","abc","pause"}.
-std::vector<std::string> segments(const std::string& path) {
-  std::vector<std::string> out;
-  size_t i = 0;
-  while (i < path.size()) {
-    if (path[i] == '/') {
-      ++i;
-      continue;
-    }
-    size_t j = path.find('/', i);
-    if (j == std::string::npos) j = path.size();
-    out.push_back(path.substr(i, j - i));
-    i = j;
-  }
-  return out;
-}
-
-// Parses a JSON object body. An empty body is an empty object when
-// empty_ok. Errors are client errors with the reason.
-Result<json> parse_body(const HttpRequest& req, bool empty_ok) {
-  std::string ct = req.header("content-type");
-  // curl -d sends application/x-www-form-urlencoded by default; its body is
-  // still the JSON the user typed, so accept it as JSON.
-  if (!req.body.empty() && !ct.empty() && ct.find("application/json") == std::string::npos &&
-      ct.find("application/x-www-form-urlencoded") == std::string::npos)
-    return invalid_error("unsupported content type '" + ct + "': send application/json");
-  if (req.body.empty()) {
-    if (empty_ok) return json::object();
-    return invalid_error("request body is empty: a JSON object is required");
-  }
-  json j = json::parse(req.body, nullptr, false);
-  if (j.is_discarded()) return invalid_error("request body is not valid JSON");
-  if (!j.is_object()) return invalid_error("request body must be a JSON object");
-  return j;
-}
-
-Status only_fields(const json& j, const std::set<std::string>& allowed) {
-  for (auto it = j.begin(); it != j.end(); ++it)
-    if (!allowed.count(it.key())) return invalid_error("unknown field '" + it.key() + "' in request body");
-  return Status::Ok();
-}
-
-Result<std::optional<int64_t>> opt_int(const json& j, const char* name, int64_t lo, int64_t hi) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return std::optional<int64_t>();
-  if (!it->is_number_integer() && !it->is_number_unsigned())
-    return invalid_error(std::string("field '") + name + "' must be an integer");
-  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(hi))
-    return invalid_error(std::string("field '") + name + "' must be between " + std::to_string(lo) + " and " +
-                         std::to_string(hi));
-  int64_t v = it->get<int64_t>();
-  if (v < lo || v > hi)
-    return invalid_error(std::string("field '") + name + "' must be between " + std::to_string(lo) + " and " +
-                         std::to_string(hi));
-  return std::optional<int64_t>(v);
-}
-
-Result<std::optional<bool>> opt_bool(const json& j, const char* name) {
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return std::optional<bool>();
-  if (!it->is_boolean()) return invalid_error(std::string("field '") + name + "' must be a boolean");
-  return std::optional<bool>(it->get<bool>());
-}
-
-Result<std::map<std::string, std::string>> opt_string_map(const json& j, const char* name, size_t max_entries,
-                                                          size_t max_len) {
-  std::map<std::string, std::string> out;
-  auto it = j.find(name);
-  if (it == j.end() || it->is_null()) return out;
-  if (!it->is_object()) return invalid_error(std::string("field '") + name + "' must be an object of strings");
-  if (it->size() > max_entries)
-    return invalid_error(std::string("field '") + name + "' has more than " + std::to_string(max_entries) +
-                         " entries");
-  for (auto e = it->begin(); e != it->end(); ++e) {
-    if (!e->is_string())
-      return invalid_error(std::string("field '") + name + "." + e.key() + "' must be a string");
-    if (e.key().empty() || e.key().size() > max_len || e->get_ref<const std::string&>().size() > max_len)
-      return invalid_error(std::string("field '") + name + "' has an empty or over-long key or value (limit " +
-                           std::to_string(max_len) + " bytes)");
-    out[e.key()] = e->get<std::string>();
-  }
-  return out;
-}
-
-constexpr int64_t kMaxTimeout = 24 * 3600;
-
-Result<CreateParams> parse_create(const json& j, bool v2) {
-  std::set<std::string> allowed = {"templateID", "timeout", "metadata", "envVars", "mcp", "network", "iam",
-                                   "autoPause", "autoPauseMemory", "autoResume", "allow_internet_access",
-                                   "volumeMounts"};
-  if (!v2) allowed.insert("secure");
-  if (Status s = only_fields(j, allowed); !s) return s.error();
-  CreateParams p;
-  auto tpl = j.find("templateID");
-  if (tpl == j.end() || !tpl->is_string() || tpl->get_ref<const std::string&>().empty())
-    return invalid_error("field 'templateID' is required and must be a non-empty string");
-  p.template_ref = tpl->get<std::string>();
-  if (p.template_ref.size() > 256) return invalid_error("field 'templateID' is longer than 256 characters");
-  // Spec defaults: 300 s on v2, 15 s on v1 (the SDKs always send it).
-  auto timeout = opt_int(j, "timeout", 0, kMaxTimeout);
-  if (!timeout) return timeout.error();
-  p.timeout_s = timeout->value_or(v2 ? 300 : 15);
-  auto md = opt_string_map(j, "metadata", 64, 1024);
-  if (!md) return md.error();
-  p.metadata = std::move(*md);
-  auto env = opt_string_map(j, "envVars", 256, 32 * 1024);
-  if (!env) return env.error();
-  p.env_vars = std::move(*env);
-  for (const auto& [k, v] : p.env_vars)
-    if (k.find('=') != std::string::npos || k.find('\0') != std::string::npos || v.find('\0') != std::string::npos)
-      return invalid_error("field 'envVars' has an invalid name '" + k + "'");
-  auto pause = opt_bool(j, "autoPause");
-  if (!pause) return pause.error();
-  p.on_timeout_pause = pause->value_or(false);
-  auto pause_mem = opt_bool(j, "autoPauseMemory");
-  if (!pause_mem) return pause_mem.error();
-  auto secure = opt_bool(j, "secure");
-  if (!secure) return secure.error();
-  auto internet = opt_bool(j, "allow_internet_access");
-  if (!internet) return internet.error();
-  p.allow_internet = *internet;
-  if (auto ar = j.find("autoResume"); ar != j.end() && !ar->is_null()) {
-    if (!ar->is_object()) return invalid_error("field 'autoResume' must be an object {\"enabled\": bool}");
-    if (Status s = only_fields(*ar, {"enabled"}); !s) return s.error().with_context("autoResume");
-    auto en = opt_bool(*ar, "enabled");
-    if (!en) return en.error();
-    p.auto_resume = en->value_or(false);
-  }
-  if (auto m = j.find("mcp"); m != j.end() && !m->is_null()) {
-    if (!m->is_object()) return invalid_error("field 'mcp' must be an object or null");
-    if (!m->empty()) return invalid_error("field 'mcp': the MCP gateway is not supported by this server");
-  }
-  if (auto v = j.find("volumeMounts"); v != j.end() && !v->is_null()) {
-    if (!v->is_array()) return invalid_error("field 'volumeMounts' must be an array");
-    if (!v->empty()) return invalid_error("field 'volumeMounts': volume mounts are not supported by this server");
-  }
-  if (auto i = j.find("iam"); i != j.end() && !i->is_null()) {
-    if (!i->is_object()) return invalid_error("field 'iam' must be an object");
-    if (!i->empty() && !(i->size() == 1 && i->contains("tokens") && (*i)["tokens"].empty()))
-      return invalid_error("field 'iam': IAM tokens are not supported by this server");
-  }
-  if (auto n = j.find("network"); n != j.end() && !n->is_null()) {
-    if (!n->is_object()) return invalid_error("field 'network' must be an object");
-    if (Status s = only_fields(*n, {"allowOut", "denyOut", "allowPublicTraffic", "maskRequestHost", "httpsPorts",
-                                    "rules", "egressProxy"});
-        !s)
-      return s.error().with_context("network");
-    for (const char* list : {"allowOut", "denyOut", "httpsPorts"}) {
-      auto l = n->find(list);
-      if (l != n->end() && !l->is_null() && !l->is_array())
-        return invalid_error(std::string("field 'network.") + list + "' must be an array");
-    }
-    // Sandboxes here have no uplink: every egress is denied, which honours
-    // any denyOut. Asking for egress is refused, not silently dropped.
-    if (auto a = n->find("allowOut"); a != n->end() && a->is_array() && !a->empty())
-      return invalid_error("field 'network.allowOut': egress is not available on this server "
-                           "(sandboxes have no network uplink; every destination is denied)");
-    if (auto e = n->find("egressProxy"); e != n->end() && !e->is_null())
-      return invalid_error("field 'network.egressProxy': egress is not available on this server");
-  }
-  return p;
 }
 
 }  // namespace
@@ -272,7 +58,7 @@ bool ControlPlane::owns(const HttpRequest& req) {
 }
 
 HttpResponse ControlPlane::handle(const HttpRequest& req) {
-  std::vector<std::string> seg = segments(req.path);
+  std::vector<std::string> seg = path_segments(req.path);
   const std::string& m = req.method;
   if (seg.size() == 1 && seg[0] == "health") {
     if (m != "GET" && m != "HEAD") return http::json_error(405, "method " + m + " not allowed on /health");
@@ -331,60 +117,17 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
         r.header("Retry-After", std::to_string(wait));
         return r;
       }
-      Result<json> body = parse_body(req, false);
-      if (!body) return error_response(body.error());
-      Result<CreateParams> p = parse_create(*body, v2);
+      Result<CreateParams> p = parse_create_request(req, v2);
       if (!p) return error_response(p.error());
       Result<storage::SandboxRow> row = sandboxes_.create(*tenant, *p);
       if (!row) return error_response(row.error());
       return http::json_body(201, dump(sandbox_json(*row)));
     }
     if (m == "GET") {
-      std::vector<std::pair<std::string, std::string>> q;
-      if (!http::parse_query(req.query, q)) return http::json_error(400, "malformed query string");
-      storage::SandboxQuery sq;
+      Result<storage::SandboxQuery> parsed = parse_list_query(req.query, v2);
+      if (!parsed) return error_response(parsed.error());
+      storage::SandboxQuery sq = std::move(*parsed);
       sq.tenant_id = tid;
-      sq.limit = 100;
-      if (!v2) sq.states = {storage::kStateRunning};
-      for (const auto& [k, v] : q) {
-        if (k == "metadata") {
-          std::vector<std::pair<std::string, std::string>> md;
-          if (!decode_metadata_query(v, md)) return http::json_error(400, "malformed metadata filter '" + v + "'");
-          sq.metadata.insert(sq.metadata.end(), md.begin(), md.end());
-        } else if (k == "state" && v2) {
-          sq.states.clear();
-          std::string_view rest(v);
-          while (!rest.empty()) {
-            size_t c = rest.find(',');
-            std::string s(rest.substr(0, c));
-            rest = c == std::string_view::npos ? std::string_view() : rest.substr(c + 1);
-            if (s != storage::kStateRunning && s != storage::kStatePaused)
-              return http::json_error(400, "invalid state filter '" + s + "': use running and/or paused");
-            sq.states.push_back(s);
-          }
-        } else if (k == "limit" && v2) {
-          char* end = nullptr;
-          long long l = std::strtoll(v.c_str(), &end, 10);
-          if (v.empty() || *end || l < 1 || l > 100)
-            return http::json_error(400, "invalid limit '" + v + "': use an integer from 1 to 100");
-          sq.limit = l;
-        } else if (k == "nextToken" && v2 && !v.empty()) {
-          char* end = nullptr;
-          long long s = std::strtoll(v.c_str(), &end, 10);
-          if (*end || s <= 0) return http::json_error(400, "invalid nextToken '" + v + "'");
-          sq.after_seq = s;
-        } else if (k == "order" && v2) {
-          if (v != "asc" && v != "desc") return http::json_error(400, "invalid order '" + v + "': use asc or desc");
-          sq.descending = v == "desc";
-        } else if (k == "startedAfter" && v2 && !v.empty()) {
-          std::optional<int64_t> t = parse_rfc3339(v);
-          if (!t) return http::json_error(400, "invalid startedAfter '" + v + "': use RFC 3339");
-          // The SDK means "at or after"; the store compares strictly.
-          sq.started_after = *t - 1;
-        } else if (k == "template" && v2 && !v.empty()) {
-          sq.template_id = v;
-        }
-      }
       int64_t want = sq.limit;
       sq.limit = want + 1;
       Result<std::vector<storage::SandboxRow>> rows = sandboxes_.list(sq);
@@ -426,12 +169,8 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
   if (n == 3) {
     const std::string& action = seg[base + 2];
     if (action == "connect" && m == "POST") {
-      Result<json> body = parse_body(req, true);
-      if (!body) return error_response(body.error());
-      if (Status s = only_fields(*body, {"timeout", "memory"}); !s) return error_response(s.error());
-      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      Result<std::optional<int64_t>> timeout = parse_connect_request(req);
       if (!timeout) return error_response(timeout.error());
-      if (auto mem = opt_bool(*body, "memory"); !mem) return error_response(mem.error());
       Result<SandboxService::Connected> c = sandboxes_.connect(tid, id, timeout->value_or(300));
       if (!c) return error_response(c.error());
       return http::json_body(c->resumed ? 201 : 200, dump(sandbox_json(c->row)));
@@ -439,10 +178,7 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     if (v2) return http::json_error(404, "no route for " + req.path);
     if (action == "resume" && m == "POST") {
       // Deprecated in E2B's API (connect resumes); kept for old clients.
-      Result<json> body = parse_body(req, true);
-      if (!body) return error_response(body.error());
-      if (Status s = only_fields(*body, {"timeout", "autoPause"}); !s) return error_response(s.error());
-      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      Result<std::optional<int64_t>> timeout = parse_resume_request(req);
       if (!timeout) return error_response(timeout.error());
       Result<storage::SandboxRow> row = sandboxes_.get(tid, id);
       if (!row) return error_response(row.error());
@@ -453,35 +189,20 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
       return http::json_body(201, dump(sandbox_json(c->row)));
     }
     if (action == "pause" && m == "POST") {
-      Result<json> body = parse_body(req, true);
-      if (!body) return error_response(body.error());
-      if (Status s = only_fields(*body, {"memory"}); !s) return error_response(s.error());
-      if (auto mem = opt_bool(*body, "memory"); !mem) return error_response(mem.error());
+      if (Status s = parse_pause_request(req); !s) return error_response(s.error());
       if (Status s = sandboxes_.pause(tid, id); !s) return error_response(s.error());
       return http::no_content(204);
     }
     if (action == "timeout" && m == "POST") {
-      Result<json> body = parse_body(req, false);
-      if (!body) return error_response(body.error());
-      if (Status s = only_fields(*body, {"timeout"}); !s) return error_response(s.error());
-      auto timeout = opt_int(*body, "timeout", 0, kMaxTimeout);
+      Result<int64_t> timeout = parse_timeout_request(req);
       if (!timeout) return error_response(timeout.error());
-      if (!*timeout) return http::json_error(400, "field 'timeout' is required");
-      if (Status s = sandboxes_.set_timeout(tid, id, **timeout); !s) return error_response(s.error());
+      if (Status s = sandboxes_.set_timeout(tid, id, *timeout); !s) return error_response(s.error());
       return http::no_content(204);
     }
     if (action == "metrics" && m == "GET") {
-      std::vector<std::pair<std::string, std::string>> q;
-      if (!http::parse_query(req.query, q)) return http::json_error(400, "malformed query string");
-      std::optional<int64_t> start, end;
-      for (const auto& [k, v] : q) {
-        if (k != "start" && k != "end") continue;
-        char* e = nullptr;
-        long long x = std::strtoll(v.c_str(), &e, 10);
-        if (v.empty() || *e || x < 0) return http::json_error(400, "invalid " + k + " '" + v + "': use unix seconds");
-        (k == "start" ? start : end) = x;
-      }
-      Result<std::vector<MetricSample>> ms = sandboxes_.metrics(tid, id, start, end);
+      Result<MetricsRange> range = parse_metrics_query(req.query);
+      if (!range) return error_response(range.error());
+      Result<std::vector<MetricSample>> ms = sandboxes_.metrics(tid, id, range->start, range->end);
       if (!ms) return error_response(ms.error());
       Result<storage::SandboxRow> row = sandboxes_.get(tid, id);
       int64_t cpus = row ? row->cpu_count : 0;

@@ -44,9 +44,4 @@ class ControlPlane {
 int status_for(const Error& e);
 http::HttpResponse error_response(const Error& e);
 
-// Decodes E2B's metadata query value, already percent-decoded once by the
-// query parser: split on '&' and '=', each key and value decoded twice more
-// (what JS 2.51 sends was measured: see tests/api-e2b/query_test.cpp).
-bool decode_metadata_query(const std::string& once_decoded, std::vector<std::pair<std::string, std::string>>& out);
-
 }  // namespace sg::api

@@ -29,6 +29,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api-e2b/requests.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
 
@@ -37,16 +38,6 @@ class MemoryEngine;
 }
 
 namespace sg::api {
-
-struct CreateParams {
-  std::string template_ref;
-  int64_t timeout_s = 300;
-  std::map<std::string, std::string> metadata;
-  std::map<std::string, std::string> env_vars;
-  bool on_timeout_pause = false;  // autoPause
-  bool auto_resume = false;
-  std::optional<bool> allow_internet;
-};
 
 struct MetricSample {
   int64_t unix_s = 0;

@@ -190,6 +190,9 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   Run off = cli(dir, {"serve", "--memory-offload", "sometimes"});
   CHECK(off.rc == 2);
   CHECK(off.err.find("--memory-offload wants auto, always or off") != std::string::npos);
+  Run disk = cli(dir, {"serve", "--disk-limit", "maybe"});
+  CHECK(disk.rc == 2);
+  CHECK(disk.err.find("--disk-limit wants auto, on or off") != std::string::npos);
   CHECK(cli(dir, {"serve", "--offload-min-wait-ms", "-1"}).rc == 2);
   CHECK(cli(dir, {"serve", "--memory-pool-mb", "x"}).rc == 2);
   CHECK(cli(dir, {"serve", "--offload-concurrency", "0"}).rc == 2);

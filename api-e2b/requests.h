@@ -1,0 +1,70 @@
+// The control plane's request parsing: each route's JSON body or query
+// string, from plain HTTP values to a typed request or a kInvalid error
+// that says what is wrong and where (docs/api.md). Bodies are strict: an
+// unknown field, a wrong type or an out-of-range value is refused, never
+// ignored. Pure functions with no I/O or state, so the control plane stays
+// a thin mapping and the parsers are fuzzed on their own
+// (tests/fuzz/api_fuzz.cpp). Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gateway/http/message.h"
+#include "storage/store.h"
+#include "sys/status.h"
+
+namespace sg::api {
+
+inline constexpr int64_t kMaxTimeoutS = 24 * 3600;
+
+// POST /sandboxes, /v2/sandboxes.
+struct CreateParams {
+  std::string template_ref;
+  int64_t timeout_s = 300;
+  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> env_vars;
+  bool on_timeout_pause = false;  // autoPause
+  bool auto_resume = false;
+  std::optional<bool> allow_internet;
+};
+Result<CreateParams> parse_create_request(const http::HttpRequest& req, bool v2);
+
+// POST .../connect {"timeout", "memory"} and the v1 POST .../resume
+// {"timeout", "autoPause"}: an empty body is fine; timeout in 0..24 h.
+Result<std::optional<int64_t>> parse_connect_request(const http::HttpRequest& req);
+Result<std::optional<int64_t>> parse_resume_request(const http::HttpRequest& req);
+// POST .../pause {"memory"}.
+Status parse_pause_request(const http::HttpRequest& req);
+// POST .../timeout {"timeout"}: required.
+Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
+
+// GET /sandboxes (v1: running only) and /v2/sandboxes?state=&limit=&
+// nextToken=&order=&startedAfter=&template=&metadata=. tenant_id is left
+// for the caller.
+Result<storage::SandboxQuery> parse_list_query(const std::string& query, bool v2);
+
+// GET .../metrics?start=&end= (unix seconds).
+struct MetricsRange {
+  std::optional<int64_t> start, end;
+};
+Result<MetricsRange> parse_metrics_query(const std::string& query);
+
+// "/sandboxes/abc/pause" -> {"sandboxes", "abc", "pause"} (empty segments
+// dropped).
+std::vector<std::string> path_segments(const std::string& path);
+
+// RFC 3339 ("2026-12-01T08:00:00Z", optional fraction, Z or +hh:mm) to
+// unix seconds.
+std::optional<int64_t> parse_rfc3339(const std::string& s);
+
+// Decodes E2B's metadata query value, already percent-decoded once by the
+// query parser: split on '&' and '=', each key and value decoded twice more
+// (what JS 2.51 sends was measured: see tests/api-e2b/query_test.cpp).
+bool decode_metadata_query(const std::string& once_decoded, std::vector<std::pair<std::string, std::string>>& out);
+
+}  // namespace sg::api

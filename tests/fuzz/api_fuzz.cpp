@@ -1,0 +1,115 @@
+// libFuzzer target: what a client controls in a control-plane or proxied
+// request: the target (path and query), Host and routing headers, the
+// content type and the JSON body, through every route's parser
+// (api-e2b/requests.h) and the gateway's sandbox routing
+// (gateway/http/routing.h). Beyond "no crash, no sanitizer report" it
+// checks the contracts: a parse either succeeds with values inside their
+// documented bounds or fails as kInvalid with a message.
+//
+// Input: byte 0 picks the route; the rest is split on '\n' into target,
+// Host, E2B-Sandbox-Id, E2B-Sandbox-Port, Content-Type, and the body (all
+// that is left).
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+
+#include "api-e2b/requests.h"
+#include "gateway/http/routing.h"
+
+namespace {
+
+void require(bool ok) {
+  if (!ok) std::abort();
+}
+
+template <typename R>
+void check_error(const R& r) {
+  if (r) return;
+  require(r.error().kind() == sg::ErrorKind::kInvalid);
+  require(!r.error().message().empty());
+}
+
+bool id_chars(const std::string& id) {
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'))) return false;
+  return !id.empty();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const uint8_t route = data[0];
+  std::string_view rest(reinterpret_cast<const char*>(data + 1), size - 1);
+  std::string fields[5];
+  for (std::string& f : fields) {
+    size_t nl = rest.find('\n');
+    if (nl == std::string_view::npos) break;
+    f = std::string(rest.substr(0, nl));
+    rest.remove_prefix(nl + 1);
+  }
+  sg::http::HttpRequest req;
+  req.method = "POST";
+  req.target = fields[0];
+  size_t q = req.target.find('?');
+  req.path = req.target.substr(0, q);
+  req.query = q == std::string::npos ? "" : req.target.substr(q + 1);
+  if (!fields[1].empty()) req.headers["host"] = fields[1];
+  if (!fields[2].empty()) req.headers["e2b-sandbox-id"] = fields[2];
+  if (!fields[3].empty()) req.headers["e2b-sandbox-port"] = fields[3];
+  if (!fields[4].empty()) req.headers["content-type"] = fields[4];
+  req.body = std::string(rest);
+
+  (void)sg::api::path_segments(req.path);
+  switch (route % 9) {
+    case 0:
+    case 1: {
+      auto r = sg::api::parse_create_request(req, route % 9 == 1);
+      check_error(r);
+      if (r) {
+        require(!r->template_ref.empty() && r->template_ref.size() <= 256);
+        require(r->timeout_s >= 0 && r->timeout_s <= sg::api::kMaxTimeoutS);
+        require(r->metadata.size() <= 64 && r->env_vars.size() <= 256);
+        for (const auto& [k, v] : r->env_vars) require(!k.empty() && k.find('=') == std::string::npos);
+      }
+      break;
+    }
+    case 2:
+    case 3: {
+      auto r = route % 9 == 2 ? sg::api::parse_connect_request(req) : sg::api::parse_resume_request(req);
+      check_error(r);
+      if (r && *r) require(**r >= 0 && **r <= sg::api::kMaxTimeoutS);
+      break;
+    }
+    case 4: {
+      sg::Status s = sg::api::parse_pause_request(req);
+      if (!s) require(s.error().kind() == sg::ErrorKind::kInvalid);
+      break;
+    }
+    case 5: {
+      auto r = sg::api::parse_timeout_request(req);
+      check_error(r);
+      if (r) require(*r >= 0 && *r <= sg::api::kMaxTimeoutS);
+      break;
+    }
+    case 6: {
+      auto r = sg::api::parse_list_query(req.query, (route & 0x10) != 0);
+      check_error(r);
+      if (r) require(r->limit >= 1 && r->limit <= 100 && r->after_seq >= 0);
+      auto m = sg::api::parse_metrics_query(req.query);
+      check_error(m);
+      if (m) require((!m->start || *m->start >= 0) && (!m->end || *m->end >= 0));
+      (void)sg::api::parse_rfc3339(req.body);
+      break;
+    }
+    default: {
+      auto t = sg::http::route_to_sandbox(req, (route & 0x10) ? "sandgate.test" : "");
+      check_error(t);
+      if (t && *t) require(id_chars((*t)->sandbox_id) && (*t)->port >= 1);
+      break;
+    }
+  }
+  return 0;
+}
