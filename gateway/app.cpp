@@ -7,6 +7,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <iostream>
@@ -20,6 +21,7 @@
 #include "memory/offload.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
+#include "sandbox-runtime/process/userns.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/store.h"
 #include "sys/log.h"
@@ -292,6 +294,12 @@ int serve(const AppConfig& cfg_in) {
   rcfg.disk_limits = cfg.disk_limit == "on"    ? runtime::DiskLimits::kOn
                      : cfg.disk_limit == "off" ? runtime::DiskLimits::kOff
                                                : runtime::DiskLimits::kAuto;
+  rcfg.user_namespaces = cfg.user_namespaces == "on"    ? runtime::UserNamespaces::kOn
+                         : cfg.user_namespaces == "off" ? runtime::UserNamespaces::kOff
+                                                        : runtime::UserNamespaces::kAuto;
+  rcfg.first_sandbox_uid = cfg.first_sandbox_uid;
+  rcfg.sandbox_uid_slots = static_cast<uint32_t>(
+      std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
   std::unique_ptr<runtime::Runtime> rt;
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;

@@ -68,6 +68,10 @@ struct AppConfig {
   // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
   // and mkfs.ext4 are available, "on" (a create fails without them), "off".
   std::string disk_limit = "auto";
+  // Sandbox root as an unprivileged host uid range on the process backend
+  // (sandbox-runtime/process/userns.h): "auto", "on", "off".
+  std::string user_namespaces = "auto";
+  uint32_t first_sandbox_uid = 1u << 30;
   int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
   int64_t memory_pool_mb = 1024;
   int64_t offload_concurrency = 1;

@@ -103,6 +103,12 @@ serve options:
                                 its template's disk size (a loop-mounted ext4
                                 image; auto: where loop devices and mkfs.ext4
                                 are available; default auto)
+  --user-namespaces auto|on|off map each process sandbox's root to its own
+                                range of 65536 unprivileged host uids (auto:
+                                where the kernel and the template's
+                                filesystem allow it; default auto)
+  --sandbox-uid-base N          first host uid of those ranges (default
+                                1073741824; one range per sandgate on a host)
   --no-local-tenant             do not create the "local" tenant
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
@@ -293,7 +299,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "sandbox-uid-base", "offload-min-wait-ms", "memory-pool-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
@@ -357,6 +363,14 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       }
       cfg.disk_limit = v;
     }
+    if (a.opts.count("user-namespaces")) {
+      const std::string& v = a.opts["user-namespaces"];
+      if (v != "auto" && v != "on" && v != "off") {
+        err << "sandgate: --user-namespaces wants auto, on or off\n";
+        return 2;
+      }
+      cfg.user_namespaces = v;
+    }
     if (a.opts.count("memory-offload")) {
       const std::string& v = a.opts["memory-offload"];
       if (v != "auto" && v != "always" && v != "off") {
@@ -404,6 +418,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
         {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
         {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
+        {"sandbox-uid-base", 65536, 4294967294LL - 65536,
+         [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
     };
     for (const IntOpt& o : ints) {
       auto it = a.opts.find(o.name);

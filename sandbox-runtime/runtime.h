@@ -45,6 +45,12 @@ using ServiceOpener = std::function<Result<UniqueFd>(const std::string& sandbox_
 // tmpfs, bounded by the guest's memory either way.
 enum class DiskLimits { kAuto, kOn, kOff };
 
+// User namespaces (the process backend, process/userns.h): kAuto maps each
+// sandbox's root to an unprivileged host uid range where the kernel and the
+// template's filesystem allow it and otherwise runs it as host root
+// (logged once); kOn fails a create that cannot have one; kOff never.
+enum class UserNamespaces { kAuto, kOn, kOff };
+
 struct RuntimeConfig {
   // Directory under which each sandbox gets state_root/<id>/ (overlay upper,
   // work, mount point). Created if missing.
@@ -60,6 +66,12 @@ struct RuntimeConfig {
   // is refused ("no gateway services on this host").
   ServiceOpener open_service;
   DiskLimits disk_limits = DiskLimits::kAuto;
+  UserNamespaces user_namespaces = UserNamespaces::kAuto;
+  // Host uids (and gids) of sandboxes: sandbox k of those alive at once
+  // gets first_sandbox_uid + k * 65536 .. + 65535. One range per sandgate
+  // instance on a host.
+  uint32_t first_sandbox_uid = 1u << 30;
+  uint32_t sandbox_uid_slots = 16384;
 };
 
 struct SandboxSpec {

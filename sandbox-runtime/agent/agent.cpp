@@ -77,6 +77,13 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
     std::string_view value = eq == std::string_view::npos ? std::string_view() : kv.substr(eq + 1);
     if (name == "SANDGATE_ENVD_TOKEN") cfg.envd_access_token = value;
     if (name == "SANDGATE_SANDBOX_ID") cfg.sandbox_id = value;
+    if (name == "SANDGATE_USERNS_FD") {
+      std::string v(value);
+      char* end = nullptr;
+      long fd = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end || fd < 0 || fd > 1024) return invalid_error("SANDGATE_USERNS_FD '" + v + "'");
+      cfg.userns_fd = static_cast<int>(fd);
+    }
     // Wipe the original bytes (they back /proc/self/environ) now that the
     // value is copied.
     std::memset(*e, 0, kv.size());
@@ -451,7 +458,7 @@ int run(const AgentConfig& cfg) {
   if (!cfg.vm && ::getpid() == 1) {
     // The process backend's sandbox: harden it before anything else runs
     // in it (a microVM's kernel is the boundary there). Not run half-hardened.
-    if (Status s = harden_sandbox(); !s) {
+    if (Status s = harden_sandbox(cfg.userns_fd); !s) {
       LOG_ERROR("agent: hardening the sandbox: " << s.error().message());
       return 1;
     }

@@ -69,6 +69,9 @@ struct AgentConfig {
   uint16_t model_proxy_port = channel::kModelProxyPort;
   std::string envd_access_token;    // SANDGATE_ENVD_TOKEN
   std::string sandbox_id;           // SANDGATE_SANDBOX_ID
+  // SANDGATE_USERNS_FD: a user namespace to join once the steps that need
+  // host root are done (process/userns.h); -1: none.
+  int userns_fd = -1;
   // Environment for processes the agent starts: the agent's own
   // environment minus every SANDGATE_* variable.
   std::vector<std::string> child_env;

@@ -2,6 +2,7 @@
 #include "agent/harden.h"
 
 #include <linux/capability.h>
+#include <grp.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -103,7 +104,13 @@ uint64_t kept_capabilities() {
   return m;
 }
 
-Status harden_sandbox(const std::string& proc_root, const std::string& sys_root) {
+Status harden_sandbox(int userns_fd, const std::string& proc_root, const std::string& sys_root) {
+  if (userns_fd >= 0) {
+    // Per network namespace; written while /proc/sys is still writable
+    // and this process is host root.
+    if (Status s = sys::write_file(proc_root + "/sys/net/ipv4/ip_unprivileged_port_start", "0"); !s) return s;
+    if (Status s = sys::write_file(proc_root + "/sys/net/ipv4/ping_group_range", "0 2147483647"); !s) return s;
+  }
   for (const char* p : kProcMasked)
     if (Status s = mask(proc_root + "/" + p); !s) return s;
   if (Status s = mask(sys_root + "/firmware"); !s) return s;
@@ -111,6 +118,15 @@ Status harden_sandbox(const std::string& proc_root, const std::string& sys_root)
   for (const char* p : kProcReadOnly)
     if (Status s = read_only(proc_root + "/" + p); !s) return s;
 
+  if (userns_fd >= 0) {
+    if (::setns(userns_fd, CLONE_NEWUSER) != 0) return sys::errno_error("setns", "the sandbox user namespace");
+    ::close(userns_fd);
+    // Still the host's uid 0, which the namespace does not map: become its
+    // root (the sandbox's host uid range starts there).
+    if (::setgroups(0, nullptr) != 0) return sys::errno_error("setgroups", "user namespace");
+    if (::setresgid(0, 0, 0) != 0) return sys::errno_error("setresgid 0", "user namespace");
+    if (::setresuid(0, 0, 0) != 0) return sys::errno_error("setresuid 0", "user namespace");
+  }
   // The bounding set: every capability not kept goes.
   uint64_t keep = kept_capabilities();
   for (int c = 0; c <= last_cap(); ++c) {

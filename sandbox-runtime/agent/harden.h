@@ -20,6 +20,10 @@
 //    kexec loading, the mount API, file handles, swap, accounting; clone3 is
 //    ENOSYS (its flags cannot be inspected; the C library falls back to
 //    clone); syscalls through another ABI (i386, x32) kill the process.
+//  - with a user namespace (process/userns.h) the agent joins it between
+//    the masks (which need host root) and the capability drop, so root
+//    inside is an unprivileged host uid whose capabilities count only in
+//    its own namespace, which owns none of the sandbox's other namespaces.
 // The agent keeps its own capabilities (it needs none of the dropped ones
 // after this, but dropping them from itself would not add a boundary:
 // nothing in the sandbox can act as the agent).
@@ -43,6 +47,12 @@ sys::seccomp::Policy sandbox_syscall_policy();
 // ("/sys"), then the capability drop, then the seccomp filter (all threads). Paths the kernel does not have are
 // skipped. Any other failure is returned (the agent then refuses to start:
 // a sandbox is not run half-hardened).
-Status harden_sandbox(const std::string& proc_root = "/proc", const std::string& sys_root = "/sys");
+// With userns_fd >= 0, after the masks and before the capability drop:
+// the sysctls a user-namespaced root needs in a network namespace it does
+// not own (binding ports under 1024, ICMP echo sockets), then setns into
+// the user namespace and uid, gid and groups 0 there (sandbox root becomes
+// the namespace's unprivileged host uid); the descriptor is closed.
+Status harden_sandbox(int userns_fd = -1, const std::string& proc_root = "/proc",
+                      const std::string& sys_root = "/sys");
 
 }  // namespace sg::agent

@@ -67,7 +67,12 @@ int child_main(void* arg) {
     if (::mount(a.disk_node, a.disk_dir, "ext4", MS_NODEV, "discard") != 0) return fail(a, ChildStep::kMountDisk);
     if (!ok_or_exists(::mkdir(a.disk_upper, 0755)) || !ok_or_exists(::mkdir(a.disk_work, 0700)))
       return fail(a, ChildStep::kMkdirLayer);
+    if (a.layer_owner >= 0 && ::chown(a.disk_upper, a.layer_owner, a.layer_owner) != 0)
+      return fail(a, ChildStep::kMkdirLayer);
   }
+  if (a.lower_tree_fd >= 0 &&
+      ::move_mount(a.lower_tree_fd, "", AT_FDCWD, a.lower_dir, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+    return fail(a, ChildStep::kAttachLower);
   if (::mount("overlay", a.merged, "overlay", 0, a.overlay_opts) != 0) return fail(a, ChildStep::kMountOverlay);
 
   if (!ok_or_exists(::mkdir(a.sandgate_dir, 0755))) return fail(a, ChildStep::kMkdirSandgate);
@@ -91,7 +96,7 @@ int child_main(void* arg) {
     if (::chmod(d.path, d.mode & 07777) != 0) return fail(a, ChildStep::kMknod);
   }
   if (!ok_or_exists(::mkdir(a.devpts_dir, 0755)) ||
-      ::mount("devpts", a.devpts_dir, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5") != 0)
+      ::mount("devpts", a.devpts_dir, "devpts", MS_NOSUID | MS_NOEXEC, a.devpts_opts) != 0)
     return fail(a, ChildStep::kMountDevpts);
   if (!ok_or_exists(::mkdir(a.shm_dir, 01777)) ||
       ::mount("shm", a.shm_dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777,size=65536k") != 0)
@@ -116,8 +121,13 @@ int child_main(void* arg) {
       ::dup2(a.channel_fd, 3) < 0 || ::dup3(a.err_fd, 4, O_CLOEXEC) < 0)
     return fail(a, ChildStep::kSetupFds);
   a.err_fd = 4;
+  unsigned first_closed = 5;
+  if (a.userns_fd >= 0) {
+    if (::dup2(a.userns_fd, 5) < 0) return fail(a, ChildStep::kSetupFds);  // the agent closes it
+    first_closed = 6;
+  }
   // Whatever else the server's threads had open stays out of the sandbox.
-  if (::syscall(SYS_close_range, 5u, ~0u, 0u) != 0) return fail(a, ChildStep::kSetupFds);
+  if (::syscall(SYS_close_range, first_closed, ~0u, 0u) != 0) return fail(a, ChildStep::kSetupFds);
 
   ::execve(a.agent_exec, a.argv, a.envp);
   return fail(a, ChildStep::kExecAgent);
@@ -132,6 +142,7 @@ std::string describe_step(ChildStep step, const ChildArgs& a) {
     case ChildStep::kMakePrivate: return "make / rprivate";
     case ChildStep::kMountDisk: return "mount the writable layer " + s(a.disk_node) + " on " + s(a.disk_dir);
     case ChildStep::kMkdirLayer: return "mkdir " + s(a.disk_upper) + " and " + s(a.disk_work);
+    case ChildStep::kAttachLower: return "attach the idmapped template on " + s(a.lower_dir);
     case ChildStep::kMountOverlay: return "mount overlay on " + s(a.merged) + " (" + s(a.overlay_opts) + ")";
     case ChildStep::kMkdirSandgate: return "mkdir " + s(a.sandgate_dir);
     case ChildStep::kCreateAgentFile: return "create mount point " + s(a.agent_dst);

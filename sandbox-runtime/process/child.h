@@ -20,6 +20,7 @@ enum class ChildStep : int32_t {
   kMakePrivate,
   kMountDisk,
   kMkdirLayer,
+  kAttachLower,
   kMountOverlay,
   kMkdirSandgate,
   kCreateAgentFile,
@@ -73,6 +74,14 @@ struct ChildArgs {
   const char* disk_dir = nullptr;
   const char* disk_upper = nullptr;  // disk_dir/upper and disk_dir/work,
   const char* disk_work = nullptr;   // named in overlay_opts
+  // User namespace mode (process/userns.h): the idmapped template tree,
+  // attached on lower_dir before the overlay (named in overlay_opts); the
+  // disk's upper and work directories are given to layer_owner (the
+  // sandbox's root); userns_fd becomes fd 5 for the agent to join.
+  int lower_tree_fd = -1;
+  const char* lower_dir = nullptr;
+  int layer_owner = -1;
+  int userns_fd = -1;
   const char* overlay_opts = nullptr;
   const char* sandgate_dir = nullptr;  // merged/.sandgate
   const char* agent_src = nullptr;     // host path of the agent binary
@@ -80,6 +89,7 @@ struct ChildArgs {
   const char* proc_dir = nullptr;
   const char* dev_dir = nullptr;
   const char* devpts_dir = nullptr;
+  const char* devpts_opts = nullptr;  // its gid= is the sandbox's tty group as the host sees it
   const char* shm_dir = nullptr;
   const char* sys_dir = nullptr;
   ChildDevice devices[kChildDevices] = {};

@@ -22,6 +22,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -37,6 +38,7 @@
 #include "process/child.h"
 #include "process/disk.h"
 #include "process/host_channel.h"
+#include "process/userns.h"
 #include "sys/log.h"
 #include "sys/sys.h"
 
@@ -219,6 +221,12 @@ class ProcessSandbox final : public runtime::Sandbox {
       if (Status s = cgroup_.destroy(kTeardownTimeout); !s) return s.error().with_context("kill sandbox " + id_);
       has_cgroup_ = false;
     }
+    // Every process of the sandbox is gone (the cgroup is empty): its uid
+    // range can go to the next sandbox.
+    if (uid_slots_) {
+      uid_slots_->release(uid_slot_);
+      uid_slots_.reset();
+    }
     if (Status s = sys::remove_tree(state_dir_); !s) return s.error().with_context("kill sandbox " + id_);
     killed_ = true;
     return Status::Ok();
@@ -245,6 +253,8 @@ class ProcessSandbox final : public runtime::Sandbox {
   std::string id_;
   std::string state_dir_;
   std::string disk_image_;   // the size-limited writable layer's image; "" when unlimited
+  std::shared_ptr<UidSlots> uid_slots_;  // set when the sandbox holds uid_slot_
+  uint32_t uid_slot_ = 0;
   Cgroup cgroup_;            // GUARDED_BY(mu_)
   bool has_cgroup_ = false;  // GUARDED_BY(mu_)
   int pid_ = -1;
@@ -266,7 +276,12 @@ class ProcessRuntime final : public runtime::Runtime {
  public:
   explicit ProcessRuntime(runtime::RuntimeConfig cfg)
       : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()),
-        disk_(cfg_.disk_limits == runtime::DiskLimits::kOff ? Status::Ok() : writable_disk_available()) {
+        disk_(cfg_.disk_limits == runtime::DiskLimits::kOff ? Status::Ok() : writable_disk_available()),
+        userns_(cfg_.user_namespaces == runtime::UserNamespaces::kOff ? Status::Ok() : user_namespaces_available()),
+        uid_slots_(std::make_shared<UidSlots>(cfg_.first_sandbox_uid, cfg_.sandbox_uid_slots)) {
+    if (cfg_.user_namespaces == runtime::UserNamespaces::kAuto && !userns_)
+      LOG_WARN("sandbox root is host root (no user namespace): " << userns_.error().message()
+                                                                << " (--user-namespaces=on requires one)");
     if (cfg_.disk_limits == runtime::DiskLimits::kAuto && !disk_)
       LOG_WARN("sandbox disks are not size-limited: " << disk_.error().message()
                                                       << " (--disk-limit=on requires it, =off silences this)");
@@ -340,6 +355,40 @@ class ProcessRuntime final : public runtime::Runtime {
     }
     created_dir = true;
     sb.state_dir_ = dir;
+    // The user namespace: a uid range, and the template through an
+    // idmapped mount so its files are owned by the range (userns.h).
+    std::optional<UidSlots::Slot> slot;
+    std::optional<Result<UniqueFd>> lower_tree;
+    if (cfg_.user_namespaces != runtime::UserNamespaces::kOff &&
+        (userns_ || cfg_.user_namespaces == runtime::UserNamespaces::kOn)) {
+      if (!userns_) return userns_.error();
+      Result<UidSlots::Slot> got = uid_slots_->acquire();
+      if (!got) return got.error();
+      sb.uid_slots_ = uid_slots_;
+      sb.uid_slot_ = got->index;
+      Result<UniqueFd> tree = idmapped_tree(rootfs, got->userns_fd);
+      if (tree) {
+        slot = *got;
+        lower_tree = high_fd(std::move(*tree), "idmapped template");
+        if (!*lower_tree) return lower_tree->error();
+      } else if (cfg_.user_namespaces == runtime::UserNamespaces::kOn || tree.error().kind() != ErrorKind::kUnavailable) {
+        return tree.error();
+      } else {
+        if (!idmap_warned_.exchange(true))
+          LOG_WARN("sandbox root is host root (no user namespace): " << tree.error().message());
+        uid_slots_->release(got->index);
+        sb.uid_slots_.reset();
+      }
+    }
+    std::optional<Result<UniqueFd>> userns_hi;
+    if (slot) {
+      userns_hi = high_fd(UniqueFd(::fcntl(slot->userns_fd, F_DUPFD_CLOEXEC, 10)), "user namespace");
+      if (!*userns_hi) return userns_hi->error();
+    }
+    const int layer_owner = slot ? static_cast<int>(slot->uid_base) : -1;
+    std::string lower_dir = dir + "/lower";
+    if (slot && ::mkdir(lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", lower_dir);
+
     // The writable layer: a size-limited filesystem of its own that the
     // child mounts on disk_dir (disk.h), or plain directories here.
     const bool limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
@@ -358,6 +407,9 @@ class ProcessRuntime final : public runtime::Runtime {
     } else {
       for (const std::string& d : {upper, work, merged})
         if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+      // The overlay's root takes the upper directory's owner.
+      if (layer_owner >= 0 && ::chown(upper.c_str(), layer_owner, layer_owner) != 0)
+        return sys::errno_error("chown", upper);
     }
 
     CgroupLimits lim;
@@ -395,7 +447,8 @@ class ProcessRuntime final : public runtime::Runtime {
       if (!*r) return r->error();
 
     // Strings, argv and envp: all built here, before clone.
-    std::string overlay_opts = "lowerdir=" + rootfs + ",upperdir=" + upper + ",workdir=" + work;
+    std::string overlay_opts = "lowerdir=" + (slot ? lower_dir : rootfs) + ",upperdir=" + upper + ",workdir=" + work;
+    std::string devpts_opts = "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(slot ? slot->uid_base + 5 : 5);
     std::string sandgate_dir = merged + "/.sandgate";
     std::string agent_dst = sandgate_dir + "/sandgate-agent";
     std::string proc_dir = merged + "/proc", dev_dir = merged + "/dev", sys_dir = merged + "/sys";
@@ -424,6 +477,7 @@ class ProcessRuntime final : public runtime::Runtime {
     if (!has_path) env_strings.push_back("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     env_strings.push_back("SANDGATE_SANDBOX_ID=" + spec.id);
     if (!spec.envd_access_token.empty()) env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
+    if (slot) env_strings.push_back("SANDGATE_USERNS_FD=5");  // child.cpp puts it there
     std::vector<char*> envp;
     for (std::string& e : env_strings) envp.push_back(e.data());
     envp.push_back(nullptr);
@@ -455,6 +509,13 @@ class ProcessRuntime final : public runtime::Runtime {
     a.proc_dir = proc_dir.c_str();
     a.dev_dir = dev_dir.c_str();
     a.devpts_dir = devpts.c_str();
+    a.devpts_opts = devpts_opts.c_str();
+    if (slot) {
+      a.lower_tree_fd = (*lower_tree)->get();
+      a.lower_dir = lower_dir.c_str();
+      a.layer_owner = layer_owner;
+      a.userns_fd = (*userns_hi)->get();
+    }
     a.shm_dir = shm.c_str();
     a.sys_dir = sys_dir.c_str();
     for (int i = 0; i < kChildDevices; ++i)
@@ -525,6 +586,9 @@ class ProcessRuntime final : public runtime::Runtime {
   runtime::RuntimeConfig cfg_;
   Result<CgroupLayout> layout_;
   Status disk_;  // whether size-limited writable layers can be made here
+  Status userns_;  // whether sandboxes can have user namespaces here
+  std::shared_ptr<UidSlots> uid_slots_;
+  std::atomic<bool> idmap_warned_{false};
   Spawner spawner_;
 };
 

@@ -2,8 +2,8 @@
 // UTS, IPC and network namespaces, on an overlay of the template rootfs,
 // limited by cgroups, with sandgate-agent as its PID 1. Used where /dev/kvm
 // is missing. docs/process-backend.md describes the namespaces, mounts,
-// cgroups, lifecycle and the isolation it does not give (no user namespace
-// yet: root inside is root outside).
+// cgroups, user namespace, seccomp filter, disk limit, lifecycle and the
+// isolation it does not give.
 //
 // Thread safety: as runtime.h. create() calls clone() on one long-lived
 // thread owned by the Runtime, because PR_SET_PDEATHSIG fires when the

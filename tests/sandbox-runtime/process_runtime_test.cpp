@@ -28,6 +28,7 @@
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/disk.h"
+#include "process/userns.h"
 #include "process/process_runtime.h"
 #include "agent/harden.h"
 #include "sys/sys.h"
@@ -938,6 +939,56 @@ TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, ag
                root);
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
   CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  REQUIRE((*sb)->kill());
+}
+
+TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the template's files are root's inside") {
+  if (Status u = process::user_namespaces_available(); !u) {
+    MESSAGE("skipped: " << u.error().message());
+    return;
+  }
+  Env env;
+  std::string id = new_id();
+  auto spec = env.spec(id);
+  auto sb = env.rt->create(spec);
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  const std::string root = "cm9vdDo=";
+  // Inside: uid 0, the template's files owned by 0 (not the overflow uid),
+  // root's ordinary work (system files, a low port, chown to the user).
+  std::string r = envd_run(**sb, spec.envd_access_token,
+                           "[ \"$(id -u)\" = 0 ] || exit 2\n"
+                           "[ \"$(stat -c %u:%g /usr/bin /etc/passwd)\" = \"$(printf '0:0\\n0:0')\" ] || exit 3\n"
+                           "echo '10.9.8.7 probe' >> /etc/hosts || exit 4\n"
+                           "touch /root/by-root && install -o user -g user /dev/null /tmp/by-user || exit 5\n"
+                           "python3 -c 'import socket; s=socket.socket(); s.bind((\"127.0.0.1\", 80))' || exit 6\n"
+                           "su -s /bin/sh -c 'touch /tmp/by-su' user || exit 7\n"
+                           "awk '{ if ($1 != 0 || $2 < 1073741824 || $3 != 65536) exit 1 }' /proc/self/uid_map || exit 8\n"
+                           "exit 42\n",
+                           root);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  // Outside: the agent and the files are the range's uids, not host root.
+  int pid = (*sb)->init_pid();
+  auto status = sys::read_file("/proc/" + std::to_string(pid) + "/status");
+  REQUIRE(status);
+  size_t u = status->find("\nUid:\t");
+  REQUIRE(u != std::string::npos);
+  unsigned long host_uid = std::strtoul(status->c_str() + u + 6, nullptr, 10);
+  CHECK(host_uid >= (1ul << 30));
+  std::string in_root = "/proc/" + std::to_string(pid) + "/root";
+  struct stat st {};
+  REQUIRE(::stat((in_root + "/root/by-root").c_str(), &st) == 0);
+  CHECK(st.st_uid == host_uid);
+  REQUIRE(::stat((in_root + "/tmp/by-user").c_str(), &st) == 0);
+  CHECK(st.st_uid == host_uid + 1000);
+  REQUIRE(::stat((in_root + "/tmp/by-su").c_str(), &st) == 0);
+  CHECK(st.st_uid == host_uid + 1000);
+  REQUIRE(::stat((in_root + "/usr/bin").c_str(), &st) == 0);
+  CHECK(st.st_uid == host_uid);  // the template through the idmapped mount
+  // The template itself is untouched.
+  REQUIRE(::stat((env.rootfs + "/usr/bin").c_str(), &st) == 0);
+  CHECK(st.st_uid == 0);
+  auto hosts = sys::read_file(env.rootfs + "/etc/hosts");
+  CHECK((!hosts || hosts->find("probe") == std::string::npos));
   REQUIRE((*sb)->kill());
 }
 
