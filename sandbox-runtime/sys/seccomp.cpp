@@ -63,9 +63,10 @@ Result<std::vector<sock_filter>> compile(const Policy& policy) {
     const ArgCheck& c = *r.when;
     if (c.index > 5) return invalid_error("seccomp: argument index " + std::to_string(c.index) + " (0..5)");
     const uint16_t op = c.op == ArgCheck::Op::kEquals ? BPF_JEQ : BPF_JSET;
+    const bool negate = c.op == ArgCheck::Op::kNoBitSet;  // the rule holds when the test fails
     p.push_back(jump(BPF_JMP | BPF_JEQ | BPF_K, nr, 0, 4));  // not this syscall: skip the 4 below
     p.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, arg_low_offset(c.index)));
-    p.push_back(jump(BPF_JMP | op | BPF_K, c.value, 0, 1));
+    p.push_back(jump(BPF_JMP | op | BPF_K, c.value, negate ? 1 : 0, negate ? 0 : 1));
     p.push_back(stmt(BPF_RET | BPF_K, r.action));
     p.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)));  // no match: nr back in A
   }

@@ -27,7 +27,11 @@ uint32_t fail_with(int err);  // the syscall returns -1 with errno err
 uint32_t kill_process();
 
 struct ArgCheck {
-  enum class Op { kAnyBitSet, kEquals };
+  enum class Op {
+    kAnyBitSet,  // (arg & value) != 0
+    kNoBitSet,   // (arg & value) == 0
+    kEquals,     // arg == value
+  };
   unsigned index = 0;  // 0..5
   Op op = Op::kAnyBitSet;
   uint32_t value = 0;

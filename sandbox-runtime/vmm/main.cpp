@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "sys/log.h"
+#include "vm/confine.h"
 #include "vm/control.h"
 #include "vm/machine.h"
 
@@ -88,6 +89,12 @@ int main(int argc, char** argv) {
     if (::getppid() == 1) return 1;  // the parent is already gone
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // Before anything of the guest's is opened or any thread starts (every
+  // later thread inherits the filter).
+  if (sg::Status s = sg::vmm::confine_vmm(); !s) {
+    std::fprintf(stderr, "sandgate-vmm: confine: %s\n", s.error().message().c_str());
+    return 1;
+  }
   if (io.channel_fd < 0 || (restore_dir.empty() && (boot.kernel.empty() || boot.disk.empty()))) {
     usage();
     return 2;

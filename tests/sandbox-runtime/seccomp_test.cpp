@@ -62,7 +62,7 @@ TEST_CASE("seccomp: compile refuses a negative syscall number and an argument in
   CHECK(r.error().message().find("instructions") != std::string::npos);
 }
 
-TEST_CASE("seccomp: a rule on one argument value refuses only that value; the first matching rule wins") {
+TEST_CASE("seccomp: rules on an argument (equal, any bit, no bit) refuse only what they name; the first matching rule wins") {
   int st = in_child([] {
     Policy p;
     p.default_action = allow();
@@ -70,6 +70,7 @@ TEST_CASE("seccomp: a rule on one argument value refuses only that value; the fi
     p.rules.push_back(Rule{SYS_prctl, fail_with(EACCES), ArgCheck{0, ArgCheck::Op::kEquals, PR_GET_NAME}});
     p.rules.push_back(Rule{SYS_prctl, fail_with(EPERM), std::nullopt});  // every other prctl
     p.rules.push_back(Rule{SYS_getppid, fail_with(EPERM), ArgCheck{0, ArgCheck::Op::kAnyBitSet, 0x4}});
+    p.rules.push_back(Rule{SYS_getpgid, fail_with(EPERM), ArgCheck{1, ArgCheck::Op::kNoBitSet, 0x8}});
     auto program = compile(p);
     if (!program) return 90;
     if (!install(*program, false)) return 91;
@@ -79,6 +80,8 @@ TEST_CASE("seccomp: a rule on one argument value refuses only that value; the fi
     if (::syscall(SYS_getppid, 0x3) < 0) return 3;  // bit 2 clear: allowed
     if (!fails_with(::syscall(SYS_getppid, 0x7), EPERM)) return 4;
     if (::getpid() <= 0) return 5;  // the default
+    if (!fails_with(::syscall(SYS_getpgid, 0, 0x7), EPERM)) return 6;  // bit 3 clear: refused
+    if (::syscall(SYS_getpgid, 0, 0x8) < 0) return 7;                 // bit 3 set: allowed
     return 0;
   });
   CHECK(exit_code(st) == 0);
