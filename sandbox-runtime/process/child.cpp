@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -61,6 +62,8 @@ int child_main(void* arg) {
   for (int sig = 1; sig < NSIG; ++sig) ::sigaction(sig, &dfl, nullptr);
 
   if (::sethostname(a.hostname, a.hostname_len) != 0) return fail(a, ChildStep::kHostname);
+  struct rlimit nofile = {a.nofile_soft, a.nofile_hard};
+  if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) return fail(a, ChildStep::kRlimit);
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return fail(a, ChildStep::kMakePrivate);
   if (a.disk_node) {
     // In this namespace only (/ is private now): it goes when the sandbox does.
@@ -140,6 +143,7 @@ std::string describe_step(ChildStep step, const ChildArgs& a) {
     case ChildStep::kPdeathSig: return "prctl PR_SET_PDEATHSIG";
     case ChildStep::kHostname: return "sethostname " + s(a.hostname);
     case ChildStep::kMakePrivate: return "make / rprivate";
+    case ChildStep::kRlimit: return "setrlimit RLIMIT_NOFILE";
     case ChildStep::kMountDisk: return "mount the writable layer " + s(a.disk_node) + " on " + s(a.disk_dir);
     case ChildStep::kMkdirLayer: return "mkdir " + s(a.disk_upper) + " and " + s(a.disk_work);
     case ChildStep::kAttachLower: return "attach the idmapped template on " + s(a.lower_dir);

@@ -18,6 +18,7 @@ enum class ChildStep : int32_t {
   kPdeathSig,
   kHostname,
   kMakePrivate,
+  kRlimit,
   kMountDisk,
   kMkdirLayer,
   kAttachLower,
@@ -65,6 +66,10 @@ struct ChildArgs {
   int null_fd = -1;      // /dev/null of the host, becomes fd 0
   int log_fd = -1;       // agent log file, becomes fds 1 and 2
 
+  // RLIMIT_NOFILE of every process in the sandbox (set while the child is
+  // still host root; nothing inside can raise the hard limit).
+  uint64_t nofile_soft = 0;
+  uint64_t nofile_hard = 0;
   const char* hostname = nullptr;
   size_t hostname_len = 0;
   const char* merged = nullptr;

@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -22,6 +23,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -50,6 +52,8 @@ using std::chrono::milliseconds;
 constexpr milliseconds kTeardownTimeout{5000};
 constexpr milliseconds kFreezeTimeout{5000};
 constexpr size_t kChildStackSize = 256 * 1024;
+constexpr uint64_t kSandboxNofileSoft = 1024;
+constexpr uint64_t kSandboxNofileHard = 65536;
 
 // Runs jobs on one thread that lives as long as the Runtime. Sandboxes are
 // cloned here because PR_SET_PDEATHSIG is tied to the creating thread: a
@@ -493,6 +497,12 @@ class ProcessRuntime final : public runtime::Runtime {
     a.host_channel_fd = host_chan.get();
     a.null_fd = null_hi->get();
     a.log_fd = log_hi->get();
+    // Open files: 1024 soft, 65536 hard, or less where sandgate's own hard
+    // limit is lower (raising it would need CAP_SYS_RESOURCE).
+    struct rlimit own {};
+    if (::getrlimit(RLIMIT_NOFILE, &own) != 0) return sys::errno_error("getrlimit", "RLIMIT_NOFILE");
+    a.nofile_hard = std::min<uint64_t>(kSandboxNofileHard, own.rlim_max);
+    a.nofile_soft = std::min<uint64_t>(kSandboxNofileSoft, a.nofile_hard);
     a.hostname = spec.id.c_str();
     a.hostname_len = spec.id.size();
     a.merged = merged.c_str();

@@ -10,6 +10,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -1067,7 +1068,7 @@ TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with EN
   CHECK_FALSE(sys::path_exists(env.cfg.state_root + "/" + id_a));
 }
 
-TEST_CASE("process runtime: a fork bomb and a memory bomb are contained by the sandbox's limits; its agent and a sibling run on") {
+TEST_CASE("process runtime: a fork bomb, a memory bomb and a descriptor flood are contained by the sandbox's limits; its agent and a sibling run on") {
   Env env;
   std::string id_a = new_id(), id_b = new_id();
   auto spec_a = env.spec(id_a);  // pids 64, 256 MiB
@@ -1093,6 +1094,25 @@ TEST_CASE("process runtime: a fork bomb and a memory bomb are contained by the s
                            "sys.exit(4)'",
                            root);
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+  // Open files: soft 1024, hard 65536 (or this process's hard limit if
+  // lower), which root inside cannot raise; opening past it is EMFILE.
+  struct rlimit own {};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &own) == 0);
+  const std::string hard = std::to_string(std::min<uint64_t>(65536, own.rlim_max));
+  std::string files = envd_run(**b, spec_b.envd_access_token,
+                               "[ \"$(ulimit -Sn)\" = " + std::to_string(std::min<uint64_t>(1024, own.rlim_max)) +
+                                   " ] && [ \"$(ulimit -Hn)\" = " + hard + " ] || exit 2\n"
+                                   "( ulimit -Hn $((" + hard + " + 1)) ) 2>/dev/null && exit 3\n"
+                                   "python3 -c '\n"
+                                   "import os, resource, sys\n"
+                                   "resource.setrlimit(resource.RLIMIT_NOFILE, (" + hard + ", " + hard + "))\n"
+                                   "fds = []\n"
+                                   "try:\n"
+                                   "  while True: fds.append(os.open(\"/dev/null\", os.O_RDONLY))\n"
+                                   "except OSError as e:\n"
+                                   "  sys.exit(42 if e.errno == 24 and len(fds) < " + hard + " else 4)'",
+                               root);
+  CHECK_MESSAGE(files.find("\"exitCode\":42") != std::string::npos, printable(files.substr(0, 1500)));
   // Its agent still answers (and still counts its processes), so does the sibling.
   CHECK(control(**a, {{"type", "ping"}, {"id", 1}})["id"] == 1);
   CHECK(control(**a, {{"type", "status"}})["processes"].get<int>() >= 50);
