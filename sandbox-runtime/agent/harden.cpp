@@ -13,7 +13,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
+#include "sys/log.h"
 #include "sys/sys.h"
 
 namespace sg::agent {
@@ -107,9 +109,11 @@ uint64_t kept_capabilities() {
 Status harden_sandbox(int userns_fd, const std::string& proc_root, const std::string& sys_root) {
   if (userns_fd >= 0) {
     // Per network namespace; written while /proc/sys is still writable
-    // and this process is host root.
-    if (Status s = sys::write_file(proc_root + "/sys/net/ipv4/ip_unprivileged_port_start", "0"); !s) return s;
-    if (Status s = sys::write_file(proc_root + "/sys/net/ipv4/ping_group_range", "0 2147483647"); !s) return s;
+    // and this process is host root. Conveniences, not boundaries: a
+    // failure is logged and the sandbox starts.
+    for (auto [knob, value] : {std::pair{"ip_unprivileged_port_start", "0"}, std::pair{"ping_group_range", "0 2147483647"}})
+      if (Status s = sys::write_file(proc_root + "/sys/net/ipv4/" + knob, value); !s)
+        LOG_WARN("agent: " << s.error().message() << " (root inside cannot bind ports under 1024 or ping)");
   }
   for (const char* p : kProcMasked)
     if (Status s = mask(proc_root + "/" + p); !s) return s;

@@ -384,10 +384,10 @@ class ProcessRuntime final : public runtime::Runtime {
         sb.uid_slots_.reset();
       }
     }
-    std::optional<Result<UniqueFd>> userns_hi;
+    UniqueFd userns_hi;  // a copy >= 10 for the child (ChildArgs sources never collide with 0..5)
     if (slot) {
-      userns_hi = high_fd(UniqueFd(::fcntl(slot->userns_fd, F_DUPFD_CLOEXEC, 10)), "user namespace");
-      if (!*userns_hi) return userns_hi->error();
+      userns_hi.reset(::fcntl(slot->userns_fd, F_DUPFD_CLOEXEC, 10));
+      if (!userns_hi) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "user namespace");
     }
     const int layer_owner = slot ? static_cast<int>(slot->uid_base) : -1;
     std::string lower_dir = dir + "/lower";
@@ -524,7 +524,7 @@ class ProcessRuntime final : public runtime::Runtime {
       a.lower_tree_fd = (*lower_tree)->get();
       a.lower_dir = lower_dir.c_str();
       a.layer_owner = layer_owner;
-      a.userns_fd = (*userns_hi)->get();
+      a.userns_fd = userns_hi.get();
     }
     a.shm_dir = shm.c_str();
     a.sys_dir = sys_dir.c_str();
