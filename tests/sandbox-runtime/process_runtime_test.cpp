@@ -1045,6 +1045,27 @@ TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with EN
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
   REQUIRE(sys::write_file(env.cfg.state_root + "/host-probe", std::string(1 << 20, 'x')));
   ::unlink((env.cfg.state_root + "/host-probe").c_str());
+  // An upload into the full disk is envd's 507 (the SDK's
+  // NotEnoughSpaceError), and nothing else changes.
+  {
+    const std::string boundary = "sgboundary7f3a";
+    std::string part(4 << 20, 'u');
+    std::string body = "--" + boundary + "\r\nContent-Disposition: form-data; name=\"file\"; filename=\"up\"\r\n"
+                       "Content-Type: application/octet-stream\r\n\r\n" + part + "\r\n--" + boundary + "--\r\n";
+    std::string req = "POST /files?path=/root/upload&username=root HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      "X-Access-Token: " + spec_a.envd_access_token + "\r\n"
+                      "Content-Type: multipart/form-data; boundary=" + boundary + "\r\n"
+                      "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    auto c = (*a)->open_port(49983);
+    REQUIRE(c);
+    set_timeouts(c->get(), 20);
+    // envd may answer before it has read the whole body.
+    (void)send_all(c->get(), req.data(), req.size());
+    std::string resp;
+    size_t n = 0;
+    (void)drain(c->get(), &resp, n);
+    CHECK_MESSAGE(resp.rfind("HTTP/1.1 507", 0) == 0, resp.substr(0, 300));
+  }
   // Deleting gives the blocks back to the host (discard punches holes).
   r = envd_run(**a, spec_a.envd_access_token, "rm /root/fill && sync && exit 42\n", root);
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
