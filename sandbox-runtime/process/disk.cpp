@@ -60,24 +60,73 @@ Status writable_disk_available() {
   return Status::Ok();
 }
 
-Result<WritableDisk> make_writable_disk(const std::string& dir, uint64_t size_mb) {
+namespace {
+
+// The filesystem of size_mb MiB, made once (mkfs.ext4 into a temporary
+// name, then renamed, so concurrent first uses each end with a whole one).
+// No journal (the layer dies with the sandbox), no blocks reserved for
+// root (the sandbox gets the size it asked for), an inode per 8 KiB
+// (package trees are many small files), inode tables left unwritten.
+Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_mb) {
+  std::string path = cache_dir + "/ext4-" + std::to_string(size_mb) + "m.img";
+  if (sys::path_exists(path)) return path;
+  if (Status s = sys::make_dirs(cache_dir, 0700); !s) return s.error();
+  std::string tmp = path + ".tmp-" + sys::random_hex(6);
+  {
+    UniqueFd img(::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!img) return sys::errno_error("create", tmp);
+    if (::ftruncate(img.get(), static_cast<off_t>(size_mb << 20)) != 0) return sys::errno_error("ftruncate", tmp);
+  }
+  Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "8192", "-E",
+                                "lazy_itable_init=1,nodiscard", "-L", "sandgate-disk", tmp},
+                               tmp + ".log");
+  ::unlink((tmp + ".log").c_str());
+  if (!s) {
+    ::unlink(tmp.c_str());
+    return s.error().with_context("make the writable layer's filesystem");
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return sys::errno_error("rename", tmp);
+  return path;
+}
+
+// A sparse copy: only the prototype's data extents (well under 1 MiB of
+// metadata for any size) are copied; holes stay holes.
+Status sparse_copy(const std::string& from, const std::string& to, uint64_t size) {
+  UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!in) return sys::errno_error("open", from);
+  UniqueFd out(::open(to.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!out) return sys::errno_error("create", to);
+  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) return sys::errno_error("ftruncate", to);
+  off_t pos = 0;
+  for (;;) {
+    off_t data = ::lseek(in.get(), pos, SEEK_DATA);
+    if (data < 0) {
+      if (errno == ENXIO) break;  // no data after pos
+      return sys::errno_error("lseek SEEK_DATA", from);
+    }
+    off_t hole = ::lseek(in.get(), data, SEEK_HOLE);
+    if (hole < 0) return sys::errno_error("lseek SEEK_HOLE", from);
+    off_t src = data, dst = data;
+    while (src < hole) {
+      ssize_t n = ::copy_file_range(in.get(), &src, out.get(), &dst, static_cast<size_t>(hole - src), 0);
+      if (n < 0) return sys::errno_error("copy_file_range", from + " to " + to);
+      if (n == 0) return internal_error("copy " + from + ": ended early");
+    }
+    pos = hole;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb) {
   if (size_mb == 0 || size_mb > (1ull << 24)) return invalid_error("disk size " + std::to_string(size_mb) + " MiB");
   WritableDisk d;
   d.image = dir + "/disk.img";
   d.node = dir + "/disk.dev";
-  {
-    UniqueFd img(::open(d.image.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-    if (!img) return sys::errno_error("create", d.image);
-    if (::ftruncate(img.get(), static_cast<off_t>(size_mb << 20)) != 0) return sys::errno_error("ftruncate", d.image);
-  }
-  // No journal (the layer dies with the sandbox), no blocks reserved for
-  // root (the sandbox gets the size it asked for), an inode per 8 KiB
-  // (package trees are many small files), inode tables left unwritten.
-  if (Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "8192", "-E",
-                                    "lazy_itable_init=1,nodiscard", "-L", "sandgate-disk", d.image},
-                                   dir + "/mkfs.log");
-      !s)
-    return s.error().with_context("make the writable layer");
+  Result<std::string> proto = prototype_image(cache_dir, size_mb);
+  if (!proto) return proto.error();
+  if (Status s = sparse_copy(*proto, d.image, size_mb << 20); !s) return s.error().with_context("make the writable layer");
 
   UniqueFd img(::open(d.image.c_str(), O_RDWR | O_CLOEXEC));
   if (!img) return sys::errno_error("open", d.image);

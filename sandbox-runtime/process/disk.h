@@ -33,11 +33,14 @@ struct WritableDisk {
   std::string image; // the ext4 image file
 };
 
-// Creates dir/disk.img of size_mb MiB (sparse), makes an ext4 filesystem in
-// it (no journal, no reserved blocks), attaches it to a free loop device and
-// makes dir/disk.dev for the child to mount. On failure nothing is left
-// attached (files in dir go with the state directory).
-Result<WritableDisk> make_writable_disk(const std::string& dir, uint64_t size_mb);
+// Creates dir/disk.img of size_mb MiB: a sparse copy of an ext4 image (no
+// journal, no reserved blocks) made once per size in cache_dir with
+// mkfs.ext4, so a create pays for copying well under 1 MiB, not for mkfs.
+// Attaches it to a free loop device and makes dir/disk.dev for the child
+// to mount. On failure nothing is left attached (files in dir go with the
+// state directory). Every sandbox's filesystem has the same UUID, which
+// ext4 does not mind: each is mounted in its own mount namespace only.
+Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb);
 
 // Host bytes the image holds (allocated blocks): the writable layer's use.
 uint64_t writable_disk_used_bytes(const std::string& image);

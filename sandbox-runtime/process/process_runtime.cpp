@@ -402,7 +402,7 @@ class ProcessRuntime final : public runtime::Runtime {
     std::optional<WritableDisk> disk;  // its loop descriptor lives until the child has mounted it
     if (limit_disk) {
       if (!disk_) return disk_.error();
-      Result<WritableDisk> d = make_writable_disk(dir, spec.disk_mb);
+      Result<WritableDisk> d = make_writable_disk(dir, std::string(real_state) + "/.disk-images", spec.disk_mb);
       if (!d) return d.error();
       disk = std::move(*d);
       sb.disk_image_ = disk->image;

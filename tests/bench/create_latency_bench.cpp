@@ -5,7 +5,9 @@
 // on its channel, so the HTTP round trip is the create-to-ready latency.
 // One warm-up create (template and page cache warm), then N creates kept
 // alive (so later ones pay for the earlier ones' presence), then all killed.
-// Writes a JSON report (p50, p90, p99, max, mean) to the path in argv[1].
+// Writes a JSON report (p50, p90, p99, max, mean) to the path in argv[1];
+// argv[2] is N (default 50), any further arguments go to sandgate serve
+// (e.g. --disk-limit off, to see what a feature costs).
 #include <sys/utsname.h>
 #include <unistd.h>
 
@@ -34,7 +36,10 @@ int main(int argc, char** argv) {
   int n = argc > 2 ? std::atoi(argv[2]) : 50;
   test::TempDir dir;
   // Rate limits off: the benchmark measures creation, not the limiter.
-  test::SandgateProcess s(dir.sub("data"), {"--log-level", "warn", "--create-rate", "0", "--rate", "0"});
+  std::vector<std::string> args = {"--log-level", "warn", "--create-rate", "0", "--rate", "0"};
+  std::vector<std::string> extra(argv + std::min(argc, 3), argv + argc);
+  args.insert(args.end(), extra.begin(), extra.end());
+  test::SandgateProcess s(dir.sub("data"), args);
   if (!s.started()) {
     std::fprintf(stderr, "sandgate did not start\n%s\n", s.log().c_str());
     return 1;
@@ -81,6 +86,9 @@ int main(int argc, char** argv) {
       {"benchmark", "POST /v2/sandboxes to agent-ready, process backend, template cached"},
       {"creates", n},
       {"kept_alive", true},
+      {"sandgate_args", extra},
+      {"isolation", extra.empty() ? "defaults: user namespace, seccomp filter, size-limited writable layer (loop ext4)"
+                                  : "defaults changed by sandgate_args"},
       {"p50_ms", percentile(ms, 50)},
       {"p90_ms", percentile(ms, 90)},
       {"p99_ms", percentile(ms, 99)},

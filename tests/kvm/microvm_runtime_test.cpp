@@ -252,15 +252,18 @@ namespace {
 // Runs a bash script inside the sandbox through envd (process.Process/Start,
 // Connect streaming JSON) and returns the whole response, which ends when
 // the script has exited; its end event says how.
-std::string envd_run(runtime::Sandbox& sb, const std::string& script) {
+// As root with as_root ("Authorization: Basic root:"), else envd's default
+// user; each read bounded by timeout_ms.
+std::string envd_run(runtime::Sandbox& sb, const std::string& script, bool as_root = false, int timeout_ms = 180000) {
   std::string msg = nlohmann::json{{"process", {{"cmd", "/bin/bash"}, {"args", {"-c", script}}}}}.dump();
   std::string body(5, '\0');
   for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>((msg.size() >> (8 * (3 - i))) & 0xff);
   body += msg;
   std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                    "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n"
+                    "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n" +
+                    std::string(as_root ? "Authorization: Basic cm9vdDo=\r\n" : "") +
                     "X-Access-Token: tok\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  return envd_exchange(sb, req, 180000);
+  return envd_exchange(sb, req, timeout_ms);
 }
 
 // (Protobuf JSON leaves out a zero exitCode; the status text is always there.)
@@ -384,4 +387,52 @@ int main(int argc, char** argv) {
   }
   doctest::Context ctx(argc, argv);
   return ctx.run();
+}
+
+TEST_CASE("hostile root in a microVM: the VMM is confined; a disk fill and garbage on the channel stay in that sandbox") {
+  auto cfg = testing::kvm_test_config("hostile", true);
+  auto rt = microvm::make_microvm_runtime(cfg);
+  REQUIRE(rt->cleanup_stale());
+  auto a = rt->create(spec_for("hostilea000000000000"));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = rt->create(spec_for("hostileb000000000000"));
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+
+  // The VMM as the host sees it: a seccomp filter, no_new_privs, a network
+  // namespace of its own (vm/confine.h).
+  for (runtime::Sandbox* sb : {a->get(), b->get()}) {
+    std::string proc = "/proc/" + std::to_string(sb->init_pid());
+    auto status = sys::read_file(proc + "/status");
+    REQUIRE(status);
+    CHECK(status->find("\nSeccomp:\t2\n") != std::string::npos);
+    CHECK(status->find("\nNoNewPrivs:\t1\n") != std::string::npos);
+    struct stat vm_net {}, own_net {};
+    REQUIRE(::stat((proc + "/ns/net").c_str(), &vm_net) == 0);
+    REQUIRE(::stat("/proc/self/ns/net", &own_net) == 0);
+    CHECK(vm_net.st_ino != own_net.st_ino);
+  }
+
+  // Root fills the writable layer (a tmpfs of half the guest's RAM): ENOSPC
+  // inside; the agent and the sibling answer on.
+  std::string r = envd_run(**a,
+                           "dd if=/dev/zero of=/root/fill bs=1M count=1024 2>/tmp/dd.err && exit 3\n"
+                           "grep -q 'No space left on device' /tmp/dd.err || exit 4\n"
+                           "rm -f /root/fill; exit 42\n",
+                           true);
+  CHECK_MESSAGE(exited_with(r, 42), printable(r));
+  CHECK(ping(**a));
+  CHECK(ping(**b));
+
+  // Root writes random bytes over the channel device itself: the host's
+  // frame decoder refuses them and ends that sandbox's channel; the sibling
+  // (another VMM) carries on.
+  (void)envd_run(**a, "head -c 262144 /dev/urandom > /dev/hvc0", true, 5000);
+  bool a_cut = false;
+  for (auto end = std::chrono::steady_clock::now() + 60s; !a_cut && std::chrono::steady_clock::now() < end;)
+    a_cut = !ping(**a, 2000ms);
+  CHECK(a_cut);
+  CHECK(ping(**b));
+  CHECK(envd_get(**b, "/envs").find("SANDGATE_TEST_VAR") != std::string::npos);
+  CHECK((*a)->kill());
+  CHECK((*b)->kill());
 }
