@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -80,6 +81,23 @@ Conn::Conn(UniqueFd fd) : fd_(std::move(fd)) {
 }
 
 void Conn::interrupt() { ::shutdown(fd_.get(), SHUT_RDWR); }
+
+void Conn::linger(std::chrono::milliseconds total) {
+  if (::shutdown(fd_.get(), SHUT_WR) != 0) return;
+  auto end = Clock::now() + total;
+  char tmp[64 << 10];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now()).count();
+    if (left <= 0) return;
+    struct pollfd p = {fd_.get(), POLLIN, 0};
+    int r = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return;  // idle for a second, or an error: enough
+    ssize_t n = ::recv(fd_.get(), tmp, sizeof tmp, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return;  // the client closed (or reset)
+  }
+}
 
 bool Conn::peer_gone() {
   struct pollfd p = {fd_.get(), POLLRDHUP, 0};

@@ -85,6 +85,14 @@ class Conn {
   void set_close() { keep_alive_ = false; }
   // Makes every blocked and future read/write fail (shutdown(2)).
   void interrupt();
+  // A lingering close, for a response sent before the request body was
+  // read to its end (507 on a full disk, 413, ...): closing with unread
+  // bytes would make the kernel send a reset, which can destroy the
+  // response in the client's receive queue before it reads it. Instead
+  // shut down the write side (the response is followed by FIN) and read
+  // and drop whatever the client still sends, until it closes or for at
+  // most `total`, then close.
+  void linger(std::chrono::milliseconds total);
   // True when the peer has closed or reset (non-blocking check).
   bool peer_gone();
 

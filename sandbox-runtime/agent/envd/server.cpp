@@ -248,6 +248,7 @@ void Server::Impl::serve(UniqueFd fd) {
     if (!c.keep_alive() || stopping) break;
     if (!c.body_done() && !c.discard_body(1 << 20)) break;
   }
+  if (!c.body_done() && !stopping) c.linger(std::chrono::seconds(5));
   std::lock_guard<std::mutex> g(mu);
   conns.erase(&c);
   --active_threads;
