@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <ctime>
 #include <iostream>
@@ -355,29 +356,25 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
     if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
     if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
-    if (a.opts.count("disk-limit")) {
-      const std::string& v = a.opts["disk-limit"];
-      if (v != "auto" && v != "on" && v != "off") {
-        err << "sandgate: --disk-limit wants auto, on or off\n";
+    // Options with a fixed set of values.
+    struct ChoiceOpt {
+      const char* name;
+      std::vector<std::string> values;
+      std::string& out;
+    };
+    for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
+                               ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
+                               ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
+      auto it = a.opts.find(o.name);
+      if (it == a.opts.end()) continue;
+      if (std::find(o.values.begin(), o.values.end(), it->second) == o.values.end()) {
+        err << "sandgate: --" << o.name << " wants ";
+        for (size_t i = 0; i < o.values.size(); ++i)
+          err << (i == 0 ? "" : i + 1 == o.values.size() ? " or " : ", ") << o.values[i];
+        err << "\n";
         return 2;
       }
-      cfg.disk_limit = v;
-    }
-    if (a.opts.count("user-namespaces")) {
-      const std::string& v = a.opts["user-namespaces"];
-      if (v != "auto" && v != "on" && v != "off") {
-        err << "sandgate: --user-namespaces wants auto, on or off\n";
-        return 2;
-      }
-      cfg.user_namespaces = v;
-    }
-    if (a.opts.count("memory-offload")) {
-      const std::string& v = a.opts["memory-offload"];
-      if (v != "auto" && v != "always" && v != "off") {
-        err << "sandgate: --memory-offload wants auto, always or off\n";
-        return 2;
-      }
-      cfg.memory_offload = v;
+      o.out = it->second;
     }
     struct UrlOpt {
       const char* name;

@@ -77,24 +77,9 @@ sys::seccomp::Policy sandbox_syscall_policy() {
   p.rules.push_back(Rule{SYS_unshare, deny, ArgCheck{0, ArgCheck::Op::kAnyBitSet, CLONE_NEWUSER}});
   p.rules.push_back(Rule{SYS_clone, deny, ArgCheck{0, ArgCheck::Op::kAnyBitSet, CLONE_NEWUSER}});
   p.rules.push_back(Rule{SYS_clone3, fail_with(ENOSYS), std::nullopt});
-  for (long nr : {SYS_setns,
-                  // kernel keyrings are not namespaced
-                  SYS_add_key, SYS_keyctl, SYS_request_key,
-                  // large kernel surface, a source of kernel exploits
-                  SYS_bpf, SYS_perf_event_open, SYS_userfaultfd, SYS_io_uring_setup, SYS_io_uring_enter,
-                  SYS_io_uring_register,
-                  // the kernel itself
-                  SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_kexec_load, SYS_kexec_file_load,
-                  SYS_reboot, SYS_syslog, SYS_acct, SYS_swapon, SYS_swapoff, SYS_quotactl,
-                  // mounts, old and new API
-                  SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen, SYS_fsconfig,
-                  SYS_fsmount, SYS_fspick, SYS_mount_setattr,
-                  // file handles reach files outside the sandbox's root
-                  SYS_open_by_handle_at, SYS_name_to_handle_at})
-    refuse(nr);
-#if defined(__x86_64__)
-  for (long nr : {SYS_iopl, SYS_ioperm, SYS_uselib, SYS__sysctl}) refuse(nr);
-#endif
+  // setns: no joining other namespaces; userfaultfd: a tool of kernel exploits.
+  for (long nr : {SYS_setns, SYS_userfaultfd}) refuse(nr);
+  for (long nr : unneeded_kernel_surface()) refuse(nr);
   return p;
 }
 

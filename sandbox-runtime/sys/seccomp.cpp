@@ -41,6 +41,20 @@ uint32_t allow() { return SECCOMP_RET_ALLOW; }
 uint32_t fail_with(int err) { return SECCOMP_RET_ERRNO | (static_cast<uint32_t>(err) & SECCOMP_RET_DATA); }
 uint32_t kill_process() { return SECCOMP_RET_KILL_PROCESS; }
 
+std::vector<long> unneeded_kernel_surface() {
+  std::vector<long> v = {SYS_add_key, SYS_keyctl, SYS_request_key,  // keyrings are not namespaced
+                         SYS_bpf, SYS_perf_event_open, SYS_io_uring_setup, SYS_io_uring_enter, SYS_io_uring_register,
+                         SYS_init_module, SYS_finit_module, SYS_delete_module, SYS_kexec_load, SYS_kexec_file_load,
+                         SYS_reboot, SYS_syslog, SYS_acct, SYS_swapon, SYS_swapoff, SYS_quotactl,
+                         SYS_mount, SYS_umount2, SYS_pivot_root, SYS_move_mount, SYS_open_tree, SYS_fsopen,
+                         SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_mount_setattr,
+                         SYS_open_by_handle_at, SYS_name_to_handle_at};  // handles reach files outside a root
+#if defined(__x86_64__)
+  v.insert(v.end(), {SYS_iopl, SYS_ioperm, SYS_uselib, SYS__sysctl});
+#endif
+  return v;
+}
+
 Result<std::vector<sock_filter>> compile(const Policy& policy) {
   std::vector<sock_filter> p;
   p.push_back(stmt(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)));

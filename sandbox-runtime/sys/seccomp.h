@@ -49,6 +49,13 @@ struct Policy {
   std::vector<Rule> rules;        // first matching rule wins
 };
 
+// Syscalls that reach kernel surface neither a sandbox nor a VMM has use
+// for, and that namespaces do not confine: keyrings, bpf, perf events,
+// io_uring, module and kexec loading, reboot, syslog, acct, swap,
+// quotactl, the old and new mount API, file handles, and on x86_64 iopl,
+// ioperm, uselib and _sysctl. Policies refuse these and add their own.
+std::vector<long> unneeded_kernel_surface();
+
 // The BPF program for policy. kInvalid for a bad rule (negative number,
 // argument index over 5) or a program over the kernel's 4096 instructions.
 Result<std::vector<sock_filter>> compile(const Policy& policy);

@@ -25,21 +25,13 @@ sys::seccomp::Policy vmm_syscall_policy() {
                   SYS_socket, SYS_socketpair, SYS_connect, SYS_bind, SYS_listen,
                   // other processes
                   SYS_ptrace, SYS_process_vm_readv, SYS_process_vm_writev, SYS_kcmp, SYS_pidfd_getfd,
-                  // namespaces, mounts, root
-                  SYS_unshare, SYS_setns, SYS_mount, SYS_umount2, SYS_pivot_root, SYS_chroot, SYS_move_mount,
-                  SYS_open_tree, SYS_fsopen, SYS_fsconfig, SYS_fsmount, SYS_fspick, SYS_mount_setattr,
+                  // namespaces, root
+                  SYS_unshare, SYS_setns, SYS_chroot,
                   // identity
                   SYS_setuid, SYS_setgid, SYS_setreuid, SYS_setregid, SYS_setresuid, SYS_setresgid, SYS_setgroups,
-                  SYS_setfsuid, SYS_setfsgid, SYS_capset,
-                  // kernel surface a VMM has no use for
-                  SYS_add_key, SYS_keyctl, SYS_request_key, SYS_bpf, SYS_perf_event_open, SYS_io_uring_setup,
-                  SYS_io_uring_enter, SYS_io_uring_register, SYS_init_module, SYS_finit_module, SYS_delete_module,
-                  SYS_kexec_load, SYS_kexec_file_load, SYS_reboot, SYS_syslog, SYS_acct, SYS_swapon, SYS_swapoff,
-                  SYS_quotactl, SYS_open_by_handle_at, SYS_name_to_handle_at})
+                  SYS_setfsuid, SYS_setfsgid, SYS_capset})
     p.rules.push_back(Rule{nr, deny, std::nullopt});
-#if defined(__x86_64__)
-  for (long nr : {SYS_iopl, SYS_ioperm, SYS_uselib, SYS__sysctl}) p.rules.push_back(Rule{nr, deny, std::nullopt});
-#endif
+  for (long nr : unneeded_kernel_surface()) p.rules.push_back(Rule{nr, deny, std::nullopt});
   return p;
 }
 
