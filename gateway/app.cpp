@@ -79,7 +79,8 @@ Result<std::string> ensure_local_tenant(tenancy::Tenants& tenants, storage::Stor
   return k->key;
 }
 
-Status register_template(storage::Store& store, const std::string& name, const std::string& rootfs) {
+Status register_template(storage::Store& store, const std::string& name, const std::string& rootfs,
+                         int64_t disk_mb) {
   Result<std::optional<storage::TemplateRow>> existing = store.find_template("", name);
   if (!existing) return existing.error();
   storage::TemplateRow t;
@@ -94,7 +95,7 @@ Status register_template(storage::Store& store, const std::string& name, const s
   t.rootfs_path = rootfs;
   t.cpu_count = 2;
   t.memory_mb = 512;
-  t.disk_size_mb = 1024;
+  t.disk_size_mb = disk_mb;
   t.updated_at = sys::unix_seconds();
   return store.upsert_template(t);
 }
@@ -264,7 +265,7 @@ int serve(const AppConfig& cfg_in) {
     return 1;
   }
   ::chmod((cfg.data_dir + "/sandgate.db").c_str(), 0600);
-  if (Status s = register_template(**store, "base", *base); !s) {
+  if (Status s = register_template(**store, "base", *base, cfg.sandbox_disk_mb); !s) {
     std::cerr << "sandgate: register template base: " << s.error().message() << "\n";
     return 1;
   }

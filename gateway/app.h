@@ -38,6 +38,7 @@ struct AppConfig {
   double creates_per_s = 20;    // per tenant
   int64_t local_max_sandboxes = 50;
   int64_t local_max_memory_mb = 64 * 1024;
+  int64_t sandbox_disk_mb = 1024;  // the base template's diskSizeMB: each sandbox's writable layer
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
   // If set, GET /metrics requires "Authorization: Bearer <token>" with the

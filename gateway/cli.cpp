@@ -104,6 +104,8 @@ serve options:
                                 its template's disk size (a loop-mounted ext4
                                 image; auto: where loop devices and mkfs.ext4
                                 are available; default auto)
+  --sandbox-disk-mb N           the base template's disk size (16-1048576 MiB,
+                                default 1024)
   --user-namespaces auto|on|off map each process sandbox's root to its own
                                 range of 65536 unprivileged host uids (auto:
                                 where the kernel and the template's
@@ -300,7 +302,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "sandbox-uid-base", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
@@ -415,6 +417,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
         {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
         {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
+        {"sandbox-disk-mb", 16, 1 << 20, [&](int64_t v) { cfg.sandbox_disk_mb = v; }},
         {"sandbox-uid-base", 65536, 4294967294LL - 65536,
          [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
     };

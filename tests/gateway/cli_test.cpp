@@ -197,6 +197,7 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   CHECK(userns.rc == 2);
   CHECK(userns.err.find("--user-namespaces wants auto, on or off") != std::string::npos);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "0"}).rc == 2);
+  CHECK(cli(dir, {"serve", "--sandbox-disk-mb", "15"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "4294967295"}).rc == 2);
   CHECK(cli(dir, {"serve", "--offload-min-wait-ms", "-1"}).rc == 2);
   CHECK(cli(dir, {"serve", "--memory-pool-mb", "x"}).rc == 2);
