@@ -8,11 +8,13 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
+#include <vector>
 
 #include "sys/sys.h"
 
@@ -90,13 +92,18 @@ Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_
 }
 
 // A sparse copy: only the prototype's data extents (well under 1 MiB of
-// metadata for any size) are copied; holes stay holes.
+// metadata for any size) are read, and blocks of zeros in them are left as
+// holes, so the copy stays sparse even where the filesystem reports the
+// whole file as data (no SEEK_HOLE support).
 Status sparse_copy(const std::string& from, const std::string& to, uint64_t size) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return sys::errno_error("open", from);
   UniqueFd out(::open(to.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!out) return sys::errno_error("create", to);
   if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) return sys::errno_error("ftruncate", to);
+  constexpr size_t kBlock = 64 << 10;
+  static const char kZeros[kBlock] = {};
+  std::vector<char> buf(kBlock);
   off_t pos = 0;
   for (;;) {
     off_t data = ::lseek(in.get(), pos, SEEK_DATA);
@@ -106,11 +113,21 @@ Status sparse_copy(const std::string& from, const std::string& to, uint64_t size
     }
     off_t hole = ::lseek(in.get(), data, SEEK_HOLE);
     if (hole < 0) return sys::errno_error("lseek SEEK_HOLE", from);
-    off_t src = data, dst = data;
-    while (src < hole) {
-      ssize_t n = ::copy_file_range(in.get(), &src, out.get(), &dst, static_cast<size_t>(hole - src), 0);
-      if (n < 0) return sys::errno_error("copy_file_range", from + " to " + to);
+    for (off_t at = data; at < hole;) {
+      size_t want = static_cast<size_t>(std::min<off_t>(hole - at, static_cast<off_t>(kBlock)));
+      ssize_t n = ::pread(in.get(), buf.data(), want, at);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return sys::errno_error("pread", from);
       if (n == 0) return internal_error("copy " + from + ": ended early");
+      if (std::memcmp(buf.data(), kZeros, static_cast<size_t>(n)) != 0) {
+        for (ssize_t done = 0; done < n;) {
+          ssize_t w = ::pwrite(out.get(), buf.data() + done, static_cast<size_t>(n - done), at + done);
+          if (w < 0 && errno == EINTR) continue;
+          if (w < 0) return sys::errno_error("pwrite", to);
+          done += w;
+        }
+      }
+      at += n;
     }
     pos = hole;
   }
