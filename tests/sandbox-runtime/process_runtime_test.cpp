@@ -949,6 +949,18 @@ TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the templa
     return;
   }
   Env env;
+  {
+    // The template's filesystem must be idmappable too (auto falls back to
+    // host root where it is not, which this test would take for a bug).
+    auto ns = process::make_user_namespace(1u << 30, 65536);
+    REQUIRE_MESSAGE(ns, (ns ? "" : ns.error().message()));
+    auto tree = process::idmapped_tree(env.rootfs, ns->get());
+    if (!tree && tree.error().kind() == ErrorKind::kUnavailable) {
+      MESSAGE("skipped: " << tree.error().message());
+      return;
+    }
+    REQUIRE_MESSAGE(tree, (tree ? "" : tree.error().message()));
+  }
   std::string id = new_id();
   auto spec = env.spec(id);
   auto sb = env.rt->create(spec);
