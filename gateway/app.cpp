@@ -309,6 +309,7 @@ int serve(const AppConfig& cfg_in) {
     mcfg.agent_path = cfg.agent_path;
     mcfg.guest_dir = cfg.guest_dir;
     mcfg.open_service = open_service;
+    mcfg.cgroup_parent = cfg.cgroup_parent;
     rt = microvm::make_microvm_runtime(mcfg);
   } else {
     rt = process::make_process_runtime(rcfg);

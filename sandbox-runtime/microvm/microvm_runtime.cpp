@@ -20,9 +20,11 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "channel/control_message.h"
+#include "process/cgroup.h"
 #include "process/host_channel.h"
 #include "sys/log.h"
 #include "sys/sys.h"
@@ -129,7 +131,8 @@ struct Spawned {
   std::unique_ptr<Control> control;
 };
 
-Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args, const std::string& dir) {
+Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args, const std::string& dir,
+                          const process::Cgroup* cgroup) {
   int ch[2], ctl[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ch) != 0) return sys::errno_error("socketpair", "channel");
   UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
@@ -140,6 +143,11 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   for (const char* a : {"--channel-fd", "3", "--control-fd", "4", "--die-with-parent"}) argv.emplace_back(a);
   argv.emplace_back("--serial-log");
   argv.push_back(dir + "/serial.log");
+  if (cgroup)
+    for (const std::string& d : cgroup->dirs()) {
+      argv.emplace_back("--cgroup-procs");
+      argv.push_back(d + "/cgroup.procs");
+    }
   std::string log = dir + "/vmm.log";
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -175,6 +183,9 @@ class MicrovmSandbox final : public runtime::Sandbox {
         control_(std::move(s.control)), mem_limit_(mem_limit) {}
   ~MicrovmSandbox() override { (void)kill(); }
 
+  // The VMM's cgroup, removed once the VMM is gone.
+  void set_cgroup(process::Cgroup cg) { cgroup_ = std::move(cg); }
+
   void attach_channel(const runtime::ServiceOpener& open_service) {
     host_ = std::make_shared<process::HostChannel>(id_, channel_.get(), open_service);
   }
@@ -205,6 +216,11 @@ class MicrovmSandbox final : public runtime::Sandbox {
       if (!reaped_) {
         kill_and_reap(pid_);
         reaped_ = true;
+      }
+      if (cgroup_) {
+        if (Status s = cgroup_->destroy(std::chrono::milliseconds(5000)); !s)
+          LOG_WARN("sandbox " << id_ << ": VMM cgroup: " << s.error().message());
+        cgroup_.reset();
       }
     }
     return sys::remove_tree(dir_);
@@ -305,12 +321,20 @@ class MicrovmSandbox final : public runtime::Sandbox {
   uint64_t mem_limit_;
   std::mutex mu_;
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
+  std::optional<process::Cgroup> cgroup_;        // GUARDED_BY(mu_)
   bool killed_ = false, reaped_ = false;         // GUARDED_BY(mu_)
 };
 
 class MicrovmRuntime final : public runtime::Runtime {
  public:
-  explicit MicrovmRuntime(MicrovmConfig cfg) : cfg_(std::move(cfg)) {}
+  explicit MicrovmRuntime(MicrovmConfig cfg) : cfg_(std::move(cfg)) {
+    if (cfg_.cgroup_parent.empty()) return;
+    Result<process::CgroupLayout> l = process::detect_cgroup_layout();
+    if (l)
+      layout_ = *l;
+    else
+      LOG_WARN("kvm: VMMs run without cgroups: " << l.error().message());
+  }
   std::string name() const override { return "kvm"; }
 
   Status cleanup_stale() override {
@@ -328,6 +352,9 @@ class MicrovmRuntime final : public runtime::Runtime {
     ::closedir(d);
     for (const auto& p : stale)
       if (Status s = sys::remove_tree(p); !s) return s;
+    if (layout_)
+      if (Status s = process::remove_cgroup_parent(*layout_, cfg_.cgroup_parent, std::chrono::milliseconds(5000)); !s)
+        return s;
     return {};
   }
 
@@ -355,14 +382,43 @@ class MicrovmRuntime final : public runtime::Runtime {
             std::to_string(spec.memory_mb), "--cpus", std::to_string(spec.cpu_count), "--cmdline", cmdline};
   }
 
+  // Spawns a VMM for spec in its own cgroup (named name) where there are
+  // cgroups; the cgroup is handed to the sandbox made from it.
+  struct Started {
+    Spawned vmm;
+    std::optional<process::Cgroup> cgroup;
+  };
+  Result<Started> start_vmm(const std::string& name, const runtime::SandboxSpec& spec, std::vector<std::string> args,
+                            const std::string& dir) {
+    Started st;
+    if (layout_) {
+      process::CgroupLimits lim;
+      lim.cpu_count = spec.cpu_count + 1;  // the vCPUs and the VMM's I/O threads
+      lim.memory_bytes = (spec.memory_mb + 256) << 20;
+      lim.max_pids = spec.cpu_count + 32;
+      Result<process::Cgroup> cg = process::Cgroup::create(*layout_, cfg_.cgroup_parent, name, lim);
+      if (!cg) return cg.error().with_context("the VMM's cgroup");
+      st.cgroup = std::move(*cg);
+    }
+    auto s = spawn_vmm(cfg_.vmm_path, std::move(args), dir, st.cgroup ? &*st.cgroup : nullptr);
+    if (!s) {
+      if (st.cgroup) (void)st.cgroup->destroy(std::chrono::milliseconds(5000));
+      return s.error();
+    }
+    st.vmm = std::move(*s);
+    return st;
+  }
+
   // Boots a VM to agent-ready (the ready frame consumed).
   Result<std::unique_ptr<MicrovmSandbox>> boot_to_ready(const runtime::SandboxSpec& spec, const std::string& image,
-                                                        const std::string& dir, std::chrono::milliseconds timeout) {
-    auto s = spawn_vmm(cfg_.vmm_path, boot_args(spec, image), dir);
+                                                        const std::string& dir, std::chrono::milliseconds timeout,
+                                                        const std::string& cgroup_name) {
+    auto s = start_vmm(cgroup_name, spec, boot_args(spec, image), dir);
     if (!s) return s.error();
-    pid_t pid = s->pid;
-    int ch = s->channel.get();
-    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
+    pid_t pid = s->vmm.pid;
+    int ch = s->vmm.channel.get();
+    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
+    if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
     uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
     // A pidfd of the VMM: its exit means no ready will come.
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
@@ -395,7 +451,7 @@ class MicrovmRuntime final : public runtime::Runtime {
 
   Result<std::unique_ptr<MicrovmSandbox>> boot(const runtime::SandboxSpec& spec, const std::string& image,
                                                const std::string& dir) {
-    auto sb = boot_to_ready(spec, image, dir, std::max(spec.ready_timeout, cfg_.boot_timeout));
+    auto sb = boot_to_ready(spec, image, dir, std::max(spec.ready_timeout, cfg_.boot_timeout), spec.id);
     if (!sb) return sb.error();
     (*sb)->attach_channel(cfg_.open_service);
     if (Status s = configure(**sb, spec); !s) return s.error();
@@ -431,7 +487,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (Status s = sys::make_dirs(vmdir, 0700); !s) return s.error();
     runtime::SandboxSpec tspec = spec;
     tspec.id = "template";
-    auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout);
+    auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout, "template-" + sys::random_hex(6));
     if (!vm) return vm.error().with_context("template microVM");
     uint64_t t1 = sys::monotonic_ns();
     auto p = (*vm)->vmm("pause", std::chrono::milliseconds(10000));
@@ -450,9 +506,10 @@ class MicrovmRuntime final : public runtime::Runtime {
                                                 const std::string& dir) {
     auto snap = snapshot_for(spec, image);
     if (!snap) return snap.error();
-    auto s = spawn_vmm(cfg_.vmm_path, {"--restore", *snap}, dir);
+    auto s = start_vmm(spec.id, spec, {"--restore", *snap}, dir);
     if (!s) return s.error();
-    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(*s), spec.memory_mb << 20);
+    auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
+    if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
     sb->set_template_memory(*snap + "/memory");
     sb->attach_channel(cfg_.open_service);
     if (Status c = configure(*sb, spec); !c) {
@@ -464,6 +521,7 @@ class MicrovmRuntime final : public runtime::Runtime {
   }
 
   MicrovmConfig cfg_;
+  std::optional<process::CgroupLayout> layout_;  // set when VMMs get cgroups
   std::mutex map_mu_;
   std::map<std::string, std::mutex> snapshot_mu_;  // GUARDED_BY(map_mu_) (the map; each mutex guards its snapshot)
 };

@@ -33,6 +33,11 @@ struct MicrovmConfig {
   std::string extra_cmdline;  // appended to the guest kernel command line
   // Gateway services for streams the agent opens (runtime.h); empty: refused.
   runtime::ServiceOpener open_service;
+  // Each VMM runs in a cgroup <controller root>/<cgroup_parent>/<sandbox id>
+  // (memory: guest RAM + 256 MiB, CPU: vCPUs + 1, pids: vCPUs + 32), which
+  // it joins itself before it maps guest memory. Empty, or no cgroups on
+  // the host (logged once): none.
+  std::string cgroup_parent;
 };
 
 // Whether /dev/kvm can run sandgate's microVMs here; why not, if not.

@@ -11,8 +11,10 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "sys/log.h"
+#include "sys/sys.h"
 #include "vm/confine.h"
 #include "vm/control.h"
 #include "vm/machine.h"
@@ -23,7 +25,8 @@ void usage() {
   std::fprintf(stderr,
                "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
                "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
-               "                    [--serial-log PATH] [--die-with-parent] [--log-level debug|info|warn|error]\n"
+               "                    [--serial-log PATH] [--die-with-parent] [--cgroup-procs FILE]...\n"
+               "                    [--log-level debug|info|warn|error]\n"
                "       sandgate-vmm --restore SNAPSHOT_DIR --channel-fd N [--control-fd N] [--serial-log PATH] ...\n");
 }
 
@@ -44,6 +47,7 @@ int main(int argc, char** argv) {
   std::string restore_dir, serial_log;
   int control_fd = -1;
   bool die_with_parent = false;
+  std::vector<std::string> cgroup_procs;  // cgroup.procs files to join before anything else
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
     else if (a == "--serial-log") serial_log = next();
     else if (a == "--restore") restore_dir = next();
     else if (a == "--die-with-parent") die_with_parent = true;
+    else if (a == "--cgroup-procs") cgroup_procs.emplace_back(next());
     else if (a == "--log-level") {
       std::string l = next();
       sg::log::set_level(l == "debug" ? sg::log::Level::kDebug : l == "warn" ? sg::log::Level::kWarn
@@ -89,6 +94,14 @@ int main(int argc, char** argv) {
     if (::getppid() == 1) return 1;  // the parent is already gone
   }
   ::signal(SIGPIPE, SIG_IGN);
+  // Into its cgroups before guest memory exists, so all of it is charged
+  // there.
+  for (const std::string& f : cgroup_procs) {
+    if (sg::Status s = sg::sys::write_file(f, std::to_string(::getpid())); !s) {
+      std::fprintf(stderr, "sandgate-vmm: join cgroup: %s\n", s.error().message().c_str());
+      return 1;
+    }
+  }
   // Before anything of the guest's is opened or any thread starts (every
   // later thread inherits the filter).
   if (sg::Status s = sg::vmm::confine_vmm(); !s) {

@@ -28,6 +28,7 @@ inline microvm::MicrovmConfig kvm_test_config(const std::string& state_suffix, b
   c.guest_dir = env_or("SANDGATE_GUEST_DIR", "/opt/sandgate/guest");
   c.state_root = env_or("SANDGATE_KVM_STATE", "/srv/scratch/kvm-state") + "/" + state_suffix;
   c.use_snapshots = snapshots;
+  c.cgroup_parent = "sgkvmtest-" + state_suffix;
   return c;
 }
 

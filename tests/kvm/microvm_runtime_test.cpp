@@ -25,6 +25,7 @@
 
 #include "kvm/kvm_env.h"
 #include "memory/offload.h"
+#include "process/cgroup.h"
 #include "sys/sys.h"
 
 using namespace sg;
@@ -104,7 +105,20 @@ TEST_CASE("booted microVM: agent ready, configure, envd reachable, kill leaves n
   int pid = (*sb)->init_pid();
   std::string dir = testing::kvm_test_config("boot", false).state_root + "/bootvm0000000000000a";
   CHECK(sys::path_exists(dir));
+  // The VMM runs in its own cgroup, limited to guest RAM + 256 MiB.
+  auto cgroups = sys::read_file("/proc/" + std::to_string(pid) + "/cgroup");
+  REQUIRE(cgroups);
+  CHECK_MESSAGE(cgroups->find("/sgkvmtest-boot/bootvm0000000000000a") != std::string::npos, *cgroups);
+  auto layout = process::detect_cgroup_layout();
+  REQUIRE(layout);
+  process::Cgroup cg = process::Cgroup::attach(*layout, "sgkvmtest-boot", "bootvm0000000000000a");
+  const std::string& mem_dir = cg.dir_for("memory");
+  auto limit = sys::read_file(mem_dir + (layout->version == process::CgroupVersion::kV2 ? "/memory.max"
+                                                                                     : "/memory.limit_in_bytes"));
+  REQUIRE(limit);
+  CHECK(std::strtoull(limit->c_str(), nullptr, 10) == (256ull + 256) << 20);
   REQUIRE((*sb)->kill());
+  CHECK_FALSE(sys::path_exists(mem_dir));
   CHECK_FALSE((*sb)->alive());
   CHECK(::kill(pid, 0) != 0);
   CHECK_FALSE(sys::path_exists(dir));
