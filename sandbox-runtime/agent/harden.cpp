@@ -1,12 +1,12 @@
 // Sandbox hardening by the agent (harden.h).
 #include "agent/harden.h"
 
-#include <linux/capability.h>
 #include <grp.h>
+#include <linux/capability.h>
+#include <sched.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 

@@ -361,34 +361,9 @@ class ProcessRuntime final : public runtime::Runtime {
     sb.state_dir_ = dir;
     // The user namespace: a uid range, and the template through an
     // idmapped mount so its files are owned by the range (userns.h).
-    std::optional<UidSlots::Slot> slot;
-    std::optional<Result<UniqueFd>> lower_tree;
-    if (cfg_.user_namespaces != runtime::UserNamespaces::kOff &&
-        (userns_ || cfg_.user_namespaces == runtime::UserNamespaces::kOn)) {
-      if (!userns_) return userns_.error();
-      Result<UidSlots::Slot> got = uid_slots_->acquire();
-      if (!got) return got.error();
-      sb.uid_slots_ = uid_slots_;
-      sb.uid_slot_ = got->index;
-      Result<UniqueFd> tree = idmapped_tree(rootfs, got->userns_fd);
-      if (tree) {
-        slot = *got;
-        lower_tree = high_fd(std::move(*tree), "idmapped template");
-        if (!*lower_tree) return lower_tree->error();
-      } else if (cfg_.user_namespaces == runtime::UserNamespaces::kOn || tree.error().kind() != ErrorKind::kUnavailable) {
-        return tree.error();
-      } else {
-        if (!idmap_warned_.exchange(true))
-          LOG_WARN("sandbox root is host root (no user namespace): " << tree.error().message());
-        uid_slots_->release(got->index);
-        sb.uid_slots_.reset();
-      }
-    }
-    UniqueFd userns_hi;  // a copy >= 10 for the child (ChildArgs sources never collide with 0..5)
-    if (slot) {
-      userns_hi.reset(::fcntl(slot->userns_fd, F_DUPFD_CLOEXEC, 10));
-      if (!userns_hi) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "user namespace");
-    }
+    Result<std::optional<SandboxUserns>> userns = user_namespace_for(sb, rootfs);
+    if (!userns) return userns.error();
+    const std::optional<UidSlots::Slot> slot = *userns ? std::optional((*userns)->slot) : std::nullopt;
     const int layer_owner = slot ? static_cast<int>(slot->uid_base) : -1;
     std::string lower_dir = dir + "/lower";
     if (slot && ::mkdir(lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", lower_dir);
@@ -521,10 +496,10 @@ class ProcessRuntime final : public runtime::Runtime {
     a.devpts_dir = devpts.c_str();
     a.devpts_opts = devpts_opts.c_str();
     if (slot) {
-      a.lower_tree_fd = (*lower_tree)->get();
+      a.lower_tree_fd = (*userns)->tree.get();
       a.lower_dir = lower_dir.c_str();
       a.layer_owner = layer_owner;
-      a.userns_fd = userns_hi.get();
+      a.userns_fd = (*userns)->ns.get();
     }
     a.shm_dir = shm.c_str();
     a.sys_dir = sys_dir.c_str();
@@ -591,6 +566,46 @@ class ProcessRuntime final : public runtime::Runtime {
     std::lock_guard<std::mutex> cl(sb.chan_mu_);
     sb.host_channel_ = std::make_shared<HostChannel>(spec.id, sb.channel_.get(), cfg_.open_service);
     return Status::Ok();
+  }
+
+  // A sandbox's user namespace, as the child needs it: both descriptors
+  // >= 10 (ChildArgs sources never collide with the fixed fds 0..5).
+  struct SandboxUserns {
+    UidSlots::Slot slot;
+    UniqueFd tree;  // the idmapped template
+    UniqueFd ns;    // a copy of the slot's namespace, for fd 5
+  };
+  // nullopt: the sandbox runs without one (off, or auto where this host or
+  // the template's filesystem cannot have one). The slot, once taken, is
+  // the sandbox's (released by kill_locked).
+  Result<std::optional<SandboxUserns>> user_namespace_for(ProcessSandbox& sb, const std::string& rootfs) {
+    using runtime::UserNamespaces;
+    if (cfg_.user_namespaces == UserNamespaces::kOff) return std::optional<SandboxUserns>();
+    if (!userns_) {
+      if (cfg_.user_namespaces == UserNamespaces::kOn) return userns_.error();
+      return std::optional<SandboxUserns>();
+    }
+    Result<UidSlots::Slot> got = uid_slots_->acquire();
+    if (!got) return got.error();
+    Result<UniqueFd> tree = idmapped_tree(rootfs, got->userns_fd);
+    if (!tree) {
+      uid_slots_->release(got->index);
+      if (cfg_.user_namespaces == UserNamespaces::kOn || tree.error().kind() != ErrorKind::kUnavailable)
+        return tree.error();
+      if (!idmap_warned_.exchange(true))
+        LOG_WARN("sandbox root is host root (no user namespace): " << tree.error().message());
+      return std::optional<SandboxUserns>();
+    }
+    sb.uid_slots_ = uid_slots_;
+    sb.uid_slot_ = got->index;
+    SandboxUserns u;
+    u.slot = *got;
+    Result<UniqueFd> tree_hi = high_fd(std::move(*tree), "idmapped template");
+    if (!tree_hi) return tree_hi.error();
+    u.tree = std::move(*tree_hi);
+    u.ns.reset(::fcntl(got->userns_fd, F_DUPFD_CLOEXEC, 10));
+    if (!u.ns) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "user namespace");
+    return std::optional<SandboxUserns>(std::move(u));
   }
 
   runtime::RuntimeConfig cfg_;
