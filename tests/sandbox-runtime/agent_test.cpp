@@ -39,6 +39,27 @@ TEST_CASE("agent: parse_config takes SANDGATE_* vars and scrubs them") {
   CHECK(envp[2] == nullptr);
 }
 
+TEST_CASE("agent: SANDGATE_USERNS_FD names the user namespace to join; a malformed one is refused") {
+  std::string a0 = "sandgate-agent";
+  char* argv[] = {a0.data(), nullptr};
+  std::string ok = "SANDGATE_USERNS_FD=5";
+  char* envp[] = {ok.data(), nullptr};
+  auto cfg = agent::parse_config(1, argv, envp);
+  REQUIRE(cfg);
+  CHECK(cfg->userns_fd == 5);
+  std::string none = "HOME=/root";
+  char* envp_none[] = {none.data(), nullptr};
+  CHECK(agent::parse_config(1, argv, envp_none)->userns_fd == -1);
+  for (std::string bad : {"SANDGATE_USERNS_FD=", "SANDGATE_USERNS_FD=-1", "SANDGATE_USERNS_FD=5x",
+                          "SANDGATE_USERNS_FD=99999"}) {
+    CAPTURE(bad);
+    char* envp_bad[] = {bad.data(), nullptr};
+    auto r = agent::parse_config(1, argv, envp_bad);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().message().find("SANDGATE_USERNS_FD") != std::string::npos);
+  }
+}
+
 TEST_CASE("agent: parse_config rejects unknown arguments") {
   std::string a0 = "sandgate-agent", a1 = "--bogus";
   char* argv[] = {a0.data(), a1.data(), nullptr};
