@@ -210,9 +210,19 @@ class MicrovmSandbox final : public runtime::Sandbox {
       killed_ = true;
       h = std::move(host_);
     }
+    if (h && !h->running())
+      LOG_WARN("sandbox " << id_ << ": killed after its channel closed; serial console: "
+                          << sys::read_tail(dir_ + "/serial.log", 2000));
     if (h) h->stop();
     {
       std::lock_guard lock(mu_);
+      // A VMM that ended on its own before this kill (the liveness sweep
+      // had not looked yet) is reported: its logs go with the directory.
+      int st = 0;
+      if (!reaped_ && ::waitpid(pid_, &st, WNOHANG) == pid_) {
+        reaped_ = true;
+        LOG_WARN("sandbox " << id_ << ": " << exit_report_locked(st));
+      }
       if (!reaped_) {
         kill_and_reap(pid_);
         reaped_ = true;
@@ -231,8 +241,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
     int st = 0;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       reaped_ = true;
-      LOG_WARN("sandbox " << id_ << ": sandgate-vmm exited (" << (WIFEXITED(st) ? "status " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)))
-                          << "): " << sys::read_tail(dir_ + "/vmm.log", 300));
+      LOG_WARN("sandbox " << id_ << ": " << exit_report_locked(st));
       return false;
     }
     return true;
@@ -308,6 +317,19 @@ class MicrovmSandbox final : public runtime::Sandbox {
   Result<std::string> vmm(const std::string& cmd, std::chrono::milliseconds timeout) { return control_->call(cmd, timeout); }
 
  private:
+  // How the VMM ended on its own: its wait status, the OOM kills its
+  // cgroup counted, the ends of its log and of the guest's serial console.
+  std::string exit_report_locked(int st) {
+    std::string r = "sandgate-vmm exited (" +
+                    (WIFEXITED(st) ? "status " + std::to_string(WEXITSTATUS(st)) : "signal " + std::to_string(WTERMSIG(st)));
+    if (cgroup_) {
+      Result<uint64_t> oom = cgroup_->oom_kills();
+      if (oom && *oom > 0) r += "; the OOM killer of its cgroup killed " + std::to_string(*oom) + " task(s)";
+    }
+    return r + "): " + sys::read_tail(dir_ + "/vmm.log", 1000) + "; serial console: " +
+           sys::read_tail(dir_ + "/serial.log", 2000);
+  }
+
   std::shared_ptr<process::HostChannel> host() {
     std::lock_guard lock(mu_);
     return host_;

@@ -340,6 +340,16 @@ Result<CgroupStats> Cgroup::stats() {
   return st;
 }
 
+Result<uint64_t> Cgroup::oom_kills() {
+  bool v2 = version_ == CgroupVersion::kV2;
+  std::string path = v2 ? dirs_[0] + "/memory.events" : dir_for("memory") + "/memory.oom_control";
+  auto text = sys::read_file(path);
+  if (!text) return text.error();
+  std::optional<uint64_t> n = keyed(*text, "oom_kill");
+  if (!n) return Error(ErrorKind::kUnavailable, path + " has no oom_kill count");
+  return *n;
+}
+
 Status Cgroup::destroy(std::chrono::milliseconds timeout) {
   uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
   int round = 0;

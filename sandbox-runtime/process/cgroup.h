@@ -66,6 +66,9 @@ class Cgroup {
   // Pids of every task in the cgroup (union over hierarchies).
   Result<std::vector<int>> pids();
   Result<CgroupStats> stats();
+  // Tasks the memory controller's OOM killer killed in this cgroup (v2
+  // memory.events, v1 memory.oom_control "oom_kill": Linux 4.13 and later).
+  Result<uint64_t> oom_kills();
   // SIGKILLs every task, thaws, waits for it to be empty, removes the
   // directories. Idempotent (missing directories are fine).
   Status destroy(std::chrono::milliseconds timeout);

@@ -121,6 +121,9 @@ void HostChannel::loop() {
     // Framing is lost or the agent stopped reading: close our side so the
     // agent sees EOF and takes the sandbox's processes down.
     ::shutdown(channel_fd_, SHUT_RDWR);
+  } else if (!stopping_) {
+    // EOF from the agent's side: the sandbox (its agent, or the VMM) ended.
+    LOG_WARN("sandbox " << id_ << ": the agent's end of the channel closed");
   }
   std::lock_guard<std::mutex> l(mu_);
   ended_ = true;
@@ -173,6 +176,7 @@ Result<std::string> HostChannel::control(std::string request, std::chrono::milli
 void HostChannel::stop() {
   std::lock_guard<std::mutex> j(join_mu_);
   if (!thread_.joinable()) return;
+  stopping_ = true;
   mux_.stop();
   thread_.join();
 }

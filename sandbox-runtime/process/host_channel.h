@@ -17,6 +17,7 @@
 // return kUnavailable.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -81,6 +82,7 @@ class HostChannel {
   bool ended_ = false;                            // GUARDED_BY(mu_)
   std::string end_reason_;                        // GUARDED_BY(mu_)
   std::mutex join_mu_;                            // serialises stop()
+  std::atomic<bool> stopping_{false};            // stop() was called: the end is ours
   std::thread thread_;
 };
 
