@@ -1161,6 +1161,15 @@ TEST_CASE("process runtime: a fork bomb, a memory bomb and a descriptor flood ar
                "print(\"not limited\")'",
                root);
   CHECK_MESSAGE(r.find("signal: killed") != std::string::npos, printable(r.substr(0, 1500)));
+  // The sandbox's cgroup counted the kill; the sibling's counted none.
+  auto layout = process::detect_cgroup_layout();
+  REQUIRE(layout);
+  Result<uint64_t> ooms_b = process::Cgroup::attach(*layout, env.tag, id_b).oom_kills();
+  Result<uint64_t> ooms_a = process::Cgroup::attach(*layout, env.tag, id_a).oom_kills();
+  REQUIRE_MESSAGE(ooms_b, ooms_b.error().message());
+  REQUIRE_MESSAGE(ooms_a, ooms_a.error().message());
+  CHECK(*ooms_b >= 1);
+  CHECK(*ooms_a == 0);
   CHECK(control(**b, {{"type", "ping"}, {"id", 3}})["id"] == 3);
   CHECK(control(**a, {{"type", "ping"}, {"id", 4}})["id"] == 4);
   // Both go without a trace, the fork bomb's sleepers included.
