@@ -69,6 +69,12 @@ setup_cgroups() {
 }
 
 setup_kvm() {
+  # /dev/userfaultfd (misc 10:257, Linux 6.1+) lets jailed VMMs, which are
+  # not root, take userfaultfds for the memory offload (docs/vmm.md,
+  # "Confinement"); without it sandgate runs VMMs unjailed and says so.
+  if [ ! -e /dev/userfaultfd ] && mknod -m 0600 /dev/userfaultfd c 10 257 2>/dev/null; then
+    (: <>/dev/userfaultfd) 2>/dev/null || rm -f /dev/userfaultfd
+  fi
   [ -e /dev/kvm ] && return 0
   # KVM is the misc device 10:232 on every Linux host, and compose.yaml lets
   # the container use that device (device_cgroup_rules), so a node made here

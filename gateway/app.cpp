@@ -310,6 +310,12 @@ int serve(const AppConfig& cfg_in) {
     mcfg.guest_dir = cfg.guest_dir;
     mcfg.open_service = open_service;
     mcfg.cgroup_parent = cfg.cgroup_parent;
+    mcfg.jail = cfg.vmm_jail == "on"    ? microvm::MicrovmConfig::Jail::kOn
+                : cfg.vmm_jail == "off" ? microvm::MicrovmConfig::Jail::kOff
+                                        : microvm::MicrovmConfig::Jail::kAuto;
+    // The 65536 uids below the process backend's ranges, never uid 0.
+    mcfg.first_vmm_uid = std::max<uint32_t>(1, cfg.first_sandbox_uid - std::min<uint32_t>(cfg.first_sandbox_uid, 65536));
+    mcfg.vmm_uids = cfg.first_sandbox_uid - mcfg.first_vmm_uid;
     rt = microvm::make_microvm_runtime(mcfg);
   } else {
     rt = process::make_process_runtime(rcfg);

@@ -72,6 +72,9 @@ struct AppConfig {
   // Sandbox root as an unprivileged host uid range on the process backend
   // (sandbox-runtime/process/userns.h): "auto", "on", "off".
   std::string user_namespaces = "auto";
+  // Each VMM in a jail of its own (sandbox-runtime/vmm/vm/confine.h):
+  // "auto", "on", "off".
+  std::string vmm_jail = "auto";
   uint32_t first_sandbox_uid = 1u << 30;
   int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
   int64_t memory_pool_mb = 1024;

@@ -112,6 +112,11 @@ serve options:
                                 filesystem allow it; default auto)
   --sandbox-uid-base N          first host uid of those ranges (default
                                 1073741824; one range per sandgate on a host)
+  --vmm-jail auto|on|off        run each VMM (kvm backend) in an empty root
+                                of its own as its own unprivileged uid, one
+                                of the 65536 below --sandbox-uid-base (auto:
+                                where sandgate is root and the kernel has
+                                /dev/userfaultfd; default auto)
   --no-local-tenant             do not create the "local" tenant
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
@@ -302,7 +307,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
@@ -366,6 +371,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     };
     for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
                                ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
+                               ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
                                ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
       auto it = a.opts.find(o.name);
       if (it == a.opts.end()) continue;

@@ -169,6 +169,67 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   return s;
 }
 
+// chown 0:0 of a directory and the files in it (a snapshot: flat).
+Status own_by_root(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return sys::errno_error("opendir", dir);
+  Status st;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n == "." || n == "..") continue;
+    std::string p = dir + "/" + n;
+    if (::lchown(p.c_str(), 0, 0) != 0 && st) st = sys::errno_error("chown", p);
+  }
+  ::closedir(d);
+  if (::chown(dir.c_str(), 0, 0) != 0 && st) st = sys::errno_error("chown", dir);
+  return st;
+}
+
+// Host uids (gid = uid) of jailed VMMs: first + k for the k-th in use, so
+// no two live VMMs share one (one could signal or read the other).
+class VmmUids {
+ public:
+  VmmUids(uint32_t first, uint32_t n) : first_(first), used_(n, false) {}
+  Result<uint32_t> acquire() {
+    std::lock_guard lock(mu_);
+    for (size_t k = 0; k < used_.size(); ++k)
+      if (!used_[k]) {
+        used_[k] = true;
+        return first_ + static_cast<uint32_t>(k);
+      }
+    return Error(ErrorKind::kQuota, "all " + std::to_string(used_.size()) + " VMM uids are in use");
+  }
+  void release(uint32_t uid) {
+    std::lock_guard lock(mu_);
+    if (uid >= first_ && uid - first_ < used_.size()) used_[uid - first_] = false;
+  }
+
+ private:
+  std::mutex mu_;
+  uint32_t first_;
+  std::vector<bool> used_;  // GUARDED_BY(mu_)
+};
+
+// The uid a jailed VMM holds, given back once the VMM is reaped.
+struct HeldUid {
+  std::shared_ptr<VmmUids> pool;
+  uint32_t uid = 0;
+  HeldUid() = default;
+  HeldUid(std::shared_ptr<VmmUids> p, uint32_t u) : pool(std::move(p)), uid(u) {}
+  HeldUid(HeldUid&& o) noexcept : pool(std::move(o.pool)), uid(o.uid) {}
+  HeldUid& operator=(HeldUid&& o) noexcept {
+    reset();
+    pool = std::move(o.pool);
+    uid = o.uid;
+    return *this;
+  }
+  ~HeldUid() { reset(); }
+  void reset() {
+    if (pool) pool->release(uid);
+    pool.reset();
+  }
+};
+
 void kill_and_reap(pid_t pid) {
   if (pid <= 0) return;
   ::kill(pid, SIGKILL);
@@ -185,6 +246,8 @@ class MicrovmSandbox final : public runtime::Sandbox {
 
   // The VMM's cgroup, removed once the VMM is gone.
   void set_cgroup(process::Cgroup cg) { cgroup_ = std::move(cg); }
+  // The jailed VMM's uid, free for another VMM once this one is reaped.
+  void set_uid(HeldUid uid) { uid_ = std::move(uid); }
 
   void attach_channel(const runtime::ServiceOpener& open_service) {
     host_ = std::make_shared<process::HostChannel>(id_, channel_.get(), open_service);
@@ -227,6 +290,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
         kill_and_reap(pid_);
         reaped_ = true;
       }
+      uid_.reset();
       if (cgroup_) {
         if (Status s = cgroup_->destroy(std::chrono::milliseconds(5000)); !s)
           LOG_WARN("sandbox " << id_ << ": VMM cgroup: " << s.error().message());
@@ -344,6 +408,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
   std::mutex mu_;
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
   std::optional<process::Cgroup> cgroup_;        // GUARDED_BY(mu_)
+  HeldUid uid_;                                  // GUARDED_BY(mu_)
   bool killed_ = false, reaped_ = false;         // GUARDED_BY(mu_)
 };
 
@@ -409,10 +474,30 @@ class MicrovmRuntime final : public runtime::Runtime {
   struct Started {
     Spawned vmm;
     std::optional<process::Cgroup> cgroup;
+    HeldUid uid;
   };
+  // snapshot_dir: where a template VMM is to write its snapshot (created
+  // here, for the jailed VMM's uid, when it is jailed).
   Result<Started> start_vmm(const std::string& name, const runtime::SandboxSpec& spec, std::vector<std::string> args,
-                            const std::string& dir) {
+                            const std::string& dir, const std::string& snapshot_dir = "") {
     Started st;
+    Result<bool> jailed = jail_available();
+    if (!jailed) return jailed.error();
+    if (*jailed) {
+      Result<uint32_t> uid = uids_->acquire();
+      if (!uid) return uid.error();
+      st.uid = HeldUid(uids_, *uid);
+      std::string root = dir + "/jail";
+      if (::mkdir(root.c_str(), 0755) != 0) return sys::errno_error("mkdir", root);
+      std::string u = std::to_string(*uid);
+      args.insert(args.end(), {"--jail", root, "--jail-uid", u, "--jail-gid", u});
+      if (!snapshot_dir.empty()) {
+        if (::mkdir(snapshot_dir.c_str(), 0700) != 0) return sys::errno_error("mkdir", snapshot_dir);
+        if (::chown(snapshot_dir.c_str(), *uid, *uid) != 0) return sys::errno_error("chown", snapshot_dir);
+        args.push_back("--jail-snapshot-dir");
+        args.push_back(snapshot_dir);
+      }
+    }
     if (layout_) {
       process::CgroupLimits lim;
       lim.cpu_count = spec.cpu_count + 1;  // the vCPUs and the VMM's I/O threads
@@ -434,13 +519,15 @@ class MicrovmRuntime final : public runtime::Runtime {
   // Boots a VM to agent-ready (the ready frame consumed).
   Result<std::unique_ptr<MicrovmSandbox>> boot_to_ready(const runtime::SandboxSpec& spec, const std::string& image,
                                                         const std::string& dir, std::chrono::milliseconds timeout,
-                                                        const std::string& cgroup_name) {
-    auto s = start_vmm(cgroup_name, spec, boot_args(spec, image), dir);
+                                                        const std::string& cgroup_name,
+                                                        const std::string& snapshot_dir = "") {
+    auto s = start_vmm(cgroup_name, spec, boot_args(spec, image), dir, snapshot_dir);
     if (!s) return s.error();
     pid_t pid = s->vmm.pid;
     int ch = s->vmm.channel.get();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
     if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
+    sb->set_uid(std::move(s->uid));
     uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
     // A pidfd of the VMM: its exit means no ready will come.
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
@@ -509,7 +596,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (Status s = sys::make_dirs(vmdir, 0700); !s) return s.error();
     runtime::SandboxSpec tspec = spec;
     tspec.id = "template";
-    auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout, "template-" + sys::random_hex(6));
+    auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout, "template-" + sys::random_hex(6), work);
     if (!vm) return vm.error().with_context("template microVM");
     uint64_t t1 = sys::monotonic_ns();
     auto p = (*vm)->vmm("pause", std::chrono::milliseconds(10000));
@@ -518,6 +605,9 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (!r) return r.error().with_context("snapshot the template microVM");
     (void)(*vm)->kill();
     (void)sys::remove_tree(vmdir);
+    // A jailed template VMM wrote the files as its uid, which the next VMM
+    // may get: they become root's.
+    if (Status o = own_by_root(work); !o) return o.error();
     if (::rename(work.c_str(), snap.c_str()) != 0) return sys::errno_error("rename", work);
     LOG_INFO("kvm: template snapshot " << snap << " ready: boot " << (t1 - t0) / 1000000 << " ms, snapshot "
                                        << (sys::monotonic_ns() - t1) / 1000000 << " ms");
@@ -532,6 +622,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (!s) return s.error();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
     if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
+    sb->set_uid(std::move(s->uid));
     sb->set_template_memory(*snap + "/memory");
     sb->attach_channel(cfg_.open_service);
     if (Status c = configure(*sb, spec); !c) {
@@ -542,7 +633,44 @@ class MicrovmRuntime final : public runtime::Runtime {
     return sb;
   }
 
+  // Whether VMMs are jailed here: decided at the first create by a probe
+  // (sandgate-vmm --jail-probe), then fixed.
+  Result<bool> jail_available() {
+    std::lock_guard lock(jail_mu_);
+    if (!jail_probed_) {
+      jail_probed_ = true;
+      jail_why_ = probe_jail();
+      if (!jail_why_.empty() && cfg_.jail == MicrovmConfig::Jail::kAuto)
+        LOG_WARN("kvm: VMMs run without a jail (their own root and uid): " << jail_why_);
+      if (jail_why_.empty()) LOG_INFO("kvm: VMMs run jailed: an empty root of their own, uids from " << cfg_.first_vmm_uid);
+    }
+    if (cfg_.jail == MicrovmConfig::Jail::kOff) return false;
+    if (!jail_why_.empty() && cfg_.jail == MicrovmConfig::Jail::kOn)
+      return Error(ErrorKind::kUnavailable, "the VMM jail is required (--vmm-jail on) but unavailable: " + jail_why_);
+    return jail_why_.empty();
+  }
+  // Empty when the jail works; why not otherwise.
+  std::string probe_jail() {
+    if (cfg_.jail == MicrovmConfig::Jail::kOff) return "off";
+    if (::geteuid() != 0) return "sandgate does not run as root";
+    if (::access("/dev/userfaultfd", R_OK | W_OK) != 0)
+      return std::string("/dev/userfaultfd: ") + std::strerror(errno) + " (Linux 6.1 or later has it)";
+    std::string dir = cfg_.state_root + "/.jail-probe";
+    (void)sys::remove_tree(dir);
+    if (Status s = sys::make_dirs(dir, 0755); !s) return s.error().message();
+    Status r = sys::run_and_wait({cfg_.vmm_path, "--jail-probe", "--jail", dir, "--jail-uid",
+                                  std::to_string(cfg_.first_vmm_uid), "--jail-gid", std::to_string(cfg_.first_vmm_uid)},
+                                 cfg_.state_root + "/.jail-probe.log");
+    (void)sys::remove_tree(dir);
+    ::unlink((cfg_.state_root + "/.jail-probe.log").c_str());
+    return r ? "" : r.error().message();
+  }
+
   MicrovmConfig cfg_;
+  std::shared_ptr<VmmUids> uids_ = std::make_shared<VmmUids>(cfg_.first_vmm_uid, cfg_.vmm_uids);
+  std::mutex jail_mu_;
+  bool jail_probed_ = false;  // GUARDED_BY(jail_mu_)
+  std::string jail_why_;      // GUARDED_BY(jail_mu_): why VMMs are not jailed; empty when they are
   std::optional<process::CgroupLayout> layout_;  // set when VMMs get cgroups
   std::mutex map_mu_;
   std::map<std::string, std::mutex> snapshot_mu_;  // GUARDED_BY(map_mu_) (the map; each mutex guards its snapshot)

@@ -38,6 +38,17 @@ struct MicrovmConfig {
   // it joins itself before it maps guest memory. Empty, or no cgroups on
   // the host (logged once): none.
   std::string cgroup_parent;
+  // The VMM's jail (sandbox-runtime/vmm/vm/confine.h, docs/vmm.md
+  // "Confinement"): an empty read-only root of its own and an unprivileged
+  // uid and gid of its own, first_vmm_uid + k for the k-th VMM alive.
+  // kAuto jails every VMM where a probe at the first create succeeds
+  // (sandgate runs as root, the kernel has /dev/userfaultfd, mounts work)
+  // and otherwise runs them unjailed (logged once); kOn fails creates
+  // that cannot have one; kOff never.
+  enum class Jail { kAuto, kOn, kOff };
+  Jail jail = Jail::kAuto;
+  uint32_t first_vmm_uid = (1u << 30) - 65536;
+  uint32_t vmm_uids = 65536;
 };
 
 // Whether /dev/kvm can run sandgate's microVMs here; why not, if not.

@@ -26,6 +26,8 @@ void usage() {
                "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
                "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
                "                    [--serial-log PATH] [--die-with-parent] [--cgroup-procs FILE]...\n"
+               "                    [--jail EMPTY_DIR --jail-uid N --jail-gid N [--jail-snapshot-dir DIR]]\n"
+               "       sandgate-vmm --jail-probe --jail EMPTY_DIR --jail-uid N --jail-gid N\n"
                "                    [--log-level debug|info|warn|error]\n"
                "       sandgate-vmm --restore SNAPSHOT_DIR --channel-fd N [--control-fd N] [--serial-log PATH] ...\n");
 }
@@ -48,6 +50,8 @@ int main(int argc, char** argv) {
   int control_fd = -1;
   bool die_with_parent = false;
   std::vector<std::string> cgroup_procs;  // cgroup.procs files to join before anything else
+  sg::vmm::Jail jail;
+  bool jail_probe = false;  // enter the jail and exit: whether it works here
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> const char* {
@@ -79,6 +83,11 @@ int main(int argc, char** argv) {
     else if (a == "--restore") restore_dir = next();
     else if (a == "--die-with-parent") die_with_parent = true;
     else if (a == "--cgroup-procs") cgroup_procs.emplace_back(next());
+    else if (a == "--jail") jail.root = next();
+    else if (a == "--jail-probe") jail_probe = true;
+    else if (a == "--jail-uid" && parse_uint(next(), 0xfffffffeull, &v) && v > 0) jail.uid = static_cast<uint32_t>(v);
+    else if (a == "--jail-gid" && parse_uint(next(), 0xfffffffeull, &v) && v > 0) jail.gid = static_cast<uint32_t>(v);
+    else if (a == "--jail-snapshot-dir") jail.snapshot_dir = next();
     else if (a == "--log-level") {
       std::string l = next();
       sg::log::set_level(l == "debug" ? sg::log::Level::kDebug : l == "warn" ? sg::log::Level::kWarn
@@ -102,11 +111,18 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  // Before anything of the guest's is opened or any thread starts (every
-  // later thread inherits the filter).
-  if (sg::Status s = sg::vmm::confine_vmm(); !s) {
-    std::fprintf(stderr, "sandgate-vmm: confine: %s\n", s.error().message().c_str());
-    return 1;
+  bool jailed = !jail.root.empty();
+  if (jailed != (jail.uid > 0) || jailed != (jail.gid > 0) || (!jailed && (!jail.snapshot_dir.empty() || jail_probe))) {
+    std::fprintf(stderr, "sandgate-vmm: --jail needs --jail-uid and --jail-gid (both > 0); --jail-snapshot-dir and --jail-probe need --jail\n");
+    return 2;
+  }
+  if (jail_probe) {
+    if (sg::Status s = sg::vmm::confine_vmm(&jail); !s) {
+      std::fprintf(stderr, "sandgate-vmm: confine: %s\n", s.error().message().c_str());
+      return 1;
+    }
+    std::fprintf(stderr, "sandgate-vmm: jailed as uid %u\n", ::geteuid());
+    return 0;
   }
   if (io.channel_fd < 0 || (restore_dir.empty() && (boot.kernel.empty() || boot.disk.empty()))) {
     usage();
@@ -127,6 +143,21 @@ int main(int argc, char** argv) {
     return 1;
   }
   sg::vmm::Machine& machine = **m;
+  // Everything is open and no thread runs yet: confined (jailed too, if
+  // asked) before the guest's first instruction; every thread made from
+  // here on inherits the filter and the credentials.
+  if (sg::Status s = sg::vmm::confine_vmm(jailed ? &jail : nullptr); !s) {
+    std::fprintf(stderr, "sandgate-vmm: confine: %s\n", s.error().message().c_str());
+    return 1;
+  }
+  if (jailed) {
+    // A credential change clears the parent-death signal: set it again.
+    if (die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() == 1) return 1;
+    }
+    if (!jail.snapshot_dir.empty()) machine.set_snapshot_alias(jail.snapshot_dir, sg::vmm::kJailSnapshotDir);
+  }
   if (sg::Status s = machine.start(); !s) {
     std::fprintf(stderr, "sandgate-vmm: %s\n", s.error().message().c_str());
     return 1;

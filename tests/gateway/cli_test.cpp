@@ -196,6 +196,9 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   Run userns = cli(dir, {"serve", "--user-namespaces", "yes"});
   CHECK(userns.rc == 2);
   CHECK(userns.err.find("--user-namespaces wants auto, on or off") != std::string::npos);
+  Run jail = cli(dir, {"serve", "--vmm-jail", "1"});
+  CHECK(jail.rc == 2);
+  CHECK(jail.err.find("--vmm-jail wants auto, on or off") != std::string::npos);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "0"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-disk-mb", "15"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "4294967295"}).rc == 2);

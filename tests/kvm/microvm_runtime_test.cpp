@@ -83,6 +83,28 @@ bool wait_dead(runtime::Sandbox& sb, std::chrono::milliseconds limit) {
   return false;
 }
 
+// Where the kvm runtime's jail probe should succeed (MicrovmConfig::jail).
+bool jail_expected() { return ::geteuid() == 0 && ::access("/dev/userfaultfd", R_OK | W_OK) == 0; }
+
+// The real uid of a process (the first field of Uid: in its status).
+uint32_t vmm_uid(int pid) {
+  auto st = sys::read_file("/proc/" + std::to_string(pid) + "/status");
+  if (!st) return 0;
+  size_t at = st->find("\nUid:\t");
+  return at == std::string::npos ? 0 : static_cast<uint32_t>(std::strtoul(st->c_str() + at + 6, nullptr, 10));
+}
+
+// The names in a process's root directory, as the host sees it.
+std::string root_entries(int pid) {
+  std::string out;
+  DIR* d = ::opendir(("/proc/" + std::to_string(pid) + "/root").c_str());
+  if (!d) return "(unreadable)";
+  while (struct dirent* e = ::readdir(d))
+    if (std::string n = e->d_name; n != "." && n != "..") out += n + " ";
+  ::closedir(d);
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("booted microVM: agent ready, configure, envd reachable, kill leaves nothing") {
@@ -117,6 +139,11 @@ TEST_CASE("booted microVM: agent ready, configure, envd reachable, kill leaves n
                                                                                      : "/memory.limit_in_bytes"));
   REQUIRE(limit);
   CHECK(std::strtoull(limit->c_str(), nullptr, 10) == (256ull + 256) << 20);
+  // Jailed (where it can be): its own unprivileged uid, an empty root.
+  if (jail_expected()) {
+    CHECK(vmm_uid(pid) >= (1u << 30) - 65536);
+    CHECK(root_entries(pid) == "");
+  }
   REQUIRE((*sb)->kill());
   CHECK_FALSE(sys::path_exists(mem_dir));
   CHECK_FALSE((*sb)->alive());
@@ -149,6 +176,16 @@ TEST_CASE("clones from a template snapshot are independent; pause stops one; a c
   CHECK(static_cast<uint64_t>(st.st_size) == 256ull << 20);
   CHECK(static_cast<uint64_t>(st.st_blocks) * 512 < static_cast<uint64_t>(st.st_size));
   CHECK(sys::path_exists(snap + "/vm.state"));
+  // Jailed clones: each its own uid, an empty root; the snapshot the jailed
+  // template VMM wrote is root's.
+  if (jail_expected()) {
+    uint32_t ua = vmm_uid((*a)->init_pid()), ub = vmm_uid((*b)->init_pid());
+    CHECK(ua >= (1u << 30) - 65536);
+    CHECK(ub >= (1u << 30) - 65536);
+    CHECK(ua != ub);
+    CHECK(root_entries((*a)->init_pid()) == "");
+    CHECK(st.st_uid == 0);
+  }
 
   // Pause: the agent does not answer; resume: it does again.
   REQUIRE((*a)->pause());

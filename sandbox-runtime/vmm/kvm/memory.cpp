@@ -62,8 +62,21 @@ namespace {
 // UFFD_FEATURE_POISON (Linux 6.6) where the installed headers predate it.
 constexpr uint64_t kFeaturePoison = 1ull << 14;
 
+#ifndef USERFAULTFD_IOC_NEW  // Linux 6.1 ABI (include/uapi/linux/userfaultfd.h)
+#define USERFAULTFD_IOC_NEW _IO(0xAA, 0x00)
+#endif
+
+int g_uffd_device = -1;  // /dev/userfaultfd, opened before the VMM dropped root
+
 Result<UniqueFd> open_uffd() {
   // Not UFFD_USER_MODE_ONLY: KVM's own accesses (vCPUs) must wait too.
+  // An unprivileged (jailed) VMM gets that through the device's descriptor.
+  if (g_uffd_device >= 0) {
+    // SAFETY: USERFAULTFD_IOC_NEW takes its flags by value and returns a new fd.
+    UniqueFd fd(::ioctl(g_uffd_device, USERFAULTFD_IOC_NEW, O_CLOEXEC | O_NONBLOCK));
+    if (!fd) return sys::errno_error("USERFAULTFD_IOC_NEW", "guest RAM");
+    return fd;
+  }
   UniqueFd fd(static_cast<int>(::syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK)));
   if (!fd) return sys::errno_error("userfaultfd", "guest RAM");
   return fd;
@@ -100,6 +113,8 @@ Status register_missing(int uffd, uint8_t* base, uint64_t size) {
   return Status::Ok();
 }
 }  // namespace
+
+void GuestMemory::use_userfaultfd_device(int fd) { g_uffd_device = fd; }
 
 Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
   *features = 0;

@@ -45,6 +45,10 @@ class GuestMemory {
   static Result<GuestMemory> map_private_file(const std::string& path);
   // Anonymous private RAM, for tests of devices and the boot loader.
   static Result<GuestMemory> create_anonymous(uint64_t size);
+  // Userfaultfds from now on come from this /dev/userfaultfd descriptor
+  // (borrowed, kept open for the process's life): what a VMM that gave up
+  // root uses (the syscall wants privilege for faults KVM takes itself).
+  static void use_userfaultfd_device(int fd);
 
   uint64_t size() const { return size_; }
   uint64_t low_size() const { return size_ < kMmioStart ? size_ : kMmioStart; }

@@ -1,6 +1,6 @@
 // Confinement of the VMM process, applied by sandgate-vmm before it opens
-// anything of the guest's (Firecracker's jailer is the model; what is not
-// done yet is in docs/vmm.md "Confinement"). The VMM is the process a
+// guest code runs (Firecracker's jailer is the model; docs/vmm.md
+// "Confinement"). The VMM is the process a
 // hostile guest reaches first (every device register, every virtqueue), so
 // if it is ever taken over it should hold as little as possible:
 //  - its own network, IPC and UTS namespaces: it talks only over the two
@@ -15,6 +15,9 @@
 //    Another ABI's syscalls kill it.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "sys/seccomp.h"
 #include "sys/status.h"
 
@@ -22,10 +25,27 @@ namespace sg::vmm {
 
 sys::seccomp::Policy vmm_syscall_policy();
 
-// Unshares the namespaces, sets no_new_privs and installs the filter on
-// the calling thread. Call while the process is single-threaded (unshare
-// of namespaces needs it for none of these, but the filter is then
-// inherited by every thread made later). Needs CAP_SYS_ADMIN.
-Status confine_vmm();
+// The jail (Firecracker's jailer is the model), for a VMM started as root
+// once it has opened everything it needs (/dev/kvm, the disk, the
+// snapshot, the serial log) and before its first thread:
+//  - its own mount namespace whose root is an empty read-only tmpfs
+//    mounted on `root` (pivot_root; the host's tree is detached), with
+//    snapshot_dir bound at /snapshot when the VMM is to write a snapshot;
+//  - uid and gid `uid`/`gid`, no supplementary groups, no capabilities;
+//  - /dev/userfaultfd opened first, so its memory offload still gets
+//    userfaultfds that KVM's own accesses wait on.
+struct Jail {
+  std::string root;          // an existing empty directory (host path)
+  uint32_t uid = 0, gid = 0; // not 0
+  std::string snapshot_dir;  // host directory seen at kJailSnapshotDir; "" none
+};
+inline constexpr const char* kJailSnapshotDir = "/snapshot";
+
+// Unshares the namespaces (and enters the jail if one is given), sets
+// no_new_privs and installs the filter. Call while the process is
+// single-threaded: unshare and pivot_root act on the calling thread only,
+// and every thread made later inherits the filter and the credentials.
+// Needs CAP_SYS_ADMIN.
+Status confine_vmm(const Jail* jail = nullptr);
 
 }  // namespace sg::vmm

@@ -213,7 +213,6 @@ Result<std::unique_ptr<Machine>> Machine::boot(const BootConfig& cfg, const IoCo
                                             {kVirtioConsoleBase, kVirtioMmioWindow, kVirtioConsoleIrq}};
   if (Status s = boot::write_acpi_tables(m->mem_, cfg.cpus, devs); !s) return s.error();
   if (Status s = m->setup_boot_vcpus(k->entry); !s) return s.error();
-  if (Status s = m->console_->start(*m->console_mmio_); !s) return s.error();
   return m;
 }
 
@@ -227,6 +226,9 @@ Machine::~Machine() {
 Status Machine::start() {
   std::lock_guard lock(mu_);
   if (state_ != State::kCreated) return conflict_error(std::string("machine is ") + state_name(state_));
+  // The first threads: boot and restore make none, so the VMM can be
+  // jailed and filtered between them and this (main.cpp).
+  if (Status s = console_->start(*console_mmio_); !s) return s.error();
   state_ = State::kRunning;
   for (size_t i = 0; i < vcpus_.size(); ++i) threads_.emplace_back([this, i] { vcpu_loop(i); });
   return {};

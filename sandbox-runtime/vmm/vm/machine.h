@@ -95,8 +95,15 @@ class Machine {
   static Result<std::unique_ptr<Machine>> restore(const std::string& dir, const IoConfig& io);
   ~Machine();  // stops and joins
 
-  // Starts the vCPU threads (kCreated -> kRunning).
+  // Starts the console's I/O thread and the vCPU threads (kCreated ->
+  // kRunning); boot() and restore() start none.
   Status start();
+  // A jailed VMM (vm/confine.h) sees host_dir, where sandgate wants its
+  // snapshot, at jail_dir: snapshot() then takes only host_dir.
+  void set_snapshot_alias(std::string host_dir, std::string jail_dir) {
+    snapshot_host_dir_ = std::move(host_dir);
+    snapshot_jail_dir_ = std::move(jail_dir);
+  }
   // Stops the vCPUs at an instruction boundary (all pending I/O completed)
   // and the console's data movement. Idempotent.
   Status pause();
@@ -145,6 +152,7 @@ class Machine {
   std::unique_ptr<VirtioMmio> console_mmio_;
   std::vector<std::unique_ptr<kvm::Vcpu>> vcpus_;
   std::vector<std::thread> threads_;
+  std::string snapshot_host_dir_, snapshot_jail_dir_;  // set before start(), then read only
   std::atomic<uint64_t> exits_{0};
 
   std::mutex mu_;

@@ -89,8 +89,14 @@ Status set_msrs_tolerant(kvm::Vcpu& v, const std::vector<kvm::MsrEntry>& msrs) {
 
 }  // namespace
 
-Status Machine::snapshot(const std::string& dir) {
+Status Machine::snapshot(const std::string& host_dir) {
   if (state() != State::kPaused) return conflict_error("snapshot needs a paused machine");
+  std::string dir = host_dir;
+  if (!snapshot_host_dir_.empty()) {
+    if (host_dir != snapshot_host_dir_)
+      return invalid_error("this VMM is jailed: it writes a snapshot to " + snapshot_host_dir_ + " only");
+    dir = snapshot_jail_dir_;
+  }
   if (Status s = sys::make_dirs(dir, 0700); !s) return s;
   uint64_t t0 = sys::monotonic_ns();
   if (Status s = write_memory(mem_, dir + "/memory"); !s) return s;
@@ -243,7 +249,6 @@ Result<std::unique_ptr<Machine>> Machine::restore(const std::string& dir, const 
   if (!m->serial_->restore(r) || !m->cmos_->restore(r) || !m->blk_mmio_->restore(r) || !m->console_mmio_->restore(r))
     return bad("bad device state");
   if (!r.done()) return bad("trailing bytes");
-  if (Status s = m->console_->start(*m->console_mmio_); !s) return s.error();
   return m;
 }
 
