@@ -151,13 +151,30 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
       if (l != n->end() && !l->is_null() && !l->is_array())
         return invalid_error(std::string("field 'network.") + list + "' must be an array");
     }
-    // Sandboxes here have no uplink: every egress is denied, which honours
-    // any denyOut. Asking for egress is refused, not silently dropped.
-    if (auto a = n->find("allowOut"); a != n->end() && a->is_array() && !a->empty())
-      return invalid_error("field 'network.allowOut': egress is not available on this server "
-                           "(sandboxes have no network uplink; every destination is denied)");
+    std::vector<std::string> lists[2];
+    const char* names[2] = {"allowOut", "denyOut"};
+    for (int k = 0; k < 2; ++k) {
+      auto l = n->find(names[k]);
+      if (l == n->end() || l->is_null()) continue;
+      for (const json& e : *l) {
+        if (!e.is_string()) return invalid_error(std::string("field 'network.") + names[k] + "' must hold strings");
+        lists[k].push_back(e.get<std::string>());
+      }
+    }
+    // Header injection into HTTPS requests would mean intercepting TLS.
+    if (auto r = n->find("rules"); r != n->end() && !r->is_null() && !(r->is_object() && r->empty()))
+      return invalid_error("field 'network.rules': request transforms are not supported by this server");
+    // A proxy of the client's own: the gateway's egress proxy is the only way out.
     if (auto e = n->find("egressProxy"); e != n->end() && !e->is_null())
-      return invalid_error("field 'network.egressProxy': egress is not available on this server");
+      return invalid_error("field 'network.egressProxy': an egress proxy of your own is not supported by this server");
+    auto pol = parse_egress_policy(lists[0], lists[1], p.allow_internet);
+    if (!pol) return pol.error();
+    p.egress = std::move(*pol);
+    p.asks_egress = !lists[0].empty();
+  } else {
+    auto pol = parse_egress_policy({}, {}, p.allow_internet);
+    if (!pol) return pol.error();
+    p.egress = std::move(*pol);
   }
   return p;
 }

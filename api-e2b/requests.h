@@ -16,6 +16,7 @@
 
 #include "gateway/http/message.h"
 #include "storage/store.h"
+#include "api-e2b/egress_policy.h"
 #include "sys/status.h"
 
 namespace sg::api {
@@ -31,6 +32,11 @@ struct CreateParams {
   bool on_timeout_pause = false;  // autoPause
   bool auto_resume = false;
   std::optional<bool> allow_internet;
+  // network.allowOut / denyOut with allow_internet (egress_policy.h), and
+  // whether the create asks for egress at all (a non-empty allowOut): a
+  // server without egress refuses that.
+  EgressPolicy egress;
+  bool asks_egress = false;
 };
 Result<CreateParams> parse_create_request(const http::HttpRequest& req, bool v2);
 

@@ -71,6 +71,10 @@ static Error not_found(const std::string& id) { return not_found_error("sandbox 
 
 Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
   if (Status s = check_timeout(p.timeout_s); !s) return s.error();
+  // Refused, not silently dropped: this server lets no sandbox out.
+  if (p.asks_egress && !cfg_.egress)
+    return invalid_error("field 'network.allowOut': egress is not available on this server "
+                         "(it runs without --egress; every destination is denied)");
   Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
   if (!tpl) return tpl.error();
   if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
@@ -111,6 +115,9 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   if (cfg_.model_proxy_env)
     for (auto& [k, v] : model_proxy_env())
       if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
+  if (cfg_.egress)
+    for (auto& [k, v] : egress_proxy_env())
+      if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
   for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
   spec.envd_access_token = row.envd_token;
   spec.ready_timeout = cfg_.ready_timeout;
@@ -128,6 +135,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   live->template_id = t.id;
   live->started_at = row.started_at;
   live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
+  live->egress = p.egress;
   row.envd_version = "0.6.13";
   row.init_pid = live->sb->init_pid();
   if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
@@ -306,6 +314,20 @@ Result<std::string> SandboxService::live_tenant(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
   return live->tenant_id;
+}
+
+std::vector<std::pair<std::string, std::string>> egress_proxy_env() {
+  std::string url = "http://127.0.0.1:" + std::to_string(channel::kEgressProxyPort);
+  std::string local = "localhost,127.0.0.1,::1";
+  return {{"HTTP_PROXY", url}, {"HTTPS_PROXY", url}, {"http_proxy", url}, {"https_proxy", url},
+          {"NO_PROXY", local},  {"no_proxy", local}};
+}
+
+std::optional<EgressPolicy> SandboxService::egress_policy(const std::string& id) {
+  if (!cfg_.egress) return std::nullopt;
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return std::nullopt;
+  return live->egress;  // fixed at create: no lock needed
 }
 
 std::vector<std::pair<std::string, std::string>> model_proxy_env() {

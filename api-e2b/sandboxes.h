@@ -55,10 +55,17 @@ struct ServiceConfig {
   // SDKs insist on) in every sandbox's default environment, pointing at
   // the in-sandbox model proxy address. Values from envVars win.
   bool model_proxy_env = true;
+  // Network egress through the gateway's egress proxy (docs/egress.md):
+  // off, every sandbox has none and a create asking for it (a non-empty
+  // network.allowOut) is refused; on, each sandbox's policy is kept for
+  // the proxy and HTTP(S)_PROXY in its environment point at it.
+  bool egress = false;
 };
 
 // The in-sandbox model proxy address (the agent forwards it over the channel).
 std::vector<std::pair<std::string, std::string>> model_proxy_env();
+// The in-sandbox egress proxy address, as the proxy variables tools read.
+std::vector<std::pair<std::string, std::string>> egress_proxy_env();
 
 class SandboxService {
  public:
@@ -72,6 +79,9 @@ class SandboxService {
   Status recover();
 
   Result<storage::SandboxRow> create(const storage::TenantRow& tenant, const CreateParams& p);
+  // The egress policy of a live sandbox; nullopt when it is gone or the
+  // server has no egress. Any thread (the egress proxy asks per connection).
+  std::optional<EgressPolicy> egress_policy(const std::string& id);
   // A running or paused sandbox of the tenant; kNotFound otherwise (also
   // for other tenants' ids).
   Result<storage::SandboxRow> get(const std::string& tenant_id, const std::string& id);
@@ -155,6 +165,7 @@ class SandboxService {
     int64_t started_at = 0;
     std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
     uint32_t cpu_count = 1;
+    EgressPolicy egress;  // fixed at create
     std::mutex samples_mu;
     std::deque<MetricSample> samples;  // GUARDED_BY(samples_mu)
     uint64_t last_cpu_ns = 0;           // GUARDED_BY(samples_mu)

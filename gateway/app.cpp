@@ -16,6 +16,7 @@
 
 #include "api-e2b/control_plane.h"
 #include "api-e2b/sandboxes.h"
+#include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
 #include "gateway/model_gateway.h"
 #include "memory/offload.h"
@@ -274,15 +275,24 @@ int serve(const AppConfig& cfg_in) {
   // 127.0.0.1:49982 inside): each agent-opened stream becomes one HTTP
   // connection the server adopts, bound to its sandbox. The server exists
   // only later; no sandbox exists before it does.
+  // The egress proxy (127.0.0.1:49984 inside) likewise, where the server
+  // has egress: each stream is one proxy connection.
   std::atomic<http::HttpServer*> server_ptr{nullptr};
-  runtime::ServiceOpener open_service = [&server_ptr](const std::string& sandbox_id,
-                                                      const std::string& service) -> Result<UniqueFd> {
+  std::atomic<EgressProxy*> egress_ptr{nullptr};
+  runtime::ServiceOpener open_service = [&server_ptr, &egress_ptr](const std::string& sandbox_id,
+                                                                   const std::string& service) -> Result<UniqueFd> {
     http::HttpServer* srv = server_ptr.load();
-    if (service != "llm" || !srv) return not_found_error("no gateway service \"" + service + "\" on this host");
+    EgressProxy* egress = egress_ptr.load();
+    bool known = (service == "llm" && srv) || (service == "egress" && egress);
+    if (!known) return not_found_error("no gateway service \"" + service + "\" on this host");
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
       return sys::errno_error("socketpair", "gateway service " + service);
     UniqueFd mine(sv[0]), theirs(sv[1]);
+    if (service == "egress") {
+      egress->adopt(std::move(theirs), sandbox_id);
+      return mine;
+    }
     if (Status s = srv->adopt(std::move(theirs), sandbox_id); !s) return s.error();
     return mine;
   };
@@ -354,7 +364,18 @@ int serve(const AppConfig& cfg_in) {
     LOG_INFO("memory offload: " << cfg.memory_offload << ", pool " << cfg.memory_pool_mb << " MiB in RAM, then "
                                 << ecfg.pool.dir);
   }
-  api::SandboxService sandboxes(**store, *rt, api::ServiceConfig{}, [] { return sys::unix_seconds(); });
+  api::ServiceConfig svc_cfg;
+  svc_cfg.egress = cfg.egress;
+  api::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); });
+  std::optional<EgressProxy> egress;
+  if (cfg.egress) {
+    EgressConfig ec;
+    ec.allow_internal = cfg.egress_allow_private;
+    egress.emplace(ec, [&sandboxes](const std::string& id) { return sandboxes.egress_policy(id); });
+    egress_ptr.store(&*egress);
+    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
+             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
+  }
   if (memory_engine) {
     sandboxes.set_memory_engine(memory_engine.get(), static_cast<size_t>(cfg.offload_concurrency));
     lost_to.store(&sandboxes);
@@ -445,7 +466,9 @@ int serve(const AppConfig& cfg_in) {
   LOG_INFO("signal " << sig << ": stopping");
   server_ptr = nullptr;
   server.stop();
+  egress_ptr = nullptr;
   sandboxes.shutdown();
+  egress.reset();  // its connections' sandboxes are gone: their threads end
   lost_to.store(nullptr);
   // The model gateway outlives the server object (whose destruction drops
   // suspended request coroutines that refer to it) but lets go of the

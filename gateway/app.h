@@ -59,6 +59,12 @@ struct AppConfig {
   // Wait coordinator (wait-engine/coordinator): pause a sandbox that waits
   // on a model after this grace, never sooner than cooldown after a resume.
   bool llm_pause = true;
+  // Network egress for sandboxes through the egress proxy, by each one's
+  // network policy (docs/egress.md); off: none at all.
+  bool egress = false;
+  // The proxy also reaches the host's internal networks (loopback, RFC
+  // 1918, link-local, ...): for local use and tests, never for tenants.
+  bool egress_allow_private = false;
   int64_t llm_grace_ms = 30;
   int64_t llm_cooldown_ms = 250;
   // Memory offload of wait-paused microVMs (wait-engine/memory,

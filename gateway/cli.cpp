@@ -117,6 +117,13 @@ serve options:
                                 of the 65536 below --sandbox-uid-base (auto:
                                 where sandgate is root and the kernel has
                                 /dev/userfaultfd; default auto)
+  --egress                      let sandboxes out through the egress proxy
+                                (HTTP_PROXY/HTTPS_PROXY inside), by each
+                                one's allow_internet_access and
+                                network.allowOut/denyOut (default: no egress)
+  --egress-allow-private        the proxy may also reach the host's internal
+                                networks (loopback, private, link-local):
+                                local use only, never with tenants
   --no-local-tenant             do not create the "local" tenant
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
@@ -130,7 +137,7 @@ struct Args {
 };
 
 // Options that take no value; "--flag=false" (or "=0") turns one off.
-const std::set<std::string> kFlags = {"help", "no-local-tenant", "no-llm-pause"};
+const std::set<std::string> kFlags = {"help", "no-local-tenant", "no-llm-pause", "egress", "egress-allow-private"};
 
 bool flag_on(const std::string& v) { return v != "false" && v != "0"; }
 
@@ -307,7 +314,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
@@ -363,6 +370,12 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
     if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
     if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
+    if (a.opts.count("egress")) cfg.egress = flag_on(a.opts["egress"]);
+    if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
+    if (cfg.egress_allow_private && !cfg.egress) {
+      err << "sandgate: --egress-allow-private needs --egress\n";
+      return 2;
+    }
     // Options with a fixed set of values.
     struct ChoiceOpt {
       const char* name;

@@ -54,15 +54,16 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
       cfg.bring_up_loopback = false;
     } else if (a == "--vm") {
       cfg.vm = true;
-    } else if (a == "--model-proxy-port" && i + 1 < argc) {
+    } else if ((a == "--model-proxy-port" || a == "--egress-proxy-port") && i + 1 < argc) {
       char* end = nullptr;
       long v = std::strtol(argv[++i], &end, 10);
       if (end == argv[i] || *end != '\0' || v < 0 || v > 65535)
-        return invalid_error(std::string("bad --model-proxy-port ") + argv[i] + " (0..65535; 0 disables the listener)");
-      cfg.model_proxy_port = static_cast<uint16_t>(v);
+        return invalid_error("bad " + std::string(a) + " " + argv[i] + " (0..65535; 0 disables the listener)");
+      (a == "--model-proxy-port" ? cfg.model_proxy_port : cfg.egress_proxy_port) = static_cast<uint16_t>(v);
     } else {
       return invalid_error("unknown argument " + std::string(a) +
-                           " (usage: sandgate-agent [--channel-fd N] [--no-loopback] [--vm] [--model-proxy-port N])");
+                           " (usage: sandgate-agent [--channel-fd N] [--no-loopback] [--vm] [--model-proxy-port N]"
+                           " [--egress-proxy-port N])");
     }
   }
   if (!envp) return cfg;
@@ -519,16 +520,21 @@ int run(const AgentConfig& cfg) {
   // The model API proxy: sandbox connections to 127.0.0.1:49982 become
   // {"service":"llm"} streams to the host. Listening before "configure" is
   // fine in a microVM: loopback is up and the host's opener needs no token.
-  std::optional<ServiceForwarder> llm;
-  if (cfg.model_proxy_port != 0) {
-    llm.emplace(mux, std::string(channel::kServiceLlm), kMaxServiceStreams);
-    if (Status ls = llm->listen(cfg.model_proxy_port); !ls) {
-      LOG_WARN("agent: model API proxy: " << ls.error().message() << "; the sandbox runs without it");
-      llm.reset();
+  // The egress proxy the same way, at 127.0.0.1:49984.
+  std::optional<ServiceForwarder> llm, egress;
+  auto forward = [&](std::optional<ServiceForwarder>& f, std::string_view service, uint16_t port, const char* what) {
+    if (port == 0) return;
+    f.emplace(mux, std::string(service), kMaxServiceStreams);
+    if (Status ls = f->listen(port); !ls) {
+      LOG_WARN("agent: " << what << ": " << ls.error().message() << "; the sandbox runs without it");
+      f.reset();
     } else {
-      mux.watch_fd(llm->fd(), [&] { llm->on_readable(); });
+      ServiceForwarder* fp = &*f;
+      mux.watch_fd(fp->fd(), [fp] { fp->on_readable(); });
     }
-  }
+  };
+  forward(llm, channel::kServiceLlm, cfg.model_proxy_port, "model API proxy");
+  forward(egress, channel::kServiceEgress, cfg.egress_proxy_port, "egress proxy");
   if (Status s = mux.send_control(ready_message(::getpid())); !s) {
     LOG_ERROR("agent: " << s.error().message());
     return 1;

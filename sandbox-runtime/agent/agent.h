@@ -67,6 +67,9 @@ struct AgentConfig {
   // 127.0.0.1:PORT inside the sandbox forwarded to the host's model API
   // proxy ({"service":"llm"} streams); 0: no listener (--model-proxy-port).
   uint16_t model_proxy_port = channel::kModelProxyPort;
+  // The same for the host's egress proxy ({"service":"egress"}), which
+  // refuses the stream where the server has no egress (--egress-proxy-port).
+  uint16_t egress_proxy_port = channel::kEgressProxyPort;
   std::string envd_access_token;    // SANDGATE_ENVD_TOKEN
   std::string sandbox_id;           // SANDGATE_SANDBOX_ID
   // SANDGATE_USERNS_FD: a user namespace to join once the steps that need

@@ -18,6 +18,10 @@ namespace sg::channel {
 inline constexpr uint16_t kModelProxyPort = 49982;
 // The service name of the model API proxy in an agent OPEN.
 inline constexpr std::string_view kServiceLlm = "llm";
+// Where sandbox processes reach the gateway's egress proxy (an HTTP proxy:
+// CONNECT and absolute-form requests), when the server has egress.
+inline constexpr uint16_t kEgressProxyPort = 49984;
+inline constexpr std::string_view kServiceEgress = "egress";
 inline constexpr size_t kMaxServiceName = 32;
 
 // The OPEN payload the agent sends for a connection to service name.

@@ -46,6 +46,29 @@ TEST_CASE("requests: create takes E2B's fields, refuses unknown ones and out-of-
             .find("content type") != std::string::npos);
 }
 
+TEST_CASE("requests: create's network fields become the sandbox's egress policy") {
+  auto c = parse_create_request(
+      body(R"({"templateID":"base","allow_internet_access":false,"network":{"allowOut":["1.1.1.1","*.pypi.org"],"denyOut":["10.0.0.0/8"]}})"),
+      true);
+  REQUIRE(c);
+  CHECK(c->asks_egress);
+  CHECK_FALSE(c->egress.internet);
+  CHECK(c->egress.allow_nets.size() == 1);
+  CHECK(c->egress.allow_names == std::vector<std::string>{"*.pypi.org"});
+  CHECK(c->egress.deny_nets.size() == 1);
+  auto plain = parse_create_request(body(R"({"templateID":"base"})"), true);
+  REQUIRE(plain);
+  CHECK_FALSE(plain->asks_egress);
+  CHECK(plain->egress.internet);  // E2B's default
+  CHECK(invalid(parse_create_request(body(R"({"templateID":"base","network":{"allowOut":[1]}})"), true))
+            .find("must hold strings") != std::string::npos);
+  CHECK(invalid(parse_create_request(body(R"({"templateID":"base","network":{"denyOut":["example.com"]}})"), true))
+            .find("denyOut") != std::string::npos);
+  CHECK(invalid(parse_create_request(body(R"({"templateID":"base","network":{"rules":{"a.com":[{}]}}})"), true))
+            .find("network.rules") != std::string::npos);
+  CHECK(parse_create_request(body(R"({"templateID":"base","network":{"rules":{}}})"), true));
+}
+
 TEST_CASE("requests: connect, resume, pause and timeout bodies") {
   CHECK_FALSE(parse_connect_request(body("", ""))->has_value());  // empty body: no timeout
   CHECK(**parse_connect_request(body(R"({"timeout":30,"memory":true})")) == 30);

@@ -215,6 +215,24 @@ if (skip) {
     assert.ok(Number(gap) >= 0.8 * longest, `a tick took ${gap} s, the sandbox was paused ${longest.toFixed(3)} s`);
   });
 
+  test('egress from a microVM: the host-side proxy lets allowOut through and refuses the rest', STEP, async () => {
+    // sandgate runs with --egress --egress-allow-private here
+    // (tests/CMakeLists.txt): the mock upstream is on QEMU's host address.
+    const inGuest = modelUrl.replace('127.0.0.1', '10.0.2.2');
+    const want = String((await fetch(modelUrl + '/v1/models')).status);
+    const net = await Sandbox.create('base', { ...opts, timeoutMs: 300_000, allowInternetAccess: false,
+      network: { allowOut: ['10.0.2.2'] } });
+    try {
+      const code = async (u) => (await net.commands.run(
+        `curl -s -o /dev/null -w '%{http_code}' --max-time 60 ${u} || true`, { timeoutMs: 120_000 })).stdout;
+      assert.equal(await code(inGuest + '/v1/models'), want, 'the mock answers through the proxy');
+      assert.equal(await code('http://10.0.2.3:53/'), '403', 'not in allowOut');
+      assert.equal(await code(`--noproxy '*' ${inGuest}/v1/models`), '000', 'no way around the proxy');
+    } finally {
+      await net.kill();
+    }
+  });
+
   test('the sandbox runs after the waits', STEP, async () => {
     assert.equal((await sbx.getInfo()).state, 'running');
     assert.equal((await sbx.commands.run('echo alive')).stdout, 'alive\n');

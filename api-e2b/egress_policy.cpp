@@ -1,0 +1,157 @@
+// Egress policy parsing and decisions (egress_policy.h).
+#include "api-e2b/egress_policy.h"
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+
+namespace sg::api {
+
+namespace {
+
+constexpr size_t kMaxEntries = 64;
+constexpr size_t kMaxName = 253;
+
+bool valid_name(const std::string& n) {
+  // Labels of [a-z0-9-], not starting or ending with '-', 1..63 long.
+  if (n.empty() || n.size() > kMaxName) return false;
+  size_t label = 0;
+  for (size_t i = 0; i < n.size(); ++i) {
+    char c = n[i];
+    if (c == '.') {
+      if (label == 0 || n[i - 1] == '-') return false;
+      label = 0;
+      continue;
+    }
+    if (!(std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '-'))
+      return false;
+    if (c == '-' && label == 0) return false;
+    if (++label > 63) return false;
+  }
+  return label > 0 && n.back() != '-';
+}
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool name_matches(const std::string& pattern, const std::string& host) {
+  if (pattern.rfind("*.", 0) == 0) {
+    std::string suffix = pattern.substr(1);  // ".example.com"
+    return host.size() > suffix.size() && host.compare(host.size() - suffix.size(), suffix.size(), suffix) == 0;
+  }
+  return pattern == host;
+}
+
+IpNet net(const char* text) { return *parse_ip_net(text); }
+
+}  // namespace
+
+bool IpNet::contains(const std::array<uint8_t, 16>& a) const {
+  int full = prefix / 8, rest = prefix % 8;
+  if (std::memcmp(addr.data(), a.data(), static_cast<size_t>(full)) != 0) return false;
+  if (rest == 0) return true;
+  uint8_t mask = static_cast<uint8_t>(0xff << (8 - rest));
+  return (addr[static_cast<size_t>(full)] & mask) == (a[static_cast<size_t>(full)] & mask);
+}
+
+std::optional<std::array<uint8_t, 16>> parse_ip(const std::string& text) {
+  std::array<uint8_t, 16> a{};
+  in_addr v4{};
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) {
+    a[10] = a[11] = 0xff;
+    std::memcpy(a.data() + 12, &v4, 4);
+    return a;
+  }
+  in6_addr v6{};
+  if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
+    std::memcpy(a.data(), &v6, 16);
+    return a;
+  }
+  return std::nullopt;
+}
+
+std::optional<IpNet> parse_ip_net(const std::string& text) {
+  if (text.size() > 64) return std::nullopt;
+  size_t slash = text.find('/');
+  std::string ip = text.substr(0, slash);
+  auto a = parse_ip(ip);
+  if (!a) return std::nullopt;
+  bool v4 = ip.find(':') == std::string::npos;
+  IpNet n;
+  n.addr = *a;
+  n.prefix = 128;
+  if (slash != std::string::npos) {
+    std::string p = text.substr(slash + 1);
+    if (p.empty() || p.size() > 3 || !std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;
+    int bits = std::stoi(p);
+    if (bits > (v4 ? 32 : 128)) return std::nullopt;
+    n.prefix = v4 ? 96 + bits : bits;
+  }
+  // E2B's ALL_TRAFFIC is "0.0.0.0/0": every destination, IPv6 ones too.
+  if (v4 && n.prefix == 96 && *a == parse_ip("0.0.0.0")) n.prefix = 0;
+  // Host bits set below the prefix are cleared, so "10.1.2.3/8" is 10/8.
+  for (int bit = n.prefix; bit < 128; ++bit) n.addr[static_cast<size_t>(bit / 8)] &= static_cast<uint8_t>(~(0x80 >> (bit % 8)));
+  return n;
+}
+
+bool is_internal(const std::array<uint8_t, 16>& a) {
+  static const std::vector<IpNet> internal = {
+      net("0.0.0.0/8"),     net("10.0.0.0/8"),   net("100.64.0.0/10"), net("127.0.0.0/8"),
+      net("169.254.0.0/16"), net("172.16.0.0/12"), net("192.0.0.0/24"), net("192.168.0.0/16"),
+      net("198.18.0.0/15"),  net("224.0.0.0/3"),  // multicast, reserved and broadcast
+      net("::/128"),         net("::1/128"),      net("fc00::/7"),      net("fe80::/10"), net("ff00::/8"),
+      net("64:ff9b::/96"),  // NAT64 to anything, internal addresses too
+  };
+  return std::any_of(internal.begin(), internal.end(), [&](const IpNet& n) { return n.contains(a); });
+}
+
+Result<EgressPolicy> parse_egress_policy(const std::vector<std::string>& allow_out,
+                                         const std::vector<std::string>& deny_out, std::optional<bool> internet) {
+  if (allow_out.size() > kMaxEntries || deny_out.size() > kMaxEntries)
+    return invalid_error("field 'network': at most " + std::to_string(kMaxEntries) + " entries in allowOut and in denyOut");
+  EgressPolicy p;
+  p.internet = internet.value_or(true);
+  for (const std::string& e : allow_out) {
+    if (auto n = parse_ip_net(e)) {
+      p.allow_nets.push_back(*n);
+      continue;
+    }
+    std::string name = lower(e);
+    std::string bare = name.rfind("*.", 0) == 0 ? name.substr(2) : name;
+    if (!valid_name(bare))
+      return invalid_error("field 'network.allowOut': '" + e.substr(0, 80) +
+                           "' is not an IP address, a CIDR or a domain name");
+    p.allow_names.push_back(name);
+  }
+  for (const std::string& e : deny_out) {
+    auto n = parse_ip_net(e);
+    if (!n) return invalid_error("field 'network.denyOut': '" + e.substr(0, 80) + "' is not an IP address or a CIDR");
+    p.deny_nets.push_back(*n);
+  }
+  return p;
+}
+
+EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, const std::array<uint8_t, 16>& a,
+                             bool allow_internal) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  bool v4 = a[10] == 0xff && a[11] == 0xff && std::all_of(a.begin(), a.begin() + 10, [](uint8_t b) { return b == 0; });
+  ::inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? a.data() + 12 : a.data(), text, sizeof text);
+  std::string where = host == text ? host : host + " (" + text + ")";
+  if (!allow_internal && is_internal(a))
+    return {false, "egress to " + where + " is refused: an address internal to the host's networks"};
+  std::string h = lower(host);
+  bool allowed = std::any_of(p.allow_names.begin(), p.allow_names.end(), [&](const std::string& n) { return name_matches(n, h); }) ||
+                 std::any_of(p.allow_nets.begin(), p.allow_nets.end(), [&](const IpNet& n) { return n.contains(a); });
+  if (allowed) return {true, ""};
+  if (std::any_of(p.deny_nets.begin(), p.deny_nets.end(), [&](const IpNet& n) { return n.contains(a); }))
+    return {false, "egress to " + where + " is denied by the sandbox's network.denyOut"};
+  if (!p.internet) return {false, "egress to " + where + " is denied: the sandbox was created without internet access"};
+  return {true, ""};
+}
+
+}  // namespace sg::api
