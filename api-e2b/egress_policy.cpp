@@ -48,6 +48,41 @@ bool name_matches(const std::string& pattern, const std::string& host) {
 
 IpNet net(const char* text) { return *parse_ip_net(text); }
 
+// "host:port" / "[v6]:port"; default_port when there is no port.
+std::optional<EgressRequest> parse_authority(std::string_view a, uint16_t default_port) {
+  EgressRequest t;
+  std::string_view port;
+  if (!a.empty() && a[0] == '[') {
+    size_t close = a.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    t.host = std::string(a.substr(1, close - 1));
+    std::string_view after = a.substr(close + 1);
+    if (!after.empty()) {
+      if (after[0] != ':') return std::nullopt;
+      port = after.substr(1);
+    }
+  } else {
+    size_t colon = a.rfind(':');
+    t.host = std::string(a.substr(0, colon));
+    if (colon != std::string_view::npos) port = a.substr(colon + 1);
+  }
+  if (t.host.empty() || t.host.size() > 253) return std::nullopt;
+  for (char c : t.host)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' || c == '_')) return std::nullopt;
+  if (port.empty()) {
+    if (default_port == 0) return std::nullopt;
+    t.port = default_port;
+  } else {
+    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;
+    unsigned long v = std::stoul(std::string(port));
+    if (v == 0 || v > 65535) return std::nullopt;
+    t.port = static_cast<uint16_t>(v);
+  }
+  return t;
+}
+
+
 }  // namespace
 
 bool IpNet::contains(const std::array<uint8_t, 16>& a) const {
@@ -152,6 +187,59 @@ EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, con
     return {false, "egress to " + where + " is denied by the sandbox's network.denyOut"};
   if (!p.internet) return {false, "egress to " + where + " is denied: the sandbox was created without internet access"};
   return {true, ""};
+}
+
+Result<EgressRequest> parse_egress_request(std::string_view head) {
+  if (head.size() > kMaxEgressHead) return invalid_error("proxy request head over 16 KiB");
+  if (head.size() < 4 || head.substr(head.size() - 4) != "\r\n\r\n" || head.find('\0') != std::string_view::npos)
+    return invalid_error("not an HTTP/1.x proxy request");
+  // Request line: METHOD SP TARGET SP HTTP/1.x
+  std::string_view line = head.substr(0, head.find("\r\n"));
+  size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
+  if (sp1 == std::string_view::npos || sp1 == 0 || sp2 == sp1 || line.substr(sp2 + 1, 7) != "HTTP/1." ||
+      line.size() != sp2 + 9)
+    return invalid_error("not an HTTP/1.x proxy request");
+  std::string_view method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  for (char c : method)
+    if (!std::isupper(static_cast<unsigned char>(c))) return invalid_error("not an HTTP/1.x proxy request");
+  // Header lines: "name: value", nothing else (a bare CR or LF would let
+  // the sandbox smuggle a second request past the rewrite).
+  std::vector<std::string_view> headers;
+  for (size_t pos = line.size() + 2; pos + 2 < head.size();) {
+    size_t end = head.find("\r\n", pos);
+    std::string_view h = head.substr(pos, end - pos);
+    size_t colon = h.find(':');
+    if (colon == 0 || colon == std::string_view::npos || h.find('\r') != std::string_view::npos ||
+        h.find('\n') != std::string_view::npos)
+      return invalid_error("malformed header line in the proxy request");
+    headers.push_back(h);
+    pos = end + 2;
+  }
+  std::optional<EgressRequest> t;
+  if (method == "CONNECT") {
+    t = parse_authority(target, 0);
+    if (t) t->tunnel = true;
+  } else if (target.substr(0, 7) == "http://") {
+    std::string_view rest = target.substr(7);
+    size_t slash = rest.find('/');
+    t = parse_authority(rest.substr(0, slash), 80);
+    std::string_view path = slash == std::string_view::npos ? std::string_view("/") : rest.substr(slash);
+    if (t) {
+      // Origin form, no Proxy-* headers, one request ("Connection: close").
+      t->origin_head = std::string(method) + " " + std::string(path) + " HTTP/1.1\r\n";
+      for (std::string_view h : headers) {
+        std::string name = lower(std::string(h.substr(0, h.find(':'))));
+        if (name.rfind("proxy-", 0) == 0 || name == "connection" || name == "keep-alive") continue;
+        t->origin_head += std::string(h) + "\r\n";
+      }
+      t->origin_head += "Connection: close\r\n\r\n";
+    }
+  } else {
+    return invalid_error("the egress proxy takes CONNECT host:port or an absolute http:// URL "
+                         "(use it as HTTP_PROXY/HTTPS_PROXY)");
+  }
+  if (!t) return invalid_error("bad proxy target '" + std::string(target.substr(0, 200)) + "'");
+  return *t;
 }
 
 }  // namespace sg::api

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sys/status.h"
@@ -59,5 +60,19 @@ struct EgressDecision {
 // name it asked for, or the address's text).
 EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, const std::array<uint8_t, 16>& a,
                              bool allow_internal);
+
+// One request head to the egress proxy, through its blank line (the
+// sandbox wrote it: hostile). CONNECT host:port is a tunnel; an
+// absolute-form http:// request gets origin_head, the head to send the
+// origin (origin-form target, no Proxy-* or Connection headers, then
+// "Connection: close": one request per connection).
+inline constexpr size_t kMaxEgressHead = 16 * 1024;
+struct EgressRequest {
+  bool tunnel = false;
+  std::string host;  // a name or an address (IPv6 without brackets)
+  uint16_t port = 0;
+  std::string origin_head;
+};
+Result<EgressRequest> parse_egress_request(std::string_view head);
 
 }  // namespace sg::api

@@ -23,7 +23,7 @@ namespace sg::gateway {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxHead = 16 * 1024;
+constexpr size_t kMaxHead = api::kMaxEgressHead;
 constexpr size_t kRelayBuf = 64 * 1024;
 
 int ms_left(Clock::time_point deadline) {
@@ -87,46 +87,6 @@ bool read_head(int fd, Clock::time_point deadline, std::string* head, std::strin
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && wait_for(fd, POLLIN, deadline)) continue;
     return false;
   }
-}
-
-struct Target {
-  std::string host;  // a name or an address (IPv6 without brackets)
-  uint16_t port = 0;
-  std::string path;  // absolute-form requests: the origin-form target
-};
-
-// "host:port" / "[v6]:port"; default_port when there is no port.
-std::optional<Target> parse_authority(std::string_view a, uint16_t default_port) {
-  Target t;
-  std::string_view port;
-  if (!a.empty() && a[0] == '[') {
-    size_t close = a.find(']');
-    if (close == std::string_view::npos) return std::nullopt;
-    t.host = std::string(a.substr(1, close - 1));
-    std::string_view after = a.substr(close + 1);
-    if (!after.empty()) {
-      if (after[0] != ':') return std::nullopt;
-      port = after.substr(1);
-    }
-  } else {
-    size_t colon = a.rfind(':');
-    t.host = std::string(a.substr(0, colon));
-    if (colon != std::string_view::npos) port = a.substr(colon + 1);
-  }
-  if (t.host.empty() || t.host.size() > 253) return std::nullopt;
-  for (char c : t.host)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == ':' || c == '_')) return std::nullopt;
-  if (port.empty()) {
-    if (default_port == 0) return std::nullopt;
-    t.port = default_port;
-  } else {
-    if (port.size() > 5 || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return std::nullopt;
-    unsigned long v = std::stoul(std::string(port));
-    if (v == 0 || v > 65535) return std::nullopt;
-    t.port = static_cast<uint16_t>(v);
-  }
-  return t;
 }
 
 Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& host) {
@@ -241,24 +201,6 @@ void relay(int a, int b, std::chrono::milliseconds idle, uint64_t* a_to_b, uint6
   }
 }
 
-// The request head of an absolute-form request, rewritten for the origin:
-// origin-form target, no Proxy-* headers, one request ("Connection: close").
-std::string origin_head(const std::string& method, const std::string& path, const std::string& head) {
-  std::string out = method + " " + path + " HTTP/1.1\r\n";
-  size_t pos = head.find("\r\n") + 2;
-  while (pos < head.size()) {
-    size_t end = head.find("\r\n", pos);
-    if (end == std::string::npos || end == pos) break;
-    std::string line = head.substr(pos, end - pos);
-    pos = end + 2;
-    std::string name = line.substr(0, line.find(':'));
-    for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (name.rfind("proxy-", 0) == 0 || name == "connection" || name == "keep-alive") continue;
-    out += line + "\r\n";
-  }
-  return out + "Connection: close\r\n\r\n";
-}
-
 }  // namespace
 
 EgressProxy::EgressProxy(EgressConfig cfg, PolicyLookup policy, Resolver resolve)
@@ -315,33 +257,10 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
     respond(fd, 400, "Bad Request", "no complete proxy request head (at most 16 KiB) within the time limit");
     return;
   }
-  // Request line: METHOD SP TARGET SP HTTP/1.x
-  std::string line = head.substr(0, head.find("\r\n"));
-  size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
-  if (sp1 == std::string::npos || sp2 == sp1 || line.compare(sp2 + 1, 7, "HTTP/1.") != 0) {
-    count(&EgressStats::failed);
-    respond(fd, 400, "Bad Request", "not an HTTP/1.x proxy request");
-    return;
-  }
-  std::string method = line.substr(0, sp1), target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  bool tunnel = method == "CONNECT";
-  std::optional<Target> t;
-  if (tunnel) {
-    t = parse_authority(target, 0);
-  } else if (target.rfind("http://", 0) == 0) {
-    std::string_view rest_of = std::string_view(target).substr(7);
-    size_t slash = rest_of.find('/');
-    t = parse_authority(rest_of.substr(0, slash), 80);
-    if (t) t->path = slash == std::string_view::npos ? "/" : std::string(rest_of.substr(slash));
-  } else {
-    count(&EgressStats::failed);
-    respond(fd, 400, "Bad Request",
-            "the egress proxy takes CONNECT host:port or an absolute http:// URL (use it as HTTP_PROXY/HTTPS_PROXY)");
-    return;
-  }
+  Result<api::EgressRequest> t = api::parse_egress_request(head);
   if (!t) {
     count(&EgressStats::failed);
-    respond(fd, 400, "Bad Request", "bad proxy target '" + target.substr(0, 200) + "'");
+    respond(fd, 400, "Bad Request", t.error().message());
     return;
   }
   std::optional<api::EgressPolicy> pol = policy_(sandbox_id);
@@ -381,11 +300,11 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
   }
   count(&EgressStats::allowed);
   auto deadline = Clock::now() + cfg_.connect_timeout;
-  if (tunnel) {
+  if (t->tunnel) {
     if (!write_all(fd, "HTTP/1.1 200 Connection Established\r\n\r\n", deadline)) return;
     if (!rest.empty() && !write_all(up->get(), rest, deadline)) return;
   } else {
-    if (!write_all(up->get(), origin_head(method, t->path, head) + rest, deadline)) return;
+    if (!write_all(up->get(), t->origin_head + rest, deadline)) return;
   }
   uint64_t out = rest.size(), in = 0;
   relay(fd, up->get(), cfg_.idle_timeout, &out, &in);

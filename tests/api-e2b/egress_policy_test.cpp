@@ -94,3 +94,39 @@ TEST_CASE("egress: bad entries are refused with the entry named") {
   const std::vector<std::string> names = {"-a.com", "a-.com", "a..com", ".com", std::string(64, 'a') + ".com"};
   for (const std::string& n : names) CHECK_MESSAGE(!parse_egress_policy({n}, {}, std::nullopt), n);
 }
+
+TEST_CASE("egress: proxy request heads") {
+  auto c = parse_egress_request("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n");
+  REQUIRE(c);
+  CHECK(c->tunnel);
+  CHECK(c->host == "example.com");
+  CHECK(c->port == 443);
+  auto v6 = parse_egress_request("CONNECT [2001:db8::1]:8443 HTTP/1.1\r\n\r\n");
+  REQUIRE(v6);
+  CHECK(v6->host == "2001:db8::1");
+  CHECK(v6->port == 8443);
+  auto g = parse_egress_request(
+      "GET http://example.com/a?b=1 HTTP/1.1\r\nHost: example.com\r\nProxy-Authorization: x\r\nConnection: keep-alive\r\n"
+      "Accept: */*\r\n\r\n");
+  REQUIRE(g);
+  CHECK_FALSE(g->tunnel);
+  CHECK(g->port == 80);
+  CHECK(g->origin_head == "GET /a?b=1 HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nConnection: close\r\n\r\n");
+  auto root = parse_egress_request("GET http://example.com:8080 HTTP/1.0\r\n\r\n");
+  REQUIRE(root);
+  CHECK(root->port == 8080);
+  CHECK(root->origin_head.rfind("GET / HTTP/1.1\r\n", 0) == 0);
+  for (const char* bad : {"GET /relative HTTP/1.1\r\n\r\n", "CONNECT example.com HTTP/1.1\r\n\r\n",
+                          "CONNECT example.com:0 HTTP/1.1\r\n\r\n", "CONNECT example.com:65536 HTTP/1.1\r\n\r\n",
+                          "connect example.com:443 HTTP/1.1\r\n\r\n", "CONNECT example.com:443 HTTP/2.0\r\n\r\n",
+                          "CONNECT ex ample.com:443 HTTP/1.1\r\n\r\n", "CONNECT [::1:443 HTTP/1.1\r\n\r\n",
+                          "GET https://example.com/ HTTP/1.1\r\n\r\n", "CONNECT a:1 HTTP/1.1\r\n\r\n\r\n",
+                          // a header without a colon, or a bare LF inside one: no smuggling past the rewrite
+                          "GET http://a/ HTTP/1.1\r\nnocolon\r\n\r\n",
+                          "GET http://a/ HTTP/1.1\r\nX: 1\nGET http://b/ HTTP/1.1\r\n\r\n", "", "\r\n\r\n"}) {
+    auto r = parse_egress_request(bad);
+    CHECK_MESSAGE(!r, bad);
+    if (!r) CHECK(r.error().kind() == sg::ErrorKind::kInvalid);
+  }
+  CHECK_FALSE(parse_egress_request(std::string(kMaxEgressHead + 1, 'A')));
+}

@@ -1,14 +1,17 @@
 // libFuzzer target: what a client controls in a control-plane or proxied
 // request: the target (path and query), Host and routing headers, the
 // content type and the JSON body, through every route's parser
-// (api-e2b/requests.h) and the gateway's sandbox routing
+// (api-e2b/requests.h), the egress proxy's request heads and policies
+// (api-e2b/egress_policy.h) and the gateway's sandbox routing
 // (gateway/http/routing.h). Beyond "no crash, no sanitizer report" it
 // checks the contracts: a parse either succeeds with values inside their
 // documented bounds or fails as kInvalid with a message.
 //
 // Input: byte 0 picks the route; the rest is split on '\n' into target,
 // Host, E2B-Sandbox-Id, E2B-Sandbox-Port, Content-Type, and the body (all
-// that is left).
+// that is left). Route 8 is the egress proxy's request head (the body) and
+// an egress policy (allowOut and denyOut one entry each from the fourth
+// and fifth fields) decided for the second and third (name, address).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -102,6 +105,26 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check_error(m);
       if (m) require((!m->start || *m->start >= 0) && (!m->end || *m->end >= 0));
       (void)sg::api::parse_rfc3339(req.body);
+      break;
+    }
+    case 8: {
+      // The egress proxy's request head (a sandbox's): the body is the head.
+      auto r = sg::api::parse_egress_request(req.body);
+      check_error(r);
+      if (r) {
+        require(!r->host.empty() && r->host.size() <= 253 && r->port >= 1);
+        require(r->tunnel == r->origin_head.empty());
+        if (!r->tunnel) require(r->origin_head.size() >= 4 && r->origin_head.substr(r->origin_head.size() - 4) == "\r\n\r\n");
+      }
+      std::string host = fields[1].empty() ? "example.com" : fields[1];
+      if (auto a = sg::api::parse_ip(fields[2].empty() ? "1.2.3.4" : fields[2])) {
+        auto pol = sg::api::parse_egress_policy({fields[3]}, {fields[4]}, (route & 0x10) != 0);
+        check_error(pol);
+        if (pol) {
+          sg::api::EgressDecision d = sg::api::decide_egress(*pol, host, *a, (route & 0x20) != 0);
+          require(d.allowed == d.why.empty());
+        }
+      }
       break;
     }
     default: {
