@@ -18,4 +18,6 @@ build/release/bin/memory_restore_bench docs/bench/memory-restore.json
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/commands.bench.mjs docs/bench/commands.json
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/egress.bench.mjs docs/bench/egress-sandbox.json
 node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt
