@@ -62,27 +62,13 @@ struct Origin {
   }
 };
 
-// Everything the proxy sends until it closes (or 10 s pass).
-std::string read_all(int fd) {
-  std::string out;
-  char buf[4096];
-  auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (std::chrono::steady_clock::now() < deadline) {
-    struct pollfd p = {fd, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
-
-// Reads until `until` has arrived (or 10 s pass).
+// What the proxy sends until `until` has arrived, or (empty `until`) until
+// it closes; 10 s at most.
 std::string read_until(int fd, const std::string& until) {
   std::string out;
   char buf[4096];
   auto deadline = std::chrono::steady_clock::now() + 10s;
-  while (out.find(until) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+  while ((until.empty() || out.find(until) == std::string::npos) && std::chrono::steady_clock::now() < deadline) {
     struct pollfd p = {fd, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;
     ssize_t n = ::recv(fd, buf, sizeof buf, 0);
@@ -91,6 +77,7 @@ std::string read_until(int fd, const std::string& until) {
   }
   return out;
 }
+std::string read_all(int fd) { return read_until(fd, ""); }
 
 struct Client {
   UniqueFd mine;
