@@ -221,6 +221,7 @@ EgressStats EgressProxy::stats() {
 void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
   int fl = ::fcntl(conn.get(), F_GETFL);
   if (fl < 0 || ::fcntl(conn.get(), F_SETFL, fl | O_NONBLOCK) != 0) return;
+  bool refused = false;
   {
     std::lock_guard<std::mutex> l(mu_);
     ++stats_.connections;
@@ -228,12 +229,16 @@ void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
     if (stopping_ || mine >= cfg_.max_per_sandbox || threads_ >= cfg_.max_total) {
       ++stats_.refused;
       if (mine == 0) per_sandbox_.erase(sandbox_id);
-      respond(conn.get(), 429, "Too Many Requests", "too many egress connections from this sandbox at once");
-      return;
+      refused = true;
+    } else {
+      ++mine;
+      ++threads_;
+      open_.insert(conn.get());
     }
-    ++mine;
-    ++threads_;
-    open_.insert(conn.get());
+  }
+  if (refused) {  // written outside the lock: the sandbox may not read it
+    respond(conn.get(), 429, "Too Many Requests", "too many egress connections from this sandbox at once");
+    return;
   }
   std::thread([this, fd = conn.release(), sandbox_id] {
     serve(fd, sandbox_id);
