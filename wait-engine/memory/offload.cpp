@@ -417,13 +417,17 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       if (Status d = decode_page(codec(), r->payload, tp, dict ? &*dict : nullptr, out); !d)
         return d.error().with_context("page " + std::to_string(page));
       if (t_in_prefetch) raw->prefetch_crc[page] = page_crc32c(out, kPage);
-      // Resident from now on: the pool's copy would only cost memory.
-      pool_->erase(id, page);
+      // The record stays until the page is installed (fo.installed): the
+      // fault thread and a prefetch may both be here for one page, and
+      // the one that finds no record would install the template's page
+      // (or zeros) instead, if it won the UFFDIO_COPY.
       return PageFill::kData;
     };
     FaultServerOptions fo;
     fo.features = rel->second;
     fo.on_failure = [lost](const Error& e) { lost(e.message()); };
+    // Resident from now on: the pool's copy would only cost memory.
+    fo.installed = [this, id](uint64_t page) { pool_->erase(id, page); };
     auto fs = FaultServer::adopt(std::move(rel->first), s.base, s.size, std::move(src), std::move(fo));
     if (fs) {
       if (Status st = (*fs)->start(); !st) fs = st.error();

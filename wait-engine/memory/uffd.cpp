@@ -291,7 +291,10 @@ FaultServer::Install FaultServer::install(uint64_t page, bool wake_now, uint8_t*
     c.mode = mode_wake ? UFFDIO_COPY_MODE_DONTWAKE : 0;
     e = uffd_ioctl(UFFDIO_COPY, &c);
   }
-  if (e == 0) return done;
+  if (e == 0) {
+    if (opt_.installed) opt_.installed(page);
+    return done;
+  }
   if (e == EEXIST) {
     if (wake_now) wake(page, 1);
     return Install::kPresent;

@@ -74,6 +74,11 @@ struct FaultServerOptions {
   uint64_t features = 0;
   // Called once, on the server thread, on the first source error.
   std::function<void(const Error&)> on_failure;
+  // Called after this server installed a page (UFFDIO_COPY or ZEROPAGE
+  // succeeded), on the thread that installed it: from then on no other
+  // install of that page can succeed (they get EEXIST), so the source may
+  // forget its copy. Not called for a page someone else installed first.
+  std::function<void(uint64_t page)> installed;
 };
 
 class FaultServer {
