@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <utility>
@@ -95,7 +96,9 @@ struct AgentSide {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(port);
-    REQUIRE(::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    int rc = ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
+    std::string why = rc == 0 ? "" : std::string(std::strerror(errno));
+    REQUIRE_MESSAGE(rc == 0, "connect to 127.0.0.1:" << port << ": " << why);
     muxtest::set_timeouts(s.get());
     return s;
   }
