@@ -93,14 +93,21 @@ bool IpNet::contains(const std::array<uint8_t, 16>& a) const {
   return (addr[static_cast<size_t>(full)] & mask) == (a[static_cast<size_t>(full)] & mask);
 }
 
+std::array<uint8_t, 16> v4_mapped(const void* v4) {
+  std::array<uint8_t, 16> a{};
+  a[10] = a[11] = 0xff;
+  std::memcpy(a.data() + 12, v4, 4);
+  return a;
+}
+
+bool is_v4_mapped(const std::array<uint8_t, 16>& a) {
+  return a[10] == 0xff && a[11] == 0xff && std::all_of(a.begin(), a.begin() + 10, [](uint8_t b) { return b == 0; });
+}
+
 std::optional<std::array<uint8_t, 16>> parse_ip(const std::string& text) {
   std::array<uint8_t, 16> a{};
   in_addr v4{};
-  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) {
-    a[10] = a[11] = 0xff;
-    std::memcpy(a.data() + 12, &v4, 4);
-    return a;
-  }
+  if (::inet_pton(AF_INET, text.c_str(), &v4) == 1) return v4_mapped(&v4);
   in6_addr v6{};
   if (::inet_pton(AF_INET6, text.c_str(), &v6) == 1) {
     std::memcpy(a.data(), &v6, 16);
@@ -174,7 +181,7 @@ Result<EgressPolicy> parse_egress_policy(const std::vector<std::string>& allow_o
 EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, const std::array<uint8_t, 16>& a,
                              bool allow_internal) {
   char text[INET6_ADDRSTRLEN] = "?";
-  bool v4 = a[10] == 0xff && a[11] == 0xff && std::all_of(a.begin(), a.begin() + 10, [](uint8_t b) { return b == 0; });
+  bool v4 = is_v4_mapped(a);
   ::inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? a.data() + 12 : a.data(), text, sizeof text);
   std::string where = host == text ? host : host + " (" + text + ")";
   if (!allow_internal && is_internal(a))

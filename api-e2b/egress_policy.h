@@ -33,6 +33,10 @@ struct IpNet {
   bool contains(const std::array<uint8_t, 16>& a) const;
 };
 
+// IPv4 as ::ffff:a.b.c.d (v4 holds 4 bytes in network order), and the test.
+std::array<uint8_t, 16> v4_mapped(const void* v4);
+bool is_v4_mapped(const std::array<uint8_t, 16>& a);
+
 // "a.b.c.d", "a.b.c.d/n", "v6", "v6/n" (an IPv4 prefix counts over the
 // IPv4 part): nullopt when the text is none of these.
 std::optional<IpNet> parse_ip_net(const std::string& text);

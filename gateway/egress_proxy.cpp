@@ -101,8 +101,7 @@ Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& h
   for (struct addrinfo* r = res; r; r = r->ai_next) {
     std::array<uint8_t, 16> a{};
     if (r->ai_family == AF_INET) {
-      a[10] = a[11] = 0xff;
-      std::memcpy(a.data() + 12, &reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr, 4);
+      a = api::v4_mapped(&reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr);
     } else if (r->ai_family == AF_INET6) {
       std::memcpy(a.data(), &reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr, 16);
     } else {
@@ -116,7 +115,7 @@ Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& h
 }
 
 Result<UniqueFd> connect_to(const std::array<uint8_t, 16>& a, uint16_t port, std::chrono::milliseconds timeout) {
-  bool v4 = a[10] == 0xff && a[11] == 0xff && std::all_of(a.begin(), a.begin() + 10, [](uint8_t b) { return b == 0; });
+  bool v4 = api::is_v4_mapped(a);
   sockaddr_storage ss{};
   socklen_t len;
   if (v4) {
