@@ -199,6 +199,9 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   Run jail = cli(dir, {"serve", "--vmm-jail", "1"});
   CHECK(jail.rc == 2);
   CHECK(jail.err.find("--vmm-jail wants auto, on or off") != std::string::npos);
+  Run priv = cli(dir, {"serve", "--egress-allow-private"});
+  CHECK(priv.rc == 2);
+  CHECK(priv.err.find("--egress-allow-private needs --egress") != std::string::npos);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "0"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-disk-mb", "15"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "4294967295"}).rc == 2);
