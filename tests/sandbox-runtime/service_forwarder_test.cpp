@@ -46,18 +46,12 @@ void expect_reset(int fd) {
 // A connection the forwarder refuses at once: the reset shows at the first
 // recv(), or already at connect() when it comes before connect() returns.
 void expect_refused(uint16_t port) {
-  UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  REQUIRE(s);
-  struct sockaddr_in a {};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(port);
-  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    int err = errno;
+  UniqueFd s;
+  int err = AgentSide::try_connect_loopback(port, &s);
+  if (err != 0) {
     CHECK_MESSAGE(err == ECONNRESET, "connect: " << std::strerror(err));
     return;
   }
-  muxtest::set_timeouts(s.get());
   expect_reset(s.get());
 }
 

@@ -89,17 +89,23 @@ struct AgentSide {
   // A sandbox process's connection to the forwarder.
   UniqueFd connect() const { return connect_loopback(fwd->port()); }
 
-  static UniqueFd connect_loopback(uint16_t port) {
+  // A connection to 127.0.0.1:port in *out; the connect's errno (0: connected).
+  static int try_connect_loopback(uint16_t port, UniqueFd* out) {
     UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     REQUIRE(s);
     struct sockaddr_in a {};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = htons(port);
-    int rc = ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a);
-    std::string why = rc == 0 ? "" : std::string(std::strerror(errno));
-    REQUIRE_MESSAGE(rc == 0, "connect to 127.0.0.1:" << port << ": " << why);
-    muxtest::set_timeouts(s.get());
+    int err = ::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 ? 0 : errno;
+    if (err == 0) muxtest::set_timeouts(s.get());
+    *out = std::move(s);
+    return err;
+  }
+  static UniqueFd connect_loopback(uint16_t port) {
+    UniqueFd s;
+    int err = try_connect_loopback(port, &s);
+    REQUIRE_MESSAGE(err == 0, "connect to 127.0.0.1:" << port << ": " << std::string(std::strerror(err)));
     return s;
   }
 };
