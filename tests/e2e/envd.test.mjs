@@ -92,6 +92,22 @@ test('files: large file, rename, watch', async () => {
   assert.ok(seen.some((e) => e.name === 'new.txt'));
 });
 
+test('files: procfs files read whole (st_size 0, short and past 64 KiB)', async () => {
+  assert.match(await sbx.files.read('/proc/version'), /^Linux version /);
+  // A process whose environment is 100 KB: its /proc/PID/environ is sent
+  // chunked to its end, through the gateway.
+  const a = 'a'.repeat(100_000);
+  const h = await sbx.commands.run(`X=${a} exec sleep 600`, { background: true });
+  const deadline = Date.now() + 30_000;
+  let env = '';
+  while (!env.includes(`X=${a}\0`)) {
+    if (Date.now() > deadline) assert.fail(`/proc/${h.pid}/environ never held X (${env.length} bytes)`);
+    env = await sbx.files.read(`/proc/${h.pid}/environ`);
+  }
+  assert.ok(env.length > 100_000);
+  await h.kill();
+});
+
 test('files: write, read, list, exists, makeDir, remove', async () => {
   await sbx.files.write('/tmp/e2e/a.txt', 'x');
   assert.equal(await sbx.files.read('/tmp/e2e/a.txt'), 'x');

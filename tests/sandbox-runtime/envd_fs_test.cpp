@@ -1,10 +1,13 @@
 // envd filesystem.Filesystem and /files over real TCP.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <zlib.h>
 
 #include <set>
+#include <thread>
 
 #include "agent/envd/files.h"
 #include "agent/envd/filesystem.h"
@@ -239,6 +242,68 @@ TEST_CASE("envd /files: multipart with nested paths, binary round trip, errors")
   json top = l.j();
   REQUIRE(top["entries"].size() > 0);
   for (auto& x : top["entries"]) CHECK(x["name"].get<std::string>().find("part.txt") == std::string::npos);
+}
+
+TEST_CASE("envd GET /files: files without a true st_size, and files rewritten while read") {
+  Env env;
+  Client c(env.port());
+  // procfs gives st_size 0: a short file is sent with the length read.
+  auto v = c.request("GET", "/files?path=%2Fproc%2Fversion");
+  REQUIRE(v.status == 200);
+  CHECK(v.body == sg::sys::read_file("/proc/version").value());
+  CHECK(v.headers["content-length"] == std::to_string(v.body.size()));
+  CHECK(v.body.size() > 0);
+
+  // A long one (smaps of this process, made long by 256 unmergeable
+  // mappings) is sent chunked to its end.
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  char* base = static_cast<char*>(mmap(nullptr, 512 * page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  REQUIRE(base != MAP_FAILED);
+  for (size_t i = 0; i < 512; i += 2) REQUIRE(mprotect(base + i * page, page, PROT_READ) == 0);
+  auto m = c.request("GET", "/files?path=%2Fproc%2F" + std::to_string(getpid()) + "%2Fsmaps");
+  munmap(base, 512 * page);
+  REQUIRE(m.status == 200);
+  CHECK(m.headers.count("content-length") == 0);
+  CHECK(m.headers["transfer-encoding"] == "chunked");
+  CHECK(m.body.size() > (128u << 10));
+  char addr[32];
+  snprintf(addr, sizeof addr, "%lx-", reinterpret_cast<unsigned long>(base + 510 * page));
+  CHECK(m.body.find(addr) != std::string::npos);
+  CHECK((!m.body.empty() && m.body.back() == '\n'));
+
+  // A small file rewritten in a loop (truncate, then write: what
+  // `echo $i > f` does) is always read whole, with its exact length, on a
+  // connection that stays open: never a cut body.
+  std::string path = env.home + "/counter";
+  (void)sg::sys::write_file(path, "0\n");
+  {
+    Client hc(env.port());  // HEAD: the size, and no body
+    hc.send_raw("HEAD /files?path=counter HTTP/1.1\r\nHost: x\r\n\r\n");
+    auto h = hc.read_head();
+    CHECK(h.status == 200);
+    CHECK(h.headers["content-length"] == "2");
+  }
+  // jthread: asks the writer to stop and joins it however the loop ends.
+  std::jthread writer([&](std::stop_token stop) {
+    for (int i = 1; !stop.stop_requested(); ++i) {
+      sg::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC));
+      std::string line = std::to_string(i) + "\n";
+      if (fd) (void)!::write(fd.get(), line.data(), line.size());
+    }
+  });
+  int whole = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto r = c.request("GET", "/files?path=counter");
+    REQUIRE(r.status == 200);
+    REQUIRE(r.headers["content-length"] == std::to_string(r.body.size()));
+    if (!r.body.empty()) {
+      CHECK(r.body.back() == '\n');
+      ++whole;
+    }
+  }
+  writer.request_stop();
+  writer.join();
+  CHECK(whole > 0);
 }
 
 TEST_CASE("envd /files: Content-Encoding gzip uploads (octet-stream and multipart) and corrupt gzip") {

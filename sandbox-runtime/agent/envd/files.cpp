@@ -231,22 +231,54 @@ void download(Conn& c, const Request& r, const User& user) {
   }
   std::vector<std::pair<std::string, std::string>> h = {
       {"Content-Type", "application/octet-stream"},
-      {"Content-Disposition", "inline; filename=\"" + quoted + "\""},
-      {"Content-Length", std::to_string(st.st_size)}};
+      {"Content-Disposition", "inline; filename=\"" + quoted + "\""}};
   if (r.method == "HEAD") {
-    h.pop_back();
-    c.send_response(200, h, {});
+    c.begin_sized(200, h, static_cast<uint64_t>(st.st_size));
     return;
   }
-  // Content-Length is the size at fstat time; a file that changes while it
-  // is sent is cut or the connection closed, never misframed.
-  std::string head = "HTTP/1.1 200 OK\r\n";
-  for (auto& [k, v] : h) head += k + ": " + v + "\r\n";
-  if (!c.keep_alive()) head += "Connection: close\r\n";
-  head += "\r\n";
-  if (!c.write_all(head)) return;
-  uint64_t left = static_cast<uint64_t>(st.st_size);
+  // The first chunk is read before the head. A file that ends inside it
+  // (most files) is sent with the length read: one state of the file, even
+  // while a writer truncates and rewrites it. A longer file with no size
+  // (procfs, sysfs) is sent chunked to its end. Any other longer file is
+  // sent with its fstat size; one that shrinks while it is sent closes the
+  // connection, one that grows is cut at that size: never misframed.
   std::string buf(kIoChunk, '\0');
+  size_t got = 0;
+  bool eof = false;
+  while (got < buf.size()) {
+    ssize_t n = ::read(fd.get(), buf.data() + got, buf.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return send_http_error(c, 500, "read " + path + ": " + std::strerror(errno));
+    if (n == 0) {
+      eof = true;
+      break;
+    }
+    got += static_cast<size_t>(n);
+  }
+  if (eof) {
+    c.send_response(200, h, std::string_view(buf.data(), got));
+    return;
+  }
+  if (st.st_size == 0) {
+    if (!c.begin_chunked(200, h) || !c.write_chunk(std::string_view(buf.data(), got))) return;
+    for (;;) {
+      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        c.set_close();  // no terminating chunk: the client sees the body cut
+        return;
+      }
+      if (n == 0) break;
+      if (!c.write_chunk(std::string_view(buf.data(), static_cast<size_t>(n)))) return;
+    }
+    c.end_chunked();
+    return;
+  }
+  if (!c.begin_sized(200, h, static_cast<uint64_t>(st.st_size))) return;
+  uint64_t left = static_cast<uint64_t>(st.st_size);
+  size_t first = static_cast<size_t>(std::min<uint64_t>(left, got));
+  if (!c.write_all(std::string_view(buf.data(), first))) return;
+  left -= first;
   while (left > 0) {
     ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
     if (n < 0 && errno == EINTR) continue;

@@ -428,6 +428,13 @@ bool Conn::begin_chunked(int status, const std::vector<std::pair<std::string, st
   return write_all(h);
 }
 
+bool Conn::begin_sized(int status, const std::vector<std::pair<std::string, std::string>>& headers,
+                       uint64_t length) {
+  std::string h = head_of(status, headers, keep_alive_);
+  h += "Content-Length: " + std::to_string(length) + "\r\n\r\n";
+  return write_all(h);
+}
+
 bool Conn::write_chunk(std::string_view data) {
   if (data.empty()) return true;
   char len[24];

@@ -78,6 +78,9 @@ class Conn {
   bool send_response(int status, const std::vector<std::pair<std::string, std::string>>& headers,
                      std::string_view body);
   bool begin_chunked(int status, const std::vector<std::pair<std::string, std::string>>& headers);
+  // A head framed by Content-Length: length; the caller writes the body
+  // (none for HEAD) with write_all.
+  bool begin_sized(int status, const std::vector<std::pair<std::string, std::string>>& headers, uint64_t length);
   bool write_chunk(std::string_view data);
   bool end_chunked();
   // Whether the peer asked to close, or we decided to (after an error).
