@@ -40,6 +40,7 @@ uint32_t arg_low_offset(unsigned index) {
 uint32_t allow() { return SECCOMP_RET_ALLOW; }
 uint32_t fail_with(int err) { return SECCOMP_RET_ERRNO | (static_cast<uint32_t>(err) & SECCOMP_RET_DATA); }
 uint32_t kill_process() { return SECCOMP_RET_KILL_PROCESS; }
+uint32_t trap() { return SECCOMP_RET_TRAP; }
 
 std::vector<long> unneeded_kernel_surface() {
   std::vector<long> v = {SYS_add_key, SYS_keyctl, SYS_request_key,  // keyrings are not namespaced

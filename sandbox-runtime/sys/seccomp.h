@@ -1,7 +1,8 @@
 // Seccomp filters: a small compiler from a policy (a default action and
 // per-syscall rules, optionally conditioned on one argument) to a classic
 // BPF program, and its installation. Used by the agent to filter every
-// process of a process-backend sandbox (agent/harden.*).
+// process of a process-backend sandbox (agent/harden.*, a deny list) and by
+// sandgate-vmm for itself (vm/confine.*, an allow list).
 //
 // The program always checks the architecture first: a syscall made through
 // another ABI (the i386 int 0x80 entry on x86_64, x32) has other numbers,
@@ -25,6 +26,7 @@ namespace sg::sys::seccomp {
 uint32_t allow();
 uint32_t fail_with(int err);  // the syscall returns -1 with errno err
 uint32_t kill_process();
+uint32_t trap();              // SIGSYS to the caller (si_syscall says which); the syscall is not made
 
 struct ArgCheck {
   enum class Op {
@@ -53,7 +55,8 @@ struct Policy {
 // for, and that namespaces do not confine: keyrings, bpf, perf events,
 // io_uring, module and kexec loading, reboot, syslog, acct, swap,
 // quotactl, the old and new mount API, file handles, and on x86_64 iopl,
-// ioperm, uselib and _sysctl. Policies refuse these and add their own.
+// ioperm, uselib and _sysctl. A deny list (the sandbox's) refuses these and
+// adds its own.
 std::vector<long> unneeded_kernel_surface();
 
 // The BPF program for policy. kInvalid for a bad rule (negative number,

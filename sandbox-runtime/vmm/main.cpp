@@ -25,7 +25,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
                "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
-               "                    [--serial-log PATH] [--die-with-parent] [--cgroup-procs FILE]...\n"
+               "                    [--serial-log PATH] [--die-with-parent] [--cgroup-procs FILE]... [--snapshot-dir DIR]\n"
                "                    [--jail EMPTY_DIR --jail-uid N --jail-gid N [--jail-snapshot-dir DIR]]\n"
                "       sandgate-vmm --jail-probe --jail EMPTY_DIR --jail-uid N --jail-gid N\n"
                "                    [--log-level debug|info|warn|error]\n"
@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   sg::vmm::BootConfig boot;
   sg::vmm::IoConfig io;
   std::string restore_dir, serial_log;
+  std::string snapshot_dir;  // unjailed: the one directory it may write a snapshot to
   int control_fd = -1;
   bool die_with_parent = false;
   std::vector<std::string> cgroup_procs;  // cgroup.procs files to join before anything else
@@ -88,6 +89,7 @@ int main(int argc, char** argv) {
     else if (a == "--jail-uid" && parse_uint(next(), 0xfffffffeull, &v) && v > 0) jail.uid = static_cast<uint32_t>(v);
     else if (a == "--jail-gid" && parse_uint(next(), 0xfffffffeull, &v) && v > 0) jail.gid = static_cast<uint32_t>(v);
     else if (a == "--jail-snapshot-dir") jail.snapshot_dir = next();
+    else if (a == "--snapshot-dir") snapshot_dir = next();
     else if (a == "--log-level") {
       std::string l = next();
       sg::log::set_level(l == "debug" ? sg::log::Level::kDebug : l == "warn" ? sg::log::Level::kWarn
@@ -112,8 +114,10 @@ int main(int argc, char** argv) {
     }
   }
   bool jailed = !jail.root.empty();
-  if (jailed != (jail.uid > 0) || jailed != (jail.gid > 0) || (!jailed && (!jail.snapshot_dir.empty() || jail_probe))) {
-    std::fprintf(stderr, "sandgate-vmm: --jail needs --jail-uid and --jail-gid (both > 0); --jail-snapshot-dir and --jail-probe need --jail\n");
+  if (jailed != (jail.uid > 0) || jailed != (jail.gid > 0) || (!jailed && (!jail.snapshot_dir.empty() || jail_probe)) ||
+      (jailed && !snapshot_dir.empty()) || (!snapshot_dir.empty() && snapshot_dir[0] != '/')) {
+    std::fprintf(stderr, "sandgate-vmm: --jail needs --jail-uid and --jail-gid (both > 0); --jail-snapshot-dir and --jail-probe need --jail; "
+                         "--snapshot-dir (absolute) is for an unjailed VMM\n");
     return 2;
   }
   if (jail_probe) {
@@ -146,7 +150,9 @@ int main(int argc, char** argv) {
   // Everything is open and no thread runs yet: confined (jailed too, if
   // asked) before the guest's first instruction; every thread made from
   // here on inherits the filter and the credentials.
-  if (sg::Status s = sg::vmm::confine_vmm(jailed ? &jail : nullptr); !s) {
+  // Only a VMM that is to write a snapshot may open files once it runs.
+  const bool snapshot_files = jailed ? !jail.snapshot_dir.empty() : !snapshot_dir.empty();
+  if (sg::Status s = sg::vmm::confine_vmm(jailed ? &jail : nullptr, snapshot_files); !s) {
     std::fprintf(stderr, "sandgate-vmm: confine: %s\n", s.error().message().c_str());
     return 1;
   }
@@ -157,6 +163,8 @@ int main(int argc, char** argv) {
       if (::getppid() == 1) return 1;
     }
     if (!jail.snapshot_dir.empty()) machine.set_snapshot_alias(jail.snapshot_dir, sg::vmm::kJailSnapshotDir);
+  } else if (!snapshot_dir.empty()) {
+    machine.set_snapshot_alias(snapshot_dir, snapshot_dir);
   }
   if (sg::Status s = machine.start(); !s) {
     std::fprintf(stderr, "sandgate-vmm: %s\n", s.error().message().c_str());

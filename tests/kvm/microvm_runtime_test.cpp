@@ -203,6 +203,32 @@ TEST_CASE("clones from a template snapshot are independent; pause stops one; a c
   CHECK((*b)->kill());
 }
 
+TEST_CASE("unjailed VMMs (--vmm-jail off): the template writes its snapshot to the one directory it is given; clones run") {
+  // Without the jail only the template VMM may open files (its
+  // --snapshot-dir); the clones restored from it open none once they run,
+  // which the harness checks (a refused syscall fails the run).
+  auto cfg = testing::kvm_test_config("unjailed", true);
+  cfg.jail = microvm::MicrovmConfig::Jail::kOff;
+  auto rt = microvm::make_microvm_runtime(cfg);
+  REQUIRE(rt->cleanup_stale());
+  auto a = rt->create(spec_for("unjaileda00000000000"));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  CHECK(ping(**a));
+  CHECK(envd_get(**a, "/envs").find("SANDGATE_TEST_VAR") != std::string::npos);
+  CHECK(vmm_uid((*a)->init_pid()) == 0);  // unjailed: sandgate's uid
+  auto status = sys::read_file("/proc/" + std::to_string((*a)->init_pid()) + "/status");
+  REQUIRE(status);
+  CHECK(status->find("\nSeccomp:\t2\n") != std::string::npos);
+  DIR* d = ::opendir((cfg.state_root + "/snapshots").c_str());
+  REQUIRE(d);
+  bool snapshot = false;
+  while (auto* e = ::readdir(d))
+    if (e->d_name[0] != '.') snapshot = sys::path_exists(cfg.state_root + "/snapshots/" + e->d_name + "/vm.state");
+  ::closedir(d);
+  CHECK(snapshot);
+  CHECK((*a)->kill());
+}
+
 namespace {
 int recv_fd(int sock, std::string* reply) {
   char buf[256];
@@ -241,7 +267,8 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
   std::vector<std::string> args = {cfg.vmm_path, "--kernel", cfg.guest_dir + "/vmlinuz", "--initrd",
                                    cfg.guest_dir + "/initramfs.cpio", "--initrd-file", "sandgate-agent=" + cfg.agent_path,
                                    "--disk", *image, "--mem-mib", "128", "--cmdline", "console=ttyS0 quiet reboot=k panic=-1",
-                                   "--channel-fd", "3", "--control-fd", "4", "--die-with-parent"};
+                                   "--channel-fd", "3", "--control-fd", "4", "--die-with-parent",
+                                   "--snapshot-dir", cfg.state_root + "/snapshot-here"};
   std::vector<char*> argv;
   for (auto& s : args) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -277,6 +304,12 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
   REQUIRE(::send(ctl[0], "bogus", 5, 0) == 5);
   CHECK(recv_fd(ctl[0], &reply) == -1);
   CHECK(reply.rfind("error: unknown command", 0) == 0);
+  // --snapshot-dir: the one directory a snapshot may go to.
+  const std::string elsewhere = "snapshot " + cfg.state_root + "/elsewhere";
+  REQUIRE(::send(ctl[0], elsewhere.data(), elsewhere.size(), 0) == static_cast<ssize_t>(elsewhere.size()));
+  CHECK(recv_fd(ctl[0], &reply) == -1);
+  CHECK(reply.find("writes a snapshot to " + cfg.state_root + "/snapshot-here only") != std::string::npos);
+  CHECK_FALSE(sys::path_exists(cfg.state_root + "/elsewhere"));
   REQUIRE(::send(ctl[0], "stats", 5, 0) == 5);
   (void)recv_fd(ctl[0], &reply);
   CHECK(reply.find("\"state\":\"paused\"") != std::string::npos);
@@ -427,7 +460,33 @@ TEST_CASE("memory offload of a paused clone: RAM released to the pool, restored 
   CHECK(lost == 0);
 }
 
+// Prints each test case as it starts, with the time: inside the harness a
+// run that hangs must say in which case.
+struct StartListener : doctest::IReporter {
+  explicit StartListener(const doctest::ContextOptions&) {}
+  void report_query(const doctest::QueryData&) override {}
+  void test_run_start() override {}
+  void test_run_end(const doctest::TestRunStats&) override {}
+  void test_case_start(const doctest::TestCaseData& tc) override {
+    std::printf("microvm_runtime_test: start \"%s\" at %.1f s\n", tc.m_name, ms_since_start() / 1000.0);
+  }
+  void test_case_reenter(const doctest::TestCaseData&) override {}
+  void test_case_end(const doctest::CurrentTestCaseStats&) override {}
+  void test_case_exception(const doctest::TestCaseException&) override {}
+  void subcase_start(const doctest::SubcaseSignature&) override {}
+  void subcase_end() override {}
+  void log_assert(const doctest::AssertData&) override {}
+  void log_message(const doctest::MessageData&) override {}
+  void test_case_skipped(const doctest::TestCaseData&) override {}
+  static double ms_since_start() {
+    static const auto t0 = std::chrono::steady_clock::now();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+REGISTER_LISTENER("start", 1, StartListener);
+
 int main(int argc, char** argv) {
+  (void)StartListener::ms_since_start();
   // Line-buffered: inside the harness stdout is the serial console, and a
   // test killed at its timeout must still show how far it got.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -259,4 +259,14 @@ Status Vcpu::set_msrs(const std::vector<MsrEntry>& msrs) {
   return {};
 }
 
+std::vector<unsigned long> running_ioctls() {
+  // KVM_RUN first: the filter tries rules in order, and it is the hot one.
+  return {KVM_RUN, KVM_IRQ_LINE, KVM_IRQFD, KVM_KVMCLOCK_CTRL, KVM_SET_USER_MEMORY_REGION, KVM_CHECK_EXTENSION,
+          kGetMsrIndexList, kGetSupportedCpuid, KVM_GET_IRQCHIP, KVM_SET_IRQCHIP, KVM_GET_PIT2, KVM_SET_PIT2,
+          KVM_GET_CLOCK, KVM_SET_CLOCK, KVM_GET_REGS, KVM_SET_REGS, KVM_GET_SREGS, KVM_SET_SREGS, KVM_GET_FPU,
+          KVM_SET_FPU, kGetXsave, kSetXsave, KVM_GET_XCRS, KVM_SET_XCRS, KVM_GET_LAPIC, KVM_SET_LAPIC,
+          KVM_GET_VCPU_EVENTS, KVM_SET_VCPU_EVENTS, KVM_GET_MP_STATE, KVM_SET_MP_STATE, KVM_GET_DEBUGREGS,
+          KVM_SET_DEBUGREGS, kSetCpuid2, kGetMsrs, kSetMsrs};
+}
+
 }  // namespace sg::vmm::kvm

@@ -121,4 +121,11 @@ class Vcpu {
   uint32_t index_ = 0;
 };
 
+// The requests a VMM makes of KVM once its guest runs (the VMM's seccomp
+// allow list, vm/confine.*): KVM_RUN, interrupts, the kvmclock pause
+// notice, the memory slot, and every get and set of VM and vCPU state
+// (snapshots, and a restore's). Creating VMs, vCPUs, the irqchip and the
+// PIT, and the one-time VM set-up, happen before and are not in it.
+std::vector<unsigned long> running_ioctls();
+
 }  // namespace sg::vmm::kvm

@@ -116,6 +116,8 @@ Status register_missing(int uffd, uint8_t* base, uint64_t size) {
 
 void GuestMemory::use_userfaultfd_device(int fd) { g_uffd_device = fd; }
 
+std::vector<unsigned long> GuestMemory::userfaultfd_ioctls() { return {USERFAULTFD_IOC_NEW, UFFDIO_API, UFFDIO_REGISTER}; }
+
 Result<int> GuestMemory::release_to_userfaultfd(uint64_t* features) {
   *features = 0;
   if (!base_) return Error(ErrorKind::kUnavailable, "no guest RAM");

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "sys/fd.h"
 #include "sys/status.h"
@@ -49,6 +50,8 @@ class GuestMemory {
   // (borrowed, kept open for the process's life): what a VMM that gave up
   // root uses (the syscall wants privilege for faults KVM takes itself).
   static void use_userfaultfd_device(int fd);
+  // The ioctls new_userfaultfd makes (the VMM's seccomp allow list).
+  static std::vector<unsigned long> userfaultfd_ioctls();
 
   uint64_t size() const { return size_; }
   uint64_t low_size() const { return size_ < kMmioStart ? size_ : kMmioStart; }

@@ -1,19 +1,28 @@
-// Confinement of the VMM process, applied by sandgate-vmm before it opens
-// guest code runs (Firecracker's jailer is the model; docs/vmm.md
-// "Confinement"). The VMM is the process a
-// hostile guest reaches first (every device register, every virtqueue), so
-// if it is ever taken over it should hold as little as possible:
+// Confinement of the VMM process, applied by sandgate-vmm before guest code
+// runs (Firecracker's jailer is the model; docs/vmm.md "Confinement"). The
+// VMM is the process a hostile guest reaches first (every device register,
+// every virtqueue), so if it is ever taken over it should hold as little as
+// possible:
 //  - its own network, IPC and UTS namespaces: it talks only over the two
 //    socketpairs it inherited, so it has no interface, no abstract socket
 //    and no SysV object in common with the host;
-//  - no_new_privs, and a seccomp filter (vmm_syscall_policy) that refuses
-//    what a VMM never does after start: running programs (execve), making
-//    processes (fork, clone without CLONE_THREAD; clone3 is ENOSYS so the
-//    C library falls back to clone for threads), new sockets, ptrace and
-//    process_vm_*, namespaces and mounts, uid/gid/capability changes,
-//    keyrings, bpf, perf, io_uring, module and kexec loading, file handles.
+//  - no_new_privs, and a seccomp allow list (vmm_syscall_policy): the
+//    syscalls a running VMM makes and nothing else. ioctl only with the
+//    KVM and userfaultfd requests it uses once the guest runs; clone only
+//    for threads (no namespace flags; clone3 is ENOSYS so the C library
+//    falls back to clone); tgkill only within the VMM; mmap and mprotect
+//    never executable; prctl only for the parent-death signal and thread
+//    names; opening and naming files (openat, mkdir, rename, unlink) only
+//    for a VMM that is to write a snapshot; no socket, connect, bind or
+//    accept (it has its two sockets),
+//    no execve, no ptrace or process_vm_*, no namespaces, mounts or
+//    identity changes. A refused syscall fails with EPERM and writes one
+//    line, "sandgate-vmm: seccomp: refused syscall N", to the VMM's log
+//    (the runtime reports such lines; the KVM harness fails on them).
 //    Another ABI's syscalls kill it.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -23,7 +32,10 @@
 
 namespace sg::vmm {
 
-sys::seccomp::Policy vmm_syscall_policy();
+// The allow list for a VMM whose pid is self (tgkill is checked against
+// it); snapshot_files lets it create, open and rename the files of a
+// snapshot.
+sys::seccomp::Policy vmm_syscall_policy(pid_t self, bool snapshot_files);
 
 // The jail (Firecracker's jailer is the model), for a VMM started as root
 // once it has opened everything it needs (/dev/kvm, the disk, the
@@ -42,10 +54,11 @@ struct Jail {
 inline constexpr const char* kJailSnapshotDir = "/snapshot";
 
 // Unshares the namespaces (and enters the jail if one is given), sets
-// no_new_privs and installs the filter. Call while the process is
+// no_new_privs and installs the filter (with snapshot_files, the file
+// calls a snapshot needs). Call while the process is
 // single-threaded: unshare and pivot_root act on the calling thread only,
 // and every thread made later inherits the filter and the credentials.
 // Needs CAP_SYS_ADMIN.
-Status confine_vmm(const Jail* jail = nullptr);
+Status confine_vmm(const Jail* jail = nullptr, bool snapshot_files = false);
 
 }  // namespace sg::vmm

@@ -98,8 +98,9 @@ class Machine {
   // Starts the console's I/O thread and the vCPU threads (kCreated ->
   // kRunning); boot() and restore() start none.
   Status start();
-  // A jailed VMM (vm/confine.h) sees host_dir, where sandgate wants its
-  // snapshot, at jail_dir: snapshot() then takes only host_dir.
+  // The one directory this VMM may write a snapshot to: host_dir, which a
+  // jailed VMM (vm/confine.h) sees at jail_dir (unjailed: the same path).
+  // snapshot() then takes only host_dir.
   void set_snapshot_alias(std::string host_dir, std::string jail_dir) {
     snapshot_host_dir_ = std::move(host_dir);
     snapshot_jail_dir_ = std::move(jail_dir);

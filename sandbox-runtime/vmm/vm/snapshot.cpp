@@ -94,7 +94,7 @@ Status Machine::snapshot(const std::string& host_dir) {
   std::string dir = host_dir;
   if (!snapshot_host_dir_.empty()) {
     if (host_dir != snapshot_host_dir_)
-      return invalid_error("this VMM is jailed: it writes a snapshot to " + snapshot_host_dir_ + " only");
+      return invalid_error("this VMM writes a snapshot to " + snapshot_host_dir_ + " only");
     dir = snapshot_jail_dir_;
   }
   if (Status s = sys::make_dirs(dir, 0700); !s) return s;
