@@ -157,6 +157,8 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
       j["domain"] = cfg_.domain ? json(*cfg_.domain) : json(nullptr);
       j["allowInternetAccess"] = row->allow_internet ? json(*row->allow_internet) : json(nullptr);
       j["lifecycle"] = {{"onTimeout", row->on_timeout}, {"autoResume", row->auto_resume}};
+      if (std::optional<NetworkParams> net = sandboxes_.network(id); net && (!net->allow_out.empty() || !net->deny_out.empty()))
+        j["network"] = {{"allowOut", net->allow_out}, {"denyOut", net->deny_out}};
       return http::json_body(200, dump(j));
     }
     if (m == "DELETE") {
@@ -191,6 +193,12 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     if (action == "pause" && m == "POST") {
       if (Status s = parse_pause_request(req); !s) return error_response(s.error());
       if (Status s = sandboxes_.pause(tid, id); !s) return error_response(s.error());
+      return http::no_content(204);
+    }
+    if (action == "network" && m == "PUT") {
+      Result<NetworkParams> net = parse_network_update(req);
+      if (!net) return error_response(net.error());
+      if (Status s = sandboxes_.update_network(tid, id, *net); !s) return error_response(s.error());
       return http::no_content(204);
     }
     if (action == "timeout" && m == "POST") {

@@ -82,7 +82,6 @@ std::optional<EgressRequest> parse_authority(std::string_view a, uint16_t defaul
   return t;
 }
 
-
 }  // namespace
 
 bool IpNet::contains(const std::array<uint8_t, 16>& a) const {
@@ -153,9 +152,11 @@ bool is_internal(const std::array<uint8_t, 16>& a) {
 }
 
 Result<EgressPolicy> parse_egress_policy(const std::vector<std::string>& allow_out,
-                                         const std::vector<std::string>& deny_out, std::optional<bool> internet) {
+                                         const std::vector<std::string>& deny_out, std::optional<bool> internet,
+                                         const std::string& field_prefix) {
   if (allow_out.size() > kMaxEntries || deny_out.size() > kMaxEntries)
-    return invalid_error("field 'network': at most " + std::to_string(kMaxEntries) + " entries in allowOut and in denyOut");
+    return invalid_error("fields '" + field_prefix + "allowOut' and '" + field_prefix + "denyOut': at most " +
+                         std::to_string(kMaxEntries) + " entries each");
   EgressPolicy p;
   p.internet = internet.value_or(true);
   for (const std::string& e : allow_out) {
@@ -166,13 +167,14 @@ Result<EgressPolicy> parse_egress_policy(const std::vector<std::string>& allow_o
     std::string name = lower(e);
     std::string bare = name.rfind("*.", 0) == 0 ? name.substr(2) : name;
     if (!valid_name(bare))
-      return invalid_error("field 'network.allowOut': '" + e.substr(0, 80) +
+      return invalid_error("field '" + field_prefix + "allowOut': '" + e.substr(0, 80) +
                            "' is not an IP address, a CIDR or a domain name");
     p.allow_names.push_back(name);
   }
   for (const std::string& e : deny_out) {
     auto n = parse_ip_net(e);
-    if (!n) return invalid_error("field 'network.denyOut': '" + e.substr(0, 80) + "' is not an IP address or a CIDR");
+    if (!n)
+      return invalid_error("field '" + field_prefix + "denyOut': '" + e.substr(0, 80) + "' is not an IP address or a CIDR");
     p.deny_nets.push_back(*n);
   }
   return p;
@@ -192,7 +194,7 @@ EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, con
   if (allowed) return {true, ""};
   if (std::any_of(p.deny_nets.begin(), p.deny_nets.end(), [&](const IpNet& n) { return n.contains(a); }))
     return {false, "egress to " + where + " is denied by the sandbox's network.denyOut"};
-  if (!p.internet) return {false, "egress to " + where + " is denied: the sandbox was created without internet access"};
+  if (!p.internet) return {false, "egress to " + where + " is denied: the sandbox has no internet access (allow_internet_access is false)"};
   return {true, ""};
 }
 

@@ -52,9 +52,12 @@ struct EgressPolicy {
   std::vector<std::string> allow_names;  // lower case; "*.x" for subdomains of x
 };
 
-// The policy of a create's fields; kInvalid naming the bad entry.
+// The policy of a create's fields (or an update's: field_prefix is how
+// errors name the lists, "network." in a create); kInvalid naming the bad
+// entry.
 Result<EgressPolicy> parse_egress_policy(const std::vector<std::string>& allow_out,
-                                         const std::vector<std::string>& deny_out, std::optional<bool> internet);
+                                         const std::vector<std::string>& deny_out, std::optional<bool> internet,
+                                         const std::string& field_prefix = "network.");
 
 struct EgressDecision {
   bool allowed = false;

@@ -85,6 +85,36 @@ Result<std::map<std::string, std::string>> opt_string_map(const json& j, const c
   return out;
 }
 
+// allowOut, denyOut, rules and egressProxy of obj (a create's `network`,
+// or an update's body; prefix names the fields in errors), with the
+// internet flag: the policy they make.
+Result<NetworkParams> parse_network_fields(const json& obj, const std::string& prefix, std::optional<bool> internet) {
+  NetworkParams p;
+  p.allow_internet = internet;
+  std::vector<std::string>* lists[2] = {&p.allow_out, &p.deny_out};
+  const char* names[2] = {"allowOut", "denyOut"};
+  for (int k = 0; k < 2; ++k) {
+    auto l = obj.find(names[k]);
+    if (l == obj.end() || l->is_null()) continue;
+    if (!l->is_array()) return invalid_error("field '" + prefix + names[k] + "' must be an array");
+    for (const json& e : *l) {
+      if (!e.is_string()) return invalid_error("field '" + prefix + names[k] + "' must hold strings");
+      lists[k]->push_back(e.get<std::string>());
+    }
+  }
+  // Header injection into HTTPS requests would mean intercepting TLS.
+  if (auto r = obj.find("rules"); r != obj.end() && !r->is_null() && !(r->is_object() && r->empty()))
+    return invalid_error("field '" + prefix + "rules': request transforms are not supported by this server");
+  // A proxy of the client's own: the gateway's egress proxy is the only way out.
+  if (auto e = obj.find("egressProxy"); e != obj.end() && !e->is_null())
+    return invalid_error("field '" + prefix + "egressProxy': an egress proxy of your own is not supported by this server");
+  auto pol = parse_egress_policy(p.allow_out, p.deny_out, internet, prefix);
+  if (!pol) return pol.error();
+  p.egress = std::move(*pol);
+  p.asks_egress = !p.allow_out.empty();
+  return p;
+}
+
 Result<CreateParams> parse_create(const json& j, bool v2) {
   std::set<std::string> allowed = {"templateID", "timeout", "metadata", "envVars", "mcp", "network", "iam",
                                    "autoPause", "autoPauseMemory", "autoResume", "allow_internet_access",
@@ -119,7 +149,7 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
   if (!secure) return secure.error();
   auto internet = opt_bool(j, "allow_internet_access");
   if (!internet) return internet.error();
-  p.allow_internet = *internet;
+  const std::optional<bool> internet_flag = *internet;
   if (auto ar = j.find("autoResume"); ar != j.end() && !ar->is_null()) {
     if (!ar->is_object()) return invalid_error("field 'autoResume' must be an object {\"enabled\": bool}");
     if (Status s = only_fields(*ar, {"enabled"}); !s) return s.error().with_context("autoResume");
@@ -146,35 +176,15 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
                                     "rules", "egressProxy"});
         !s)
       return s.error().with_context("network");
-    for (const char* list : {"allowOut", "denyOut", "httpsPorts"}) {
-      auto l = n->find(list);
-      if (l != n->end() && !l->is_null() && !l->is_array())
-        return invalid_error(std::string("field 'network.") + list + "' must be an array");
-    }
-    std::vector<std::string> lists[2];
-    const char* names[2] = {"allowOut", "denyOut"};
-    for (int k = 0; k < 2; ++k) {
-      auto l = n->find(names[k]);
-      if (l == n->end() || l->is_null()) continue;
-      for (const json& e : *l) {
-        if (!e.is_string()) return invalid_error(std::string("field 'network.") + names[k] + "' must hold strings");
-        lists[k].push_back(e.get<std::string>());
-      }
-    }
-    // Header injection into HTTPS requests would mean intercepting TLS.
-    if (auto r = n->find("rules"); r != n->end() && !r->is_null() && !(r->is_object() && r->empty()))
-      return invalid_error("field 'network.rules': request transforms are not supported by this server");
-    // A proxy of the client's own: the gateway's egress proxy is the only way out.
-    if (auto e = n->find("egressProxy"); e != n->end() && !e->is_null())
-      return invalid_error("field 'network.egressProxy': an egress proxy of your own is not supported by this server");
-    auto pol = parse_egress_policy(lists[0], lists[1], p.allow_internet);
-    if (!pol) return pol.error();
-    p.egress = std::move(*pol);
-    p.asks_egress = !lists[0].empty();
+    auto l = n->find("httpsPorts");
+    if (l != n->end() && !l->is_null() && !l->is_array()) return invalid_error("field 'network.httpsPorts' must be an array");
+    auto net = parse_network_fields(*n, "network.", internet_flag);
+    if (!net) return net.error();
+    p.network = std::move(*net);
   } else {
-    auto pol = parse_egress_policy({}, {}, p.allow_internet);
-    if (!pol) return pol.error();
-    p.egress = std::move(*pol);
+    auto net = parse_network_fields(json::object(), "network.", internet_flag);
+    if (!net) return net.error();
+    p.network = std::move(*net);
   }
   return p;
 }
@@ -275,6 +285,16 @@ Status parse_pause_request(const HttpRequest& req) {
   if (Status s = only_fields(*body, {"memory"}); !s) return s;
   if (auto mem = opt_bool(*body, "memory"); !mem) return mem.error();
   return Status::Ok();
+}
+
+Result<NetworkParams> parse_network_update(const HttpRequest& req) {
+  Result<json> body = parse_body(req, true);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"allowOut", "denyOut", "allow_internet_access", "egressProxy", "rules"}); !s)
+    return s.error();
+  auto internet = opt_bool(*body, "allow_internet_access");
+  if (!internet) return internet.error();
+  return parse_network_fields(*body, "", *internet);
 }
 
 Result<int64_t> parse_timeout_request(const HttpRequest& req) {

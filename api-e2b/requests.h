@@ -24,6 +24,16 @@ namespace sg::api {
 inline constexpr int64_t kMaxTimeoutS = 24 * 3600;
 
 // POST /sandboxes, /v2/sandboxes.
+// A sandbox's egress as the client gave it (E2B's `network.allowOut` /
+// `denyOut` and `allow_internet_access`), parsed into the policy; the
+// lists are kept as given for GET /sandboxes/{id}.
+struct NetworkParams {
+  std::optional<bool> allow_internet;
+  std::vector<std::string> allow_out, deny_out;
+  EgressPolicy egress;
+  bool asks_egress = false;  // a non-empty allowOut: a server without egress refuses it
+};
+
 struct CreateParams {
   std::string template_ref;
   int64_t timeout_s = 300;
@@ -31,14 +41,14 @@ struct CreateParams {
   std::map<std::string, std::string> env_vars;
   bool on_timeout_pause = false;  // autoPause
   bool auto_resume = false;
-  std::optional<bool> allow_internet;
-  // network.allowOut / denyOut with allow_internet (egress_policy.h), and
-  // whether the create asks for egress at all (a non-empty allowOut): a
-  // server without egress refuses that.
-  EgressPolicy egress;
-  bool asks_egress = false;
+  NetworkParams network;  // allow_internet_access and network.allowOut / denyOut
 };
 Result<CreateParams> parse_create_request(const http::HttpRequest& req, bool v2);
+
+// PUT /sandboxes/{id}/network (the SDK's updateNetwork): {allowOut,
+// denyOut, allow_internet_access, egressProxy, rules}, replacing the
+// sandbox's whole egress configuration (an omitted field is cleared).
+Result<NetworkParams> parse_network_update(const http::HttpRequest& req);
 
 // POST .../connect {"timeout", "memory"} and the v1 POST .../resume
 // {"timeout", "autoPause"}: an empty body is fine; timeout in 0..24 h.

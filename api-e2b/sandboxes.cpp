@@ -72,7 +72,7 @@ static Error not_found(const std::string& id) { return not_found_error("sandbox 
 Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
   if (Status s = check_timeout(p.timeout_s); !s) return s.error();
   // Refused, not silently dropped: this server lets no sandbox out.
-  if (p.asks_egress && !cfg_.egress)
+  if (p.network.asks_egress && !cfg_.egress)
     return invalid_error("field 'network.allowOut': egress is not available on this server "
                          "(it runs without --egress; every destination is denied)");
   Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
@@ -101,7 +101,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   row.end_at = row.started_at + p.timeout_s;
   row.on_timeout = p.on_timeout_pause ? "pause" : "kill";
   row.auto_resume = p.auto_resume;
-  row.allow_internet = p.allow_internet;
+  row.allow_internet = p.network.allow_internet;
   if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
     return s.error();
 
@@ -135,7 +135,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   live->template_id = t.id;
   live->started_at = row.started_at;
   live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
-  live->egress = p.egress;
+  live->network = p.network;  // not yet shared: no lock
   row.envd_version = "0.6.13";
   row.init_pid = live->sb->init_pid();
   if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
@@ -327,7 +327,41 @@ std::optional<EgressPolicy> SandboxService::egress_policy(const std::string& id)
   if (!cfg_.egress) return std::nullopt;
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return std::nullopt;
-  return live->egress;  // fixed at create: no lock needed
+  std::lock_guard<std::mutex> g(live->net_mu);
+  return live->network.egress;
+}
+
+std::optional<NetworkParams> SandboxService::network(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return std::nullopt;
+  std::lock_guard<std::mutex> g(live->net_mu);
+  return live->network;
+}
+
+void SandboxService::set_network_hook(std::function<void(const std::string& id)> network_changed) {
+  network_changed_ = std::move(network_changed);
+}
+
+Status SandboxService::update_network(const std::string& tenant_id, const std::string& id, const NetworkParams& n) {
+  Result<Found> f = lookup(tenant_id, id);
+  if (!f) return f.error();
+  if (n.asks_egress && !cfg_.egress)
+    return invalid_error("field 'allowOut': egress is not available on this server "
+                         "(it runs without --egress; every destination is denied)");
+  {
+    std::lock_guard<std::mutex> op(f->live->op_mu);
+    if (!f->live->sb) return not_found(id);
+    // The stored flag first (GET shows it): if that fails, nothing changed.
+    if (Status s = store_.set_allow_internet(id, n.allow_internet); !s) return s;
+    std::lock_guard<std::mutex> g(f->live->net_mu);
+    f->live->network = n;
+  }
+  event(tenant_id, id, "network_updated",
+        "egress: " + std::to_string(n.allow_out.size()) + " allowOut, " + std::to_string(n.deny_out.size()) +
+            " denyOut entries; internet access " +
+            (n.allow_internet ? (*n.allow_internet ? "on" : "off") : "default (on)"));
+  if (network_changed_) network_changed_(id);
+  return Status::Ok();
 }
 
 std::vector<std::pair<std::string, std::string>> model_proxy_env() {

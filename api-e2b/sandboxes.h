@@ -82,6 +82,17 @@ class SandboxService {
   // The egress policy of a live sandbox; nullopt when it is gone or the
   // server has no egress. Any thread (the egress proxy asks per connection).
   std::optional<EgressPolicy> egress_policy(const std::string& id);
+  // The network configuration of a live sandbox as the client last gave
+  // it (create or update); nullopt when it is gone.
+  std::optional<NetworkParams> network(const std::string& id);
+  // PUT /sandboxes/{id}/network: the tenant's running or paused sandbox
+  // gets n as its whole egress configuration (kNotFound otherwise, also
+  // for other tenants' ids; kInvalid for a non-empty allowOut on a server
+  // without egress, changing nothing). Connections opened later follow it;
+  // the network_changed hook (the egress proxy) closes open ones it refuses.
+  Status update_network(const std::string& tenant_id, const std::string& id, const NetworkParams& n);
+  // Set once, before serving; called without a sandbox lock held.
+  void set_network_hook(std::function<void(const std::string& id)> network_changed);
   // A running or paused sandbox of the tenant; kNotFound otherwise (also
   // for other tenants' ids).
   Result<storage::SandboxRow> get(const std::string& tenant_id, const std::string& id);
@@ -165,7 +176,8 @@ class SandboxService {
     int64_t started_at = 0;
     std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
     uint32_t cpu_count = 1;
-    EgressPolicy egress;  // fixed at create
+    std::mutex net_mu;
+    NetworkParams network;  // GUARDED_BY(net_mu): the egress policy, from create or an update
     std::mutex samples_mu;
     std::deque<MetricSample> samples;  // GUARDED_BY(samples_mu)
     uint64_t last_cpu_ns = 0;           // GUARDED_BY(samples_mu)
@@ -197,6 +209,7 @@ class SandboxService {
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
   std::function<void(const std::string&)> before_traffic_;       // set before serving
   std::function<void(const std::string&)> gone_;
+  std::function<void(const std::string&)> network_changed_;     // set before serving
   memory::MemoryEngine* memory_ = nullptr;  // set before serving
   size_t offload_slots_ = 1;
   std::atomic<size_t> offloads_running_{0};

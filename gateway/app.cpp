@@ -373,6 +373,9 @@ int serve(const AppConfig& cfg_in) {
     ec.allow_internal = cfg.egress_allow_private;
     egress.emplace(ec, [&sandboxes](const std::string& id) { return sandboxes.egress_policy(id); });
     egress_ptr.store(&*egress);
+    // An update of a sandbox's policy closes its open connections the new
+    // one refuses.
+    sandboxes.set_network_hook([&egress](const std::string& id) { egress->recheck(id); });
     LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
              << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
   }
@@ -468,6 +471,7 @@ int serve(const AppConfig& cfg_in) {
   server.stop();
   egress_ptr = nullptr;
   sandboxes.shutdown();
+  sandboxes.set_network_hook({});
   egress.reset();  // its connections' sandboxes are gone: their threads end
   lost_to.store(nullptr);
   // The model gateway outlives the server object (whose destruction drops

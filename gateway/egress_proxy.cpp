@@ -208,7 +208,7 @@ EgressProxy::EgressProxy(EgressConfig cfg, PolicyLookup policy, Resolver resolve
 EgressProxy::~EgressProxy() {
   std::unique_lock<std::mutex> l(mu_);
   stopping_ = true;
-  for (int fd : open_) ::shutdown(fd, SHUT_RDWR);
+  for (const auto& [fd, o] : open_) ::shutdown(fd, SHUT_RDWR);
   cv_.wait(l, [&] { return threads_ == 0; });
 }
 
@@ -232,7 +232,7 @@ void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
     } else {
       ++mine;
       ++threads_;
-      open_.insert(conn.get());
+      open_[conn.get()].sandbox_id = sandbox_id;
     }
   }
   if (refused) {  // written outside the lock: the sandbox may not read it
@@ -248,6 +248,17 @@ void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
     --threads_;
     cv_.notify_all();
   }).detach();
+}
+
+void EgressProxy::recheck(const std::string& sandbox_id) {
+  std::optional<api::EgressPolicy> pol = policy_(sandbox_id);  // not under mu_: it takes the service's locks
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [fd, o] : open_) {
+    if (o.sandbox_id != sandbox_id || !o.decided) continue;
+    if (pol && api::decide_egress(*pol, o.host, o.addr, cfg_.allow_internal).allowed) continue;
+    LOG_INFO("sandbox " << sandbox_id << ": egress to " << o.host << " closed: the new network policy refuses it");
+    ::shutdown(fd, SHUT_RDWR);  // its relay sees the end; the thread closes it
+  }
 }
 
 void EgressProxy::serve(int fd, const std::string& sandbox_id) {
@@ -267,16 +278,28 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
     respond(fd, 400, "Bad Request", t.error().message());
     return;
   }
-  std::optional<api::EgressPolicy> pol = policy_(sandbox_id);
-  if (!pol) {
-    count(&EgressStats::denied);
-    respond(fd, 403, "Forbidden", "this sandbox has no network egress");
-    return;
-  }
   auto addrs = resolve_(t->host);
   if (!addrs) {
     count(&EgressStats::failed);
     respond(fd, 502, "Bad Gateway", addrs.error().message());
+    return;
+  }
+  // From here a policy update decides this connection again (recheck):
+  // marked before the policy is read, so an update after that reading
+  // finds it, and one before is in it. A connection recheck refuses has
+  // its client end shut: the writes below fail.
+  auto watch = [&](const std::array<uint8_t, 16>& a) {
+    std::lock_guard<std::mutex> l(mu_);
+    Open& o = open_[fd];
+    o.decided = true;
+    o.host = t->host;
+    o.addr = a;
+  };
+  watch(addrs->front());
+  std::optional<api::EgressPolicy> pol = policy_(sandbox_id);
+  if (!pol) {
+    count(&EgressStats::denied);
+    respond(fd, 403, "Forbidden", "this sandbox has no network egress");
     return;
   }
   // Every address the name has must be allowed: a name cannot smuggle an
@@ -292,6 +315,7 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
   }
   Result<UniqueFd> up = Error(ErrorKind::kUnavailable, "no address");
   for (const auto& a : *addrs) {
+    watch(a);
     up = connect_to(a, t->port, cfg_.connect_timeout);
     if (up) break;
   }

@@ -19,6 +19,7 @@
 // connection and joins their threads.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -26,7 +27,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 
 #include "api-e2b/egress_policy.h"
@@ -67,6 +67,11 @@ class EgressProxy {
 
   // Serves one connection from a sandbox on a thread of its own.
   void adopt(UniqueFd conn, const std::string& sandbox_id);
+  // The sandbox's policy changed: its open connections are decided again
+  // by the current one, and those it refuses (all of them, if it has none
+  // now) are closed; connections still reading their head are decided
+  // when it is in.
+  void recheck(const std::string& sandbox_id);
   EgressStats stats();
 
  private:
@@ -79,7 +84,15 @@ class EgressProxy {
   std::condition_variable cv_;
   bool stopping_ = false;                    // GUARDED_BY(mu_)
   std::map<std::string, size_t> per_sandbox_;  // GUARDED_BY(mu_)
-  std::set<int> open_;                       // GUARDED_BY(mu_): client fds being served
+  struct Open {
+    std::string sandbox_id;
+    // Its destination is known (the host, the address being tried):
+    // recheck decides it.
+    bool decided = false;
+    std::string host;
+    std::array<uint8_t, 16> addr{};
+  };
+  std::map<int, Open> open_;                 // GUARDED_BY(mu_): client fds being served
   size_t threads_ = 0;                       // GUARDED_BY(mu_)
   EgressStats stats_;                        // GUARDED_BY(mu_)
 };

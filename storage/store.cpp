@@ -327,6 +327,14 @@ Status Store::set_end_at(const std::string& id, int64_t end_at) {
   return st.run();
 }
 
+Status Store::set_allow_internet(const std::string& id, std::optional<bool> allow) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "UPDATE sandboxes SET allow_internet = ? WHERE id = ?");
+  if (allow) st.bind(1, *allow ? 1 : 0); else st.bind(1, std::nullopt);
+  st.bind(2, id);
+  return st.run();
+}
+
 Result<bool> Store::finish(const std::string& id, const std::string& state, const std::string& reason, int64_t now) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,

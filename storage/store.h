@@ -214,6 +214,7 @@ class Store {
   Result<bool> transition(const std::string& id, const std::vector<std::string>& from, const std::string& to);
   Status set_running(const std::string& id, int64_t init_pid, const std::string& envd_version);
   Status set_end_at(const std::string& id, int64_t end_at);
+  Status set_allow_internet(const std::string& id, std::optional<bool> allow);
   // Moves to a final state (killed, lost, failed) with a reason; false when already final.
   Result<bool> finish(const std::string& id, const std::string& state, const std::string& reason, int64_t now);
 

@@ -51,15 +51,15 @@ TEST_CASE("requests: create's network fields become the sandbox's egress policy"
       body(R"({"templateID":"base","allow_internet_access":false,"network":{"allowOut":["1.1.1.1","*.pypi.org"],"denyOut":["10.0.0.0/8"]}})"),
       true);
   REQUIRE(c);
-  CHECK(c->asks_egress);
-  CHECK_FALSE(c->egress.internet);
-  CHECK(c->egress.allow_nets.size() == 1);
-  CHECK(c->egress.allow_names == std::vector<std::string>{"*.pypi.org"});
-  CHECK(c->egress.deny_nets.size() == 1);
+  CHECK(c->network.asks_egress);
+  CHECK_FALSE(c->network.egress.internet);
+  CHECK(c->network.egress.allow_nets.size() == 1);
+  CHECK(c->network.egress.allow_names == std::vector<std::string>{"*.pypi.org"});
+  CHECK(c->network.egress.deny_nets.size() == 1);
   auto plain = parse_create_request(body(R"({"templateID":"base"})"), true);
   REQUIRE(plain);
-  CHECK_FALSE(plain->asks_egress);
-  CHECK(plain->egress.internet);  // E2B's default
+  CHECK_FALSE(plain->network.asks_egress);
+  CHECK(plain->network.egress.internet);  // E2B's default
   CHECK(invalid(parse_create_request(body(R"({"templateID":"base","network":{"allowOut":[1]}})"), true))
             .find("must hold strings") != std::string::npos);
   CHECK(invalid(parse_create_request(body(R"({"templateID":"base","network":{"denyOut":["example.com"]}})"), true))
@@ -103,4 +103,32 @@ TEST_CASE("requests: list and metrics queries") {
   CHECK(*m->end == 20);
   CHECK(invalid(parse_metrics_query("start=-1")).find("unix seconds") != std::string::npos);
   CHECK(path_segments("//v2//sandboxes/abc/") == std::vector<std::string>{"v2", "sandboxes", "abc"});
+}
+
+TEST_CASE("requests: updateNetwork's body replaces the egress configuration") {
+  auto put = [](const std::string& b) { return parse_network_update(body(b)); };
+  auto n = put(R"({"allowOut":["1.1.1.1","*.pypi.org"],"denyOut":["0.0.0.0/0"],"allow_internet_access":false})");
+  REQUIRE(n);
+  CHECK(n->asks_egress);
+  CHECK(n->allow_out == std::vector<std::string>{"1.1.1.1", "*.pypi.org"});
+  CHECK(n->deny_out == std::vector<std::string>{"0.0.0.0/0"});
+  CHECK(n->allow_internet == std::optional<bool>(false));
+  CHECK_FALSE(n->egress.internet);
+  CHECK(n->egress.allow_names == std::vector<std::string>{"*.pypi.org"});
+  // Everything omitted: cleared, E2B's defaults.
+  auto empty = put("{}");
+  REQUIRE(empty);
+  CHECK_FALSE(empty->asks_egress);
+  CHECK_FALSE(empty->allow_internet.has_value());
+  CHECK(empty->egress.internet);
+  CHECK(put(R"({"rules":{}})"));
+  CHECK(invalid(put(R"({"allowOut":[1]})")).find("'allowOut' must hold strings") != std::string::npos);
+  CHECK(invalid(put(R"({"allowOut":"1.1.1.1"})")).find("'allowOut' must be an array") != std::string::npos);
+  CHECK(invalid(put(R"({"denyOut":["example.com"]})")).find("field 'denyOut': 'example.com'") != std::string::npos);
+  CHECK(invalid(put(R"({"allowOut":["no such name!"]})")).find("field 'allowOut'") != std::string::npos);
+  CHECK(invalid(put(R"({"rules":{"a.com":[{}]}})")).find("'rules'") != std::string::npos);
+  CHECK(invalid(put(R"({"egressProxy":{"address":"10.0.0.1:3128"}})")).find("egressProxy") != std::string::npos);
+  CHECK(invalid(put(R"({"allow_internet_access":"no"})")).find("allow_internet_access") != std::string::npos);
+  CHECK(invalid(put(R"({"maskRequestHost":"x"})")).find("maskRequestHost") != std::string::npos);
+  CHECK(invalid(put("[]")).size() > 0);
 }

@@ -8,14 +8,26 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { Sandbox } from 'e2b';
+import { Sandbox, SandboxNotFoundError } from 'e2b';
 import { startSandgate } from './server.mjs';
 
 let server, opts, allowed, closed, originA, originB, urlA, urlB;
+// /hold answers with a first line and then keeps the response open; each
+// such request resolves the next waiter in held.
+const held = [];
 
 function origin(host) {
   return new Promise((resolve) => {
-    const s = http.createServer((req, res) => res.end(`origin ${host} saw ${req.method} ${req.url}`));
+    const s = http.createServer((req, res) => {
+      if (req.url === '/hold') {
+        res.writeHead(200);
+        res.write('held\n');
+        const w = held.shift();
+        if (w) w();
+        return;
+      }
+      res.end(`origin ${host} saw ${req.method} ${req.url}`);
+    });
     s.listen(0, host, () => resolve(s));
   });
 }
@@ -34,7 +46,7 @@ before(async () => {
 after(async () => {
   for (const s of [allowed, closed]) if (s) await s.kill().catch(() => {});
   if (server) await server.stop();
-  for (const o of [originA, originB]) if (o) o.close();
+  for (const o of [originA, originB]) if (o) { o.closeAllConnections(); o.close(); }
 });
 
 // curl's answer code: of the response, or (-w %{http_connect}) of the
@@ -60,7 +72,7 @@ test('a destination not in allowOut, and any destination without internet access
   assert.equal(await code(allowed, `${urlB}/`), '403');
   assert.equal(await code(allowed, `--proxytunnel ${urlB}/`, 'http_connect'), '403');
   const why = await closed.commands.run(`curl -s ${urlA}/`);
-  assert.match(why.stdout, /created without internet access/);
+  assert.match(why.stdout, /has no internet access \(allow_internet_access is false\)/);
   assert.equal(await code(closed, `${urlA}/`), '403');
 });
 
@@ -69,4 +81,31 @@ test('around the proxy there is no way out', async () => {
   const r = await allowed.commands.run(`curl -s -o /dev/null -w '%{http_code}' --noproxy '*' --max-time 5 ${urlA}/`)
     .catch((e) => e);
   assert.equal(r.stdout, '000');
+});
+
+test('updateNetwork replaces the policy: new connections follow it, open tunnels it refuses are closed', { timeout: 60000 }, async () => {
+  const sbx = await Sandbox.create('base', { ...opts, allowInternetAccess: false, network: { allowOut: ['127.0.0.3'] } });
+  try {
+    assert.equal(await code(sbx, `${urlA}/`), '403');
+    // A tunnel to B that stays open: the origin holds its response.
+    const reached = new Promise((resolve) => held.push(resolve));
+    const hold = await sbx.commands.run(`curl -sS -N --proxytunnel ${urlB}/hold`, { background: true });
+    await reached;
+    await sbx.updateNetwork({ allowInternetAccess: false, allowOut: ['127.0.0.2'] });
+    // The held tunnel is cut (curl fails on the closed connection), and
+    // from now on A is allowed and B is not.
+    await assert.rejects(hold.wait());
+    assert.equal(await code(sbx, `${urlA}/`), '200');
+    assert.equal(await code(sbx, `--proxytunnel ${urlA}/`), '200');
+    assert.equal(await code(sbx, `${urlB}/`), '403');
+    const info = await Sandbox.getInfo(sbx.sandboxId, opts);
+    assert.equal(info.allowInternetAccess, false);
+    // Omitted fields are cleared: internet access is E2B's default (on)
+    // again, and with this server's --egress-allow-private that reaches both.
+    await sbx.updateNetwork({});
+    assert.equal(await code(sbx, `${urlB}/`), '200');
+    await assert.rejects(Sandbox.updateNetwork('aaaaaaaaaaaaaaaaaaaa', {}, opts), SandboxNotFoundError);
+  } finally {
+    await sbx.kill().catch(() => {});
+  }
 });

@@ -12,6 +12,7 @@
 // that is left). Route 8 is the egress proxy's request head (the body) and
 // an egress policy (allowOut and denyOut one entry each from the fourth
 // and fifth fields) decided for the second and third (name, address).
+// Route 4 with bit 0x10 is PUT .../network (the SDK's updateNetwork).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -87,6 +88,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 4: {
+      if (route & 0x10) {  // PUT .../network
+        auto r = sg::api::parse_network_update(req);
+        check_error(r);
+        if (r) {
+          require(r->allow_out.size() <= 64 && r->deny_out.size() <= 64);
+          require(r->asks_egress == !r->allow_out.empty());
+          require(r->egress.internet == r->allow_internet.value_or(true));
+        }
+        break;
+      }
       sg::Status s = sg::api::parse_pause_request(req);
       if (!s) require(s.error().kind() == sg::ErrorKind::kInvalid);
       break;

@@ -129,6 +129,31 @@ TEST_CASE("create, get, list, pause, connect, timeout, metrics and kill with E2B
 
   CHECK(s.post("/sandboxes/" + id + "/timeout", R"({"timeout":600})").status == 204);
 
+  // updateNetwork replaces the egress configuration; bad ones change
+  // nothing. This server runs without --egress: an allowOut is refused.
+  HttpClient hc = s.client();
+  auto put_network = [&](const std::string& body) {
+    return hc.request("PUT", "/sandboxes/" + id + "/network", body, {{"X-API-KEY", s.key()}, {"Content-Type", "application/json"}});
+  };
+  CHECK(put_network(R"({"allow_internet_access":false,"denyOut":["10.0.0.0/8"]})").status == 204);
+  json nd = body_of(s.get("/sandboxes/" + id));
+  CHECK(nd["allowInternetAccess"] == false);
+  CHECK(nd["network"]["denyOut"] == json::array({"10.0.0.0/8"}));
+  CHECK(nd["network"]["allowOut"] == json::array());
+  check_error(put_network(R"({"allowOut":["1.1.1.1"]})"), 400);
+  check_error(put_network(R"({"denyOut":["example.com"]})"), 400);
+  check_error(put_network(R"({"egressProxy":{"address":"10.0.0.1:3128"}})"), 400);
+  check_error(put_network(R"({"allowOut":"1.1.1.1"})"), 400);
+  check_error(put_network(R"({"allowPublicTraffic":false})"), 400);
+  check_error(put_network("[1]"), 400);
+  check_error(hc.request("PUT", "/sandboxes/aaaaaaaaaaaaaaaaaaaa/network", "{}", {{"X-API-KEY", s.key()}}), 404);
+  CHECK(body_of(s.get("/sandboxes/" + id)) == nd);
+  // Omitted fields are cleared.
+  CHECK(put_network("{}").status == 204);
+  json cleared = body_of(s.get("/sandboxes/" + id));
+  CHECK(cleared["allowInternetAccess"].is_null());
+  CHECK_FALSE(cleared.contains("network"));
+
   Response m = s.get("/sandboxes/" + id + "/metrics");
   REQUIRE(m.status == 200);
   json ms = body_of(m);
@@ -187,6 +212,7 @@ TEST_CASE("tenant isolation: another tenant's sandbox is 404 on every route and 
   check_error(as_b("POST", "/v2/sandboxes/" + id + "/connect", "{}"), 404);
   check_error(as_b("POST", "/sandboxes/" + id + "/timeout", R"({"timeout":1})"), 404);
   check_error(as_b("GET", "/sandboxes/" + id + "/metrics"), 404);
+  check_error(as_b("PUT", "/sandboxes/" + id + "/network", R"({"allow_internet_access":false})"), 404);
   // The 404 for a real id reads exactly like the one for an id that never existed.
   Response fake = as_b("GET", "/sandboxes/aaaaaaaaaaaaaaaaaaaa");
   Response real = as_b("GET", "/sandboxes/" + id);
@@ -197,6 +223,7 @@ TEST_CASE("tenant isolation: another tenant's sandbox is 404 on every route and 
   // Still running, still alice's, timeout unchanged by bob's attempt.
   json d = body_of(s.get("/sandboxes/" + id, a));
   CHECK(d["state"] == "running");
+  CHECK(d["allowInternetAccess"].is_null());  // bob's network update did not land
   CHECK(body_of(s.get("/v2/sandboxes", a)).size() == 1);
   CHECK(s.del("/sandboxes/" + id, a).status == 204);
 }
