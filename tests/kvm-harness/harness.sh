@@ -98,7 +98,9 @@ if [ -z "$runtime" ]; then
   # sandgate knows --guest-dir.
   if [ ! -x "$bin_dir/sandgate-vmm" ]; then
     runtime=process why="no sandgate-vmm in $bin_dir"
-  elif ! "$bin_dir/sandgate" --help 2>&1 | grep -q -- '--guest-dir'; then
+  # (The help is read whole first: `--help | grep -q` under pipefail fails
+  # whenever grep exits before sandgate has written its last line.)
+  elif help=$("$bin_dir/sandgate" --help 2>&1 || true) && [[ $help != *--guest-dir* ]]; then
     runtime=process why="sandgate --help lists no --guest-dir"
   else
     runtime=kvm why="sandgate-vmm is built and sandgate takes --guest-dir"
@@ -169,6 +171,13 @@ for m in kvm_amd virtio_pci virtio_net virtio_blk overlay ${SANDGATE_HARNESS_MOD
 # runtime, the nested guest's kernel and initramfs.
 vmm=()
 [ -x "$bin_dir/sandgate-vmm" ] && vmm=("$bin_dir/sandgate-vmm")
+# kvm-pin (kvm-pin.c: why the outer guest holds one VM open from boot).
+pin=$cache/kvm-pin
+if [ "$(cat "$pin.key" 2>/dev/null)" != "$(fingerprint "$here/kvm-pin.c")" ]; then
+  ${CC:-cc} -O2 -Wall -o "$pin" "$here/kvm-pin.c" || fail "could not compile $here/kvm-pin.c"
+  fingerprint "$here/kvm-pin.c" >"$pin.key"
+fi
+vmm+=("$pin")
 guest_files=()
 if [ "$runtime" != process ]; then
   for f in vmlinuz initramfs.cpio; do
@@ -194,7 +203,7 @@ if [ "$(cat "$initrd.key" 2>/dev/null)" != "$initrd_key" ]; then
   done
   for b in "$bin_dir/sandgate" "$bin_dir/sandgate-agent" "${vmm[@]}" "${extras[@]}"; do
     dir=bin
-    [ "${b%/*}" = "$bin_dir" ] || dir=extra
+    [ "${b%/*}" = "$bin_dir" ] || [ "$b" = "$pin" ] || dir=extra
     strip -o "$st/opt/sandgate/$dir/${b##*/}" "$b" 2>/dev/null || cp "$b" "$st/opt/sandgate/$dir/"
     # Shared libraries at the paths ldd resolved them to, plus the loader.
     { ldd "$b" 2>/dev/null || true; } | { grep -o -E '/[^ ]+' || true; } | while read -r lib; do
@@ -295,7 +304,7 @@ log "artefacts ready; booting the outer guest (TCG, ${mem_mb} MiB, $cpus vCPUs, 
 # process takes it before QEMU binds it, QEMU fails at once and we retry.
 args="$model_args${SANDGATE_HARNESS_ARGS:+ $SANDGATE_HARNESS_ARGS}"
 args=${args# }
-cmdline="console=ttyS0 quiet panic=-1 sandgate.runtime=$runtime sandgate.loglevel=$log_level${args:+ sandgate.args=${args// /,}}"
+cmdline="console=ttyS0 quiet panic=-1 nokaslr sandgate.runtime=$runtime sandgate.loglevel=$log_level${args:+ sandgate.args=${args// /,}}"
 [ -z "$exec_cmd" ] || cmdline+=" sandgate.exec=$(printf %s "$exec_cmd" | base64 -w0)"
 free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1",()=>{console.log(s.address().port);s.close()})'; }
 start_qemu() {
@@ -305,7 +314,7 @@ start_qemu() {
   $pdeathsig qemu-system-x86_64 -accel tcg -cpu max -m "$mem_mb" -smp "$cpus" \
     -nodefaults -display none -vga none -no-reboot \
     -kernel "$guest_dir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
-    -serial "file:$work/console.log" -serial "pipe:$work/ctl" \
+    -serial "file:$work/console.log" -serial "pipe:$work/ctl" -monitor "unix:$work/monitor.sock,server=on,wait=off" \
     -nic "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:8080" \
     -drive "file=$assets,if=none,id=assets,format=raw,readonly=on" -device virtio-blk-pci,drive=assets,serial=sg-assets \
     -drive "file=$work/scratch.ext4,if=none,id=scratch,format=raw,cache=unsafe" -device virtio-blk-pci,drive=scratch,serial=sg-scratch \
@@ -320,18 +329,52 @@ show_console() {
   return 0
 }
 
+# A command that runs past its time: what the outer guest's threads are
+# doing (outer-init prints it on "stacks"), and where QEMU's vCPUs are (its
+# monitor), so that a hang says whether the guest's kernel still runs.
+dump_guest() {
+  log "asking the outer guest for its threads' stacks"
+  timeout 10 sh -c 'echo stacks >"$1"' sh "$work/ctl.in" || log "could not write to the guest's control port"
+  local end=$(($(date +%s) + 40))
+  while [ "$(date +%s)" -lt "$end" ] && ! grep -q 'SG-HARNESS: --- end of stacks' "$work/console.log"; do sleep 0.5; done
+  grep -q 'SG-HARNESS: --- end of stacks' "$work/console.log" || log "the outer guest did not answer in 40 s: its kernel is not running"
+  log "QEMU's vCPUs:"
+  node -e '
+    const c = require("net").connect(process.argv[1]);
+    let out = "";
+    c.on("data", (d) => { out += d; });
+    c.on("connect", () => { c.write("info cpus\ninfo registers -a\n"); setTimeout(() => c.end(), 3000); });
+    c.on("error", (e) => { out += "monitor: " + e.message; });
+    c.on("close", () => process.stderr.write(out.replace(/\x1b\[[0-9;]*[A-Za-z]/g, "").split("\n").filter((l) => /CPU|RIP|RSP|RFL|CR0|HLT|halted/.test(l)).map((l) => "  | " + l).join("\n") + "\n"));
+  ' "$work/monitor.sock" || true
+}
+
+# Every syscall a VMM makes on the paths these tests take must be on its
+# seccomp allow list (vm/confine.h): sandgate logs each refusal it finds in
+# a VMM's log, and a run with any fails.
+check_seccomp() {
+  local refused
+  refused=$(tr -d '\r' <"$work/console.log" | grep -ao 'seccomp: refused syscall [0-9]*' | sort | uniq -c || true)
+  [ -z "$refused" ] && return 0
+  log "the VMMs' seccomp filter refused syscalls (add them to vmm_syscall_policy if the VMM needs them):"
+  printf '%s\n' "$refused" | sed 's/^/  | /' >&2
+  return 1
+}
+
 if [ -n "$exec_cmd" ]; then
   start_qemu
   deadline=$(($(date +%s) + boot_timeout + test_timeout))
   while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
   rc=$(tr -d '\r' <"$work/console.log" | sed -n 's/^SG-HARNESS: exec exited rc=\([0-9]*\) .*/\1/p' | tail -n 1)
+  [ -z "$rc" ] && kill -0 "$qemu_pid" 2>/dev/null && dump_guest
   tr -d '\r' <"$work/console.log" | sed -n '/^SG-HARNESS: exec: /,$p' | sed 's/^/  | /' >&2
   if [ -z "$rc" ]; then
-    show_console
+    grep -q '^SG-HARNESS: exec: ' "$work/console.log" || show_console
     kill -0 "$qemu_pid" 2>/dev/null || fail "QEMU exited before the command finished inside the guest"
     fail "the command did not finish inside the guest within $((boot_timeout + test_timeout)) s"
   fi
   log "the command exited with status $rc"
+  [ "$rc" -ne 0 ] || check_seccomp || fail "seccomp refusals"
   exit "$rc"
 fi
 
@@ -397,8 +440,10 @@ fi
 stop_rc=$(sed -n 's/^SG-HARNESS: sandgate exited rc=\([0-9]*\).*/\1/p' "$work/console.log" | tail -n 1)
 if [ "$test_rc" -ne 0 ]; then
   show_console 200
+  check_seccomp || true
   exit "$test_rc"
 fi
+check_seccomp || fail "seccomp refusals"
 if [ "$stop_rc" != 0 ]; then
   show_console
   fail "the tests passed but sandgate did not stop cleanly (exit status '${stop_rc:-none}')"
