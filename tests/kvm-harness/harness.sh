@@ -8,7 +8,10 @@
 # the host (model-upstream.mjs), reached from the guest as 10.0.2.2
 # (SANDGATE_E2E_MODEL_URL / SANDGATE_E2E_MODEL_KEY for the tests).
 # Exits with the tests' status (or non-zero if the guest never got that far,
-# or sandgate did not stop cleanly after passing tests).
+# or sandgate did not stop cleanly after passing tests); 75 when the outer
+# guest's kernel stopped running (no heartbeat, no answer on its control
+# port: QEMU's TCG froze it, docs/kvm-harness.md), which attempts.sh takes
+# as the one failure worth a fresh boot.
 # See docs/kvm-harness.md; the recipe is in shared/notes/kvm-in-tcg.md.
 #
 # usage: tests/kvm-harness/harness.sh [TEST_FILE...]
@@ -38,6 +41,11 @@
 #                                 there replaces the mock upstream
 #   SANDGATE_HARNESS_LOG_LEVEL    sandgate --log-level inside (default info)
 #   SANDGATE_HARNESS_KEEP=1       keep the run's temp dir (scratch disk, serial log)
+#   SANDGATE_HARNESS_SILENCE_S    seconds without the outer guest's heartbeat before it is
+#                                 asked whether it still runs (default 90)
+#   SANDGATE_HARNESS_TEST_FREEZE=1  for the harness's own test (kvm_harness_freeze): once
+#                                 the --exec command starts, stop the outer guest's vCPUs
+#                                 from QEMU's monitor, as the TCG freeze does
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,6 +57,10 @@ fail() {
   log "FAILED: $*"
   exit 1
 }
+frozen() {
+  log "FROZEN: $*"
+  exit 75
+}
 
 bin_dir=$(cd "${SANDGATE_BIN_DIR:-$root/build/dev/bin}" && pwd)
 guest_dir=${SANDGATE_GUEST_DIR:-$bin_dir/../guest}
@@ -59,6 +71,8 @@ cpus=${SANDGATE_HARNESS_CPUS:-2}
 boot_timeout=${SANDGATE_HARNESS_BOOT_TIMEOUT:-240}
 test_timeout=${SANDGATE_HARNESS_TEST_TIMEOUT:-480}
 log_level=${SANDGATE_HARNESS_LOG_LEVEL:-info}
+silence_s=${SANDGATE_HARNESS_SILENCE_S:-90}
+[[ $silence_s =~ ^[1-9][0-9]*$ ]] || fail "SANDGATE_HARNESS_SILENCE_S must be a positive number of seconds, not '$silence_s'"
 exec_cmd=''
 extras=()
 tests=()
@@ -310,11 +324,13 @@ free_port() { node -e 'const s=require("net").createServer().listen(0,"127.0.0.1
 start_qemu() {
   port=$(free_port)
   : >"$work/console.log"
+  : >"$work/heartbeat.log"
+  alive_at=$(date +%s)
   # QEMU dies with this script, even if it is SIGKILLed (a CTest timeout).
   $pdeathsig qemu-system-x86_64 -accel tcg -cpu max -m "$mem_mb" -smp "$cpus" \
     -nodefaults -display none -vga none -no-reboot \
     -kernel "$guest_dir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
-    -serial "file:$work/console.log" -serial "pipe:$work/ctl" -monitor "unix:$work/monitor.sock,server=on,wait=off" \
+    -serial "file:$work/console.log" -serial "pipe:$work/ctl" -serial "file:$work/heartbeat.log" -monitor "unix:$work/monitor.sock,server=on,wait=off" \
     -nic "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:$port-:8080" \
     -drive "file=$assets,if=none,id=assets,format=raw,readonly=on" -device virtio-blk-pci,drive=assets,serial=sg-assets \
     -drive "file=$work/scratch.ext4,if=none,id=scratch,format=raw,cache=unsafe" -device virtio-blk-pci,drive=scratch,serial=sg-scratch \
@@ -329,24 +345,63 @@ show_console() {
   return 0
 }
 
+# One command on QEMU's monitor; its answer, without terminal escapes, on
+# stdout.
+monitor() {
+  node -e '
+    const c = require("net").connect(process.argv[1]);
+    let out = "";
+    c.on("data", (d) => { out += d; });
+    c.on("connect", () => { c.write(process.argv[2] + "\n"); setTimeout(() => c.end(), 2000); });
+    c.on("error", (e) => { out += "monitor: " + e.message + "\n"; });
+    c.on("close", () => process.stdout.write(out.replace(/\x1b\[[0-9;]*[A-Za-z]/g, "").replace(/\r/g, "")));
+  ' "$work/monitor.sock" "$1" || true
+}
+
+# Whether the outer guest's kernel still runs: outer-init writes a
+# heartbeat to its third serial port (heartbeat.log) every 5 s, and answers
+# "ping N" on its control port with "pong N". After silence_s without a
+# heartbeat, or when the tests have failed, it is pinged; no answer in 40 s
+# means its kernel is not running (QEMU's TCG livelock, docs/kvm-harness.md).
+silent() {
+  local last
+  last=$(stat -c %Y "$work/heartbeat.log" 2>/dev/null || echo 0)
+  [ "$last" -ge "$alive_at" ] || last=$alive_at
+  [ $(($(date +%s) - last)) -ge "$silence_s" ]
+}
+pings=0
+guest_answers() {
+  pings=$((pings + 1))
+  timeout 10 sh -c 'echo "ping $2" >"$1"' sh "$work/ctl.in" "$pings" || log "could not write to the guest's control port"
+  local end=$(($(date +%s) + 40))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    if tr -d '\r' <"$work/console.log" | grep -q "^SG-HARNESS: pong $pings\$"; then
+      alive_at=$(date +%s)
+      return 0
+    fi
+    sleep 0.5
+  done
+  log "the outer guest did not answer a ping in 40 s: its kernel is not running"
+  log "QEMU's vCPUs:"
+  monitor $'info cpus\ninfo registers -a' | grep -E 'CPU|RIP|RSP|RFL|CR0|HLT|halted' | sed 's/^/  | /' >&2 || true
+  return 1
+}
+# After silence_s without a heartbeat: returns 1 when the guest is frozen
+# (and 0, with the clock reset, when it only was slow).
+check_heartbeat() {
+  silent || return 0
+  log "no heartbeat from the outer guest for $silence_s s; pinging it"
+  guest_answers && log "it answered: slow, not frozen"
+}
+
 # A command that runs past its time: what the outer guest's threads are
-# doing (outer-init prints it on "stacks"), and where QEMU's vCPUs are (its
-# monitor), so that a hang says whether the guest's kernel still runs.
+# doing (outer-init prints it on "stacks"), so that a hang shows where.
 dump_guest() {
   log "asking the outer guest for its threads' stacks"
   timeout 10 sh -c 'echo stacks >"$1"' sh "$work/ctl.in" || log "could not write to the guest's control port"
   local end=$(($(date +%s) + 40))
   while [ "$(date +%s)" -lt "$end" ] && ! grep -q 'SG-HARNESS: --- end of stacks' "$work/console.log"; do sleep 0.5; done
-  grep -q 'SG-HARNESS: --- end of stacks' "$work/console.log" || log "the outer guest did not answer in 40 s: its kernel is not running"
-  log "QEMU's vCPUs:"
-  node -e '
-    const c = require("net").connect(process.argv[1]);
-    let out = "";
-    c.on("data", (d) => { out += d; });
-    c.on("connect", () => { c.write("info cpus\ninfo registers -a\n"); setTimeout(() => c.end(), 3000); });
-    c.on("error", (e) => { out += "monitor: " + e.message; });
-    c.on("close", () => process.stderr.write(out.replace(/\x1b\[[0-9;]*[A-Za-z]/g, "").split("\n").filter((l) => /CPU|RIP|RSP|RFL|CR0|HLT|halted/.test(l)).map((l) => "  | " + l).join("\n") + "\n"));
-  ' "$work/monitor.sock" || true
+  grep -q 'SG-HARNESS: --- end of stacks' "$work/console.log" || log "the outer guest did not print its stacks in 40 s"
 }
 
 # Every syscall a VMM makes on the paths these tests take must be on its
@@ -364,12 +419,28 @@ check_seccomp() {
 if [ -n "$exec_cmd" ]; then
   start_qemu
   deadline=$(($(date +%s) + boot_timeout + test_timeout))
-  while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
+  froze=''
+  stopped=''
+  while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do
+    if [ -n "${SANDGATE_HARNESS_TEST_FREEZE:-}" ] && [ -z "$stopped" ] && grep -q '^SG-HARNESS: exec: ' "$work/console.log"; then
+      # The live guest must answer first: the check tells the two apart.
+      guest_answers || fail "SANDGATE_HARNESS_TEST_FREEZE: the running outer guest did not answer a ping"
+      log "SANDGATE_HARNESS_TEST_FREEZE: the running guest answered a ping; stopping its vCPUs"
+      monitor stop >/dev/null
+      stopped=1
+    fi
+    check_heartbeat || { froze=1; break; }
+    sleep 0.2
+  done
   rc=$(tr -d '\r' <"$work/console.log" | sed -n 's/^SG-HARNESS: exec exited rc=\([0-9]*\) .*/\1/p' | tail -n 1)
-  [ -z "$rc" ] && kill -0 "$qemu_pid" 2>/dev/null && dump_guest
+  if [ -z "$rc" ] && [ -z "$froze" ] && kill -0 "$qemu_pid" 2>/dev/null; then
+    dump_guest
+    guest_answers || froze=1
+  fi
   tr -d '\r' <"$work/console.log" | sed -n '/^SG-HARNESS: exec: /,$p' | sed 's/^/  | /' >&2
   if [ -z "$rc" ]; then
     grep -q '^SG-HARNESS: exec: ' "$work/console.log" || show_console
+    [ -z "$froze" ] || frozen "the outer guest stopped running before the command finished"
     kill -0 "$qemu_pid" 2>/dev/null || fail "QEMU exited before the command finished inside the guest"
     fail "the command did not finish inside the guest within $((boot_timeout + test_timeout)) s"
   fi
@@ -403,6 +474,10 @@ for attempt in 1 2 3; do
       url=http://127.0.0.1:$port
       break 2
     fi
+    if ! check_heartbeat; then
+      show_console
+      frozen "the outer guest stopped running before sandgate was up"
+    fi
     if [ $(($(date +%s) - t_boot)) -ge "$boot_timeout" ]; then
       show_console
       fail "sandgate's banner did not appear on the serial console within $boot_timeout s"
@@ -413,14 +488,33 @@ done
 log "sandgate is up inside the guest; $url -> guest :8080 (guest uptime $(sed -n 's/^SG-HARNESS: starting sandgate.* at \([0-9.]*\) s.*/\1/p' "$work/console.log") s at sandgate start)"
 
 # --- the tests, from the host.
-set +e
+# They run in the background so that a frozen outer guest (no heartbeat,
+# no answer) ends them at once instead of at each request's timeout.
 SANDGATE_E2E_URL=$url SANDGATE_E2E_KEY=$key SANDGATE_E2E_RUNTIME=$runtime \
   SANDGATE_E2E_MODEL_URL=$model_url SANDGATE_E2E_MODEL_KEY=$model_key \
-  timeout --kill-after=10 "$test_timeout" node --test --test-concurrency=1 "${tests[@]}"
-test_rc=$?
-set -e
+  timeout --kill-after=10 "$test_timeout" node --test --test-concurrency=1 "${tests[@]}" &
+tests_pid=$!
+froze=''
+while kill -0 "$tests_pid" 2>/dev/null; do
+  if ! check_heartbeat; then
+    froze=1
+    log "ending the tests: the outer guest is frozen"
+    kill -TERM "$tests_pid" 2>/dev/null || true
+    break
+  fi
+  sleep 1
+done
+wait "$tests_pid" && test_rc=0 || test_rc=$?
 [ "$test_rc" -eq 124 ] && log "the tests ran past $test_timeout s"
 log "tests finished with status $test_rc"
+# Failed tests: was it the guest that stopped? (A live one answers.)
+if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && kill -0 "$qemu_pid" 2>/dev/null; then
+  guest_answers || froze=1
+fi
+if [ -n "$froze" ]; then
+  show_console 100
+  frozen "the outer guest stopped running while the tests ran"
+fi
 
 # --- shutdown: ask the guest to stop sandgate (SIGTERM) and power off.
 # After failed tests it first prints the sandboxes' logs on the console.
@@ -432,6 +526,10 @@ stop_rc=
 deadline=$(($(date +%s) + 60))
 while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.2; done
 if kill -0 "$qemu_pid" 2>/dev/null; then
+  if [ "$test_rc" -eq 0 ] && ! grep -q '^SG-HARNESS: stop requested' "$work/console.log" && ! guest_answers; then
+    show_console
+    frozen "the outer guest stopped running after the tests passed"
+  fi
   log "the outer guest did not power off within 60 s; killing QEMU"
 else
   wait "$qemu_pid" || true
