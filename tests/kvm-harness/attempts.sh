@@ -3,7 +3,7 @@
 # times while it exits 75, and exits with the last attempt's status. Any
 # other status, a pass (0), a skip (77) or a failure, ends it at once.
 #
-# Why 75 gets a second boot: the harness exits 75 only when the outer
+# Why 75 gets another boot: the harness exits 75 only when the outer
 # guest's kernel has stopped running (no heartbeat, no answer to a ping on
 # its control port; harness.sh). That is QEMU 7.2's multi-threaded TCG
 # livelocking the outer kernel while it patches its own text
