@@ -209,6 +209,14 @@ json written_json(const std::string& path, const std::vector<std::pair<std::stri
   return j;
 }
 
+// read(2), again after a signal: > 0 bytes, 0 at the end, < 0 an error.
+ssize_t read_retrying(int fd, char* p, size_t n) {
+  for (;;) {
+    ssize_t got = ::read(fd, p, n);
+    if (got >= 0 || errno != EINTR) return got;
+  }
+}
+
 void download(Conn& c, const Request& r, const User& user) {
   auto q = r.query.find("path");
   if (q == r.query.end() || q->second.empty()) return send_http_error(c, 400, "missing path query parameter");
@@ -246,8 +254,7 @@ void download(Conn& c, const Request& r, const User& user) {
   size_t got = 0;
   bool eof = false;
   while (got < buf.size()) {
-    ssize_t n = ::read(fd.get(), buf.data() + got, buf.size() - got);
-    if (n < 0 && errno == EINTR) continue;
+    ssize_t n = read_retrying(fd.get(), buf.data() + got, buf.size() - got);
     if (n < 0) return send_http_error(c, 500, "read " + path + ": " + std::strerror(errno));
     if (n == 0) {
       eof = true;
@@ -262,8 +269,7 @@ void download(Conn& c, const Request& r, const User& user) {
   if (st.st_size == 0) {
     if (!c.begin_chunked(200, h) || !c.write_chunk(std::string_view(buf.data(), got))) return;
     for (;;) {
-      ssize_t n = ::read(fd.get(), buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
+      ssize_t n = read_retrying(fd.get(), buf.data(), buf.size());
       if (n < 0) {
         c.set_close();  // no terminating chunk: the client sees the body cut
         return;
@@ -280,8 +286,7 @@ void download(Conn& c, const Request& r, const User& user) {
   if (!c.write_all(std::string_view(buf.data(), first))) return;
   left -= first;
   while (left > 0) {
-    ssize_t n = ::read(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
-    if (n < 0 && errno == EINTR) continue;
+    ssize_t n = read_retrying(fd.get(), buf.data(), std::min<uint64_t>(left, buf.size()));
     if (n <= 0) {
       c.set_close();
       return;
