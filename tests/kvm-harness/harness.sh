@@ -129,8 +129,13 @@ console_copy=${SANDGATE_HARNESS_LOG:-$cache/console.log}
 work=$(mktemp -d "${TMPDIR:-/tmp}/sg-kvm-harness.XXXXXX")
 qemu_pid=
 model_pid=
+tests_pid=
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
+  if [ -n "$tests_pid" ] && kill -0 "$tests_pid" 2>/dev/null; then
+    kill -TERM "$tests_pid" 2>/dev/null || true
+    wait "$tests_pid" 2>/dev/null || true
+  fi
   if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
     kill -KILL "$qemu_pid" 2>/dev/null || true
     wait "$qemu_pid" 2>/dev/null || true
@@ -505,6 +510,7 @@ while kill -0 "$tests_pid" 2>/dev/null; do
   sleep 1
 done
 wait "$tests_pid" && test_rc=0 || test_rc=$?
+tests_pid=
 [ "$test_rc" -eq 124 ] && log "the tests ran past $test_timeout s"
 log "tests finished with status $test_rc"
 # Failed tests: was it the guest that stopped? (A live one answers.)
