@@ -166,6 +166,8 @@ int main(int argc, char** argv) {
   } else if (!snapshot_dir.empty()) {
     machine.set_snapshot_alias(snapshot_dir, snapshot_dir);
   }
+  // Each vCPU thread narrows its own list further (vm/confine.h).
+  machine.set_vcpu_thread_init(sg::vmm::confine_vcpu_thread);
   if (sg::Status s = machine.start(); !s) {
     std::fprintf(stderr, "sandgate-vmm: %s\n", s.error().message().c_str());
     return 1;

@@ -94,6 +94,22 @@ uint32_t vmm_uid(int pid) {
   return at == std::string::npos ? 0 : static_cast<uint32_t>(std::strtoul(st->c_str() + at + 6, nullptr, 10));
 }
 
+// How many of a process's threads have n seccomp filters (a VMM's vCPU
+// threads have two, its other threads one: vm/confine.h).
+int threads_with_filters(int pid, int n) {
+  int count = 0;
+  const std::string task = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(task.c_str());
+  if (!d) return -1;
+  while (struct dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    auto st = sys::read_file(task + "/" + e->d_name + "/status");
+    if (st && st->find("\nSeccomp_filters:\t" + std::to_string(n) + "\n") != std::string::npos) ++count;
+  }
+  ::closedir(d);
+  return count;
+}
+
 // The names in a process's root directory, as the host sees it.
 std::string root_entries(int pid) {
   std::string out;
@@ -509,13 +525,16 @@ TEST_CASE("hostile root in a microVM: the VMM is confined; a disk fill and garba
   REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
 
   // The VMM as the host sees it: a seccomp filter, no_new_privs, a network
-  // namespace of its own (vm/confine.h).
+  // namespace of its own (vm/confine.h); its one vCPU thread with a second
+  // filter of its own, its other threads with the process's alone.
   for (runtime::Sandbox* sb : {a->get(), b->get()}) {
     std::string proc = "/proc/" + std::to_string(sb->init_pid());
     auto status = sys::read_file(proc + "/status");
     REQUIRE(status);
     CHECK(status->find("\nSeccomp:\t2\n") != std::string::npos);
     CHECK(status->find("\nNoNewPrivs:\t1\n") != std::string::npos);
+    CHECK(threads_with_filters(sb->init_pid(), 2) == 1);
+    CHECK(threads_with_filters(sb->init_pid(), 1) >= 1);
     struct stat vm_net {}, own_net {};
     REQUIRE(::stat((proc + "/ns/net").c_str(), &vm_net) == 0);
     REQUIRE(::stat("/proc/self/ns/net", &own_net) == 0);

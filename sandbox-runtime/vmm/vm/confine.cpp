@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/seccomp.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -66,6 +67,9 @@ sys::seccomp::Policy vmm_syscall_policy(pid_t self, bool snapshot_files) {
   // change) and thread names.
   for (uint32_t op : {PR_SET_PDEATHSIG, PR_SET_NAME, PR_GET_NAME})
     p.rules.push_back(Rule{SYS_prctl, ok, ArgCheck{0, ArgCheck::Op::kEquals, op}});
+  // seccomp: a filter more, which can only narrow (each vCPU thread adds
+  // its own, vcpu_thread_policy); no other operation.
+  p.rules.push_back(Rule{SYS_seccomp, ok, ArgCheck{0, ArgCheck::Op::kEquals, SECCOMP_SET_MODE_FILTER}});
   // Devices, the channel and the control socket (inherited: no socket,
   // connect, bind or accept), the logs, waiting.
   allow_all({SYS_read, SYS_write, SYS_readv, SYS_writev, SYS_pread64, SYS_pwrite64, SYS_preadv, SYS_pwritev,
@@ -94,9 +98,37 @@ sys::seccomp::Policy vmm_syscall_policy(pid_t self, bool snapshot_files) {
   return p;
 }
 
+sys::seccomp::Policy vcpu_thread_policy() {
+  using namespace sys::seccomp;
+  Policy p;
+  p.default_action = allow();  // the process's allow list decides the rest
+  p.foreign_action = kill_process();
+  // clone fails with EPERM, unlogged: the C library blocks every signal
+  // around it, and a trap's SIGSYS while blocked kills the process.
+  p.rules.push_back(Rule{SYS_clone, fail_with(EPERM), std::nullopt});
+  for (long nr : {long(SYS_openat), long(SYS_mkdirat), long(SYS_renameat), long(SYS_renameat2), long(SYS_unlinkat),
+                  long(SYS_memfd_create), long(SYS_userfaultfd), long(SYS_eventfd2),
+                  long(SYS_sendmsg), long(SYS_recvmsg), long(SYS_sendto), long(SYS_recvfrom), long(SYS_shutdown),
+                  long(SYS_ftruncate), long(SYS_fallocate)})
+    p.rules.push_back(Rule{nr, trap(), std::nullopt});
+#ifdef SYS_open
+  for (long nr : {long(SYS_open), long(SYS_mkdir), long(SYS_rename), long(SYS_unlink)})
+    p.rules.push_back(Rule{nr, trap(), std::nullopt});
+#endif
+  return p;
+}
+
+Status confine_vcpu_thread() {
+  auto program = sys::seccomp::compile(vcpu_thread_policy());
+  if (!program) return program.error();
+  if (Status s = sys::seccomp::install(*program, /*all_threads=*/false); !s)
+    return s.error().with_context("vcpu thread filter");
+  return Status::Ok();
+}
+
 namespace {
 
-// SIGSYS from the filter's default action: one line on the VMM's log
+// SIGSYS from either filter's trap: one line on the VMM's log
 // (stderr) naming the syscall, and the call fails with EPERM. Only
 // async-signal-safe calls (write, which the filter allows).
 void refused_syscall(int, siginfo_t* info, void* context) {

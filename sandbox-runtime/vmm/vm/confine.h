@@ -37,6 +37,23 @@ namespace sg::vmm {
 // snapshot.
 sys::seccomp::Policy vmm_syscall_policy(pid_t self, bool snapshot_files);
 
+// What a vCPU thread may not do beyond vmm_syscall_policy (Firecracker's
+// per-thread filters are the model): a second filter, stacked on the
+// process's for that thread alone, whose listed calls trap like the first
+// one's (logged, EPERM; clone fails with EPERM unlogged, as the C library
+// blocks every signal around it and SIGSYS would then kill). A vCPU thread runs the guest and the device code
+// its exits reach (MMIO and port I/O: the serial log's write, the disk's
+// pread, pwrite and fdatasync, the interrupt eventfds, the console's wake
+// eventfd), so it opens and names no files, makes no threads, memfds,
+// userfaultfds or eventfds, sends and receives on no socket (the channel
+// and the control socket are other threads'), and truncates and allocates
+// no file.
+sys::seccomp::Policy vcpu_thread_policy();
+
+// Installs vcpu_thread_policy on the calling thread only. Needs
+// no_new_privs (confine_vmm sets it) or CAP_SYS_ADMIN.
+Status confine_vcpu_thread();
+
 // The jail (Firecracker's jailer is the model), for a VMM started as root
 // once it has opened everything it needs (/dev/kvm, the disk, the
 // snapshot, the serial log) and before its first thread:

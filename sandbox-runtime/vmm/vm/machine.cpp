@@ -247,6 +247,9 @@ void Machine::vcpu_loop(size_t i) {
   kvm::Vcpu& v = *vcpus_[i];
   kvm_run* run = v.run_state();
   std::string why;
+  // A failure stops the machine: the loop ends at its first check.
+  if (vcpu_thread_init_)
+    if (Status s = vcpu_thread_init_(); !s) stop("vcpu " + std::to_string(i) + ": " + s.error().message());
   for (;;) {
     {
       std::unique_lock lock(mu_);

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -105,6 +106,10 @@ class Machine {
     snapshot_host_dir_ = std::move(host_dir);
     snapshot_jail_dir_ = std::move(jail_dir);
   }
+  // Run first on each vCPU thread, before the guest's first instruction
+  // there (sandgate-vmm: the vCPU threads' own seccomp filter,
+  // vm/confine.h); a failure stops the machine. Set before start().
+  void set_vcpu_thread_init(std::function<Status()> init) { vcpu_thread_init_ = std::move(init); }
   // Stops the vCPUs at an instruction boundary (all pending I/O completed)
   // and the console's data movement. Idempotent.
   Status pause();
@@ -154,6 +159,7 @@ class Machine {
   std::vector<std::unique_ptr<kvm::Vcpu>> vcpus_;
   std::vector<std::thread> threads_;
   std::string snapshot_host_dir_, snapshot_jail_dir_;  // set before start(), then read only
+  std::function<Status()> vcpu_thread_init_;            // the same
   std::atomic<uint64_t> exits_{0};
 
   std::mutex mu_;

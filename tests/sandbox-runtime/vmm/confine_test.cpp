@@ -6,7 +6,9 @@
 #include <doctest/doctest.h>
 #include <fcntl.h>
 #include <linux/kvm.h>
+#include <pthread.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -129,6 +131,85 @@ TEST_CASE("vmm confinement: own namespaces and an allow list; what a VMM does st
   CHECK(log->find("refused syscall " + std::to_string(SYS_clone3) + "\n") == std::string::npos);
   ::close(log_fd);
   ::unlink(log_t);
+}
+
+TEST_CASE("vmm confinement: a vCPU thread's own filter refuses files, threads, memfds and socket I/O; other threads keep them") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: needs root (unshare of namespaces)");
+    return;
+  }
+  char log_t[] = "/tmp/sg-confine-vcpu-log-XXXXXX";
+  int log_fd = ::mkstemp(log_t);
+  REQUIRE(log_fd >= 0);
+  char disk_t[] = "/tmp/sg-confine-vcpu-disk-XXXXXX";
+  int disk_fd = ::mkstemp(disk_t);
+  REQUIRE(disk_fd >= 0);
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (::dup2(log_fd, STDERR_FILENO) < 0) ::_exit(89);
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0) ::_exit(90);
+    int efd = ::eventfd(0, EFD_CLOEXEC);
+    if (efd < 0) ::_exit(88);
+    // A VMM that writes snapshots: the process may open files.
+    if (sg::Status s = sg::vmm::confine_vmm(nullptr, /*snapshot_files=*/true); !s) ::_exit(91);
+    std::atomic<int> failed{-1};
+    std::thread vcpu([&] {
+      if (sg::Status s = sg::vmm::confine_vcpu_thread(); !s) return failed.store(92);
+      // Refused on this thread.
+      if (!fails_with(::open("/proc/self/status", O_RDONLY | O_CLOEXEC), EPERM)) return failed.store(1);
+      if (!fails_with(::mkdir("/tmp/sg-confine-vcpu-never", 0700), EPERM)) return failed.store(2);
+      pthread_t t;
+      if (::pthread_create(&t, nullptr, [](void*) -> void* { return nullptr; }, nullptr) == 0) return failed.store(3);
+      if (!fails_with(::syscall(SYS_memfd_create, "guest", MFD_CLOEXEC), EPERM)) return failed.store(4);
+      if (!fails_with(::syscall(SYS_userfaultfd, O_CLOEXEC), EPERM)) return failed.store(5);
+      if (!fails_with(::eventfd(0, EFD_CLOEXEC), EPERM)) return failed.store(6);
+      if (!fails_with(::send(sv[0], "x", 1, 0), EPERM)) return failed.store(7);
+      if (!fails_with(::ftruncate(disk_fd, 4096), EPERM)) return failed.store(8);
+      // What its exits do: the disk, the serial log, an interrupt's
+      // eventfd, locks, memory.
+      if (::pwrite(disk_fd, "sector", 6, 512) != 6) return failed.store(10);
+      char b[6] = {};
+      if (::pread(disk_fd, b, 6, 512) != 6 || std::memcmp(b, "sector", 6) != 0) return failed.store(11);
+      if (::fdatasync(disk_fd) != 0) return failed.store(12);
+      uint64_t one = 1;
+      if (::write(efd, &one, sizeof one) != sizeof one) return failed.store(13);
+      std::string big(1 << 20, 'x');  // malloc's mmap and munmap
+      if (big.size() != (1u << 20)) return failed.store(14);
+      failed.store(0);
+    });
+    vcpu.join();
+    if (failed != 0) ::_exit(failed);
+    // The other threads are not narrowed.
+    int f = ::open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+    if (f < 0) ::_exit(20);
+    ::close(f);
+    if (::send(sv[0], "x", 1, 0) != 1) ::_exit(21);
+    std::atomic<int> ran{0};
+    std::thread other([&] { ran = 1; });
+    other.join();
+    if (ran != 1) ::_exit(22);
+    ::_exit(0);
+  }
+  int st = 0;
+  REQUIRE(::waitpid(pid, &st, 0) == pid);
+  auto log = sg::sys::read_file(log_t, 1 << 16);
+  REQUIRE(log);
+  REQUIRE_MESSAGE(WIFEXITED(st), "killed by signal ", WTERMSIG(st), "; its log: ", *log);
+  CHECK(WEXITSTATUS(st) == 0);
+  auto logged = [&](long nr) {
+    return log->find("sandgate-vmm: seccomp: refused syscall " + std::to_string(nr) + "\n") != std::string::npos;
+  };
+  // (clone's EPERM is not logged: vm/confine.h.)
+  for (long nr : {long(SYS_openat), long(SYS_memfd_create), long(SYS_userfaultfd), long(SYS_eventfd2),
+                  long(SYS_sendto), long(SYS_ftruncate)})
+    CHECK_MESSAGE(logged(nr), "syscall ", nr, " in: ", *log);
+  CHECK_MESSAGE((logged(SYS_mkdir) || logged(SYS_mkdirat)), "mkdir in: ", *log);  // the C library may use either
+  ::close(log_fd);
+  ::unlink(log_t);
+  ::close(disk_fd);
+  ::unlink(disk_t);
 }
 
 TEST_CASE("vmm confinement: the allow list compiles within the kernel's limit, KVM_RUN first") {
