@@ -42,10 +42,11 @@
 #   SANDGATE_HARNESS_LOG_LEVEL    sandgate --log-level inside (default info)
 #   SANDGATE_HARNESS_KEEP=1       keep the run's temp dir (scratch disk, serial log)
 #   SANDGATE_HARNESS_SILENCE_S    seconds without the outer guest's heartbeat before it is
-#                                 asked whether it still runs (default 90)
-#   SANDGATE_HARNESS_TEST_FREEZE=1  for the harness's own test (kvm_harness_freeze): once
-#                                 the --exec command starts, stop the outer guest's vCPUs
-#                                 from QEMU's monitor, as the TCG freeze does
+#                                 asked whether it still runs (default 90; 20 while it boots)
+#   SANDGATE_HARNESS_TEST_FREEZE  for the harness's own test (kvm_harness_freeze): "run":
+#                                 once the --exec command starts, stop the outer guest's
+#                                 vCPUs from QEMU's monitor, as the TCG freeze does; "boot":
+#                                 the same on the first boot, before the command starts
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -72,6 +73,8 @@ boot_timeout=${SANDGATE_HARNESS_BOOT_TIMEOUT:-240}
 test_timeout=${SANDGATE_HARNESS_TEST_TIMEOUT:-480}
 log_level=${SANDGATE_HARNESS_LOG_LEVEL:-info}
 silence_s=${SANDGATE_HARNESS_SILENCE_S:-90}
+boot_silence_s=20
+max_boots=5
 [[ $silence_s =~ ^[1-9][0-9]*$ ]] || fail "SANDGATE_HARNESS_SILENCE_S must be a positive number of seconds, not '$silence_s'"
 exec_cmd=''
 extras=()
@@ -368,17 +371,20 @@ monitor() {
 # "ping N" on its control port with "pong N". After silence_s without a
 # heartbeat, or when the tests have failed, it is pinged; no answer in 40 s
 # means its kernel is not running (QEMU's TCG livelock, docs/kvm-harness.md).
+# silent [SECONDS]: no heartbeat for that long (default silence_s).
 silent() {
   local last
   last=$(stat -c %Y "$work/heartbeat.log" 2>/dev/null || echo 0)
   [ "$last" -ge "$alive_at" ] || last=$alive_at
-  [ $(($(date +%s) - last)) -ge "$silence_s" ]
+  [ $(($(date +%s) - last)) -ge "${1:-$silence_s}" ]
 }
 pings=0
+# guest_answers [WAIT]: a ping answered within WAIT seconds (default 40).
 guest_answers() {
+  local wait=${1:-40}
   pings=$((pings + 1))
   timeout 10 sh -c 'echo "ping $2" >"$1"' sh "$work/ctl.in" "$pings" || log "could not write to the guest's control port"
-  local end=$(($(date +%s) + 40))
+  local end=$(($(date +%s) + wait))
   while [ "$(date +%s)" -lt "$end" ]; do
     if tr -d '\r' <"$work/console.log" | grep -q "^SG-HARNESS: pong $pings\$"; then
       alive_at=$(date +%s)
@@ -386,17 +392,26 @@ guest_answers() {
     fi
     sleep 0.5
   done
-  log "the outer guest did not answer a ping in 40 s: its kernel is not running"
+  log "the outer guest did not answer a ping in $wait s: its kernel is not running"
   log "QEMU's vCPUs:"
   monitor $'info cpus\ninfo registers -a' | grep -E 'CPU|RIP|RSP|RFL|CR0|HLT|halted' | sed 's/^/  | /' >&2 || true
   return 1
 }
-# After silence_s without a heartbeat: returns 1 when the guest is frozen
-# (and 0, with the clock reset, when it only was slow).
+# check_heartbeat [SILENCE WAIT]: after SILENCE seconds without a
+# heartbeat, a ping; returns 1 when the guest is frozen (and 0, with the
+# clock reset, when it only was slow). While it boots (before sandgate or
+# the command starts) the guest is given 20 s and 15 s: a boot takes about
+# 8 s, and a freeze there (seen at the static-key pins) is cheap to retry.
 check_heartbeat() {
-  silent || return 0
-  log "no heartbeat from the outer guest for $silence_s s; pinging it"
-  guest_answers && log "it answered: slow, not frozen"
+  silent "${1:-$silence_s}" || return 0
+  log "no heartbeat from the outer guest for ${1:-$silence_s} s; pinging it"
+  guest_answers "${2:-40}" && log "it answered: slow, not frozen"
+}
+# A frozen boot: QEMU is killed, and the caller boots again.
+kill_qemu() {
+  kill -KILL "$qemu_pid" 2>/dev/null || true
+  wait "$qemu_pid" 2>/dev/null || true
+  qemu_pid=
 }
 
 # A command that runs past its time: what the outer guest's threads are
@@ -422,20 +437,38 @@ check_seccomp() {
 }
 
 if [ -n "$exec_cmd" ]; then
-  start_qemu
-  deadline=$(($(date +%s) + boot_timeout + test_timeout))
-  froze=''
-  stopped=''
-  while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do
-    if [ -n "${SANDGATE_HARNESS_TEST_FREEZE:-}" ] && [ -z "$stopped" ] && grep -q '^SG-HARNESS: exec: ' "$work/console.log"; then
-      # The live guest must answer first: the check tells the two apart.
-      guest_answers || fail "SANDGATE_HARNESS_TEST_FREEZE: the running outer guest did not answer a ping"
-      log "SANDGATE_HARNESS_TEST_FREEZE: the running guest answered a ping; stopping its vCPUs"
-      monitor stop >/dev/null
-      stopped=1
-    fi
-    check_heartbeat || { froze=1; break; }
-    sleep 0.2
+  test_freeze=${SANDGATE_HARNESS_TEST_FREEZE:-}
+  case "$test_freeze" in '' | run | boot) ;; *) fail "SANDGATE_HARNESS_TEST_FREEZE must be run or boot, not '$test_freeze'" ;; esac
+  for boot in $(seq 1 "$max_boots"); do
+    start_qemu
+    deadline=$(($(date +%s) + boot_timeout + test_timeout))
+    froze=''
+    started=''
+    while kill -0 "$qemu_pid" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do
+      [ -n "$started" ] || ! grep -q '^SG-HARNESS: exec: ' "$work/console.log" || started=1
+      if [ "$test_freeze" = run ] && [ -n "$started" ]; then
+        # The live guest must answer first: the check tells the two apart.
+        guest_answers || fail "SANDGATE_HARNESS_TEST_FREEZE: the running outer guest did not answer a ping"
+        log "SANDGATE_HARNESS_TEST_FREEZE: the running guest answered a ping; stopping its vCPUs"
+        monitor stop >/dev/null
+        test_freeze=''
+      fi
+      if [ "$test_freeze" = boot ] && grep -q '^SG-HARNESS: stage 2 up' "$work/console.log"; then
+        log "SANDGATE_HARNESS_TEST_FREEZE: stopping the booting guest's vCPUs"
+        monitor stop >/dev/null
+        test_freeze=''
+      fi
+      if [ -z "$started" ]; then
+        check_heartbeat "$boot_silence_s" 15 || { froze=boot; break; }
+      else
+        check_heartbeat || { froze=1; break; }
+      fi
+      sleep 0.2
+    done
+    [ "$froze" = boot ] || break
+    kill_qemu
+    [ "$boot" -lt "$max_boots" ] || { show_console; frozen "the outer guest froze while booting, $max_boots boots in a row"; }
+    log "the outer guest froze while booting (boot $boot of $max_boots); booting it again"
   done
   rc=$(tr -d '\r' <"$work/console.log" | sed -n 's/^SG-HARNESS: exec exited rc=\([0-9]*\) .*/\1/p' | tail -n 1)
   if [ -z "$rc" ] && [ -z "$froze" ] && kill -0 "$qemu_pid" 2>/dev/null; then
@@ -456,7 +489,7 @@ fi
 
 url=''
 key=''
-for attempt in 1 2 3; do
+for attempt in $(seq 1 "$max_boots"); do
   start_qemu
   t_boot=$(date +%s)
   while :; do
@@ -467,7 +500,7 @@ for attempt in 1 2 3; do
     if ! kill -0 "$qemu_pid" 2>/dev/null; then
       wait "$qemu_pid" && qrc=0 || qrc=$?
       qemu_pid=
-      if grep -q 'Could not set up host forwarding' "$work/qemu.out" && [ "$attempt" -lt 3 ]; then
+      if grep -q 'Could not set up host forwarding' "$work/qemu.out" && [ "$attempt" -lt "$max_boots" ]; then
         log "port $port was taken; retrying with another"
         continue 2
       fi
@@ -479,9 +512,11 @@ for attempt in 1 2 3; do
       url=http://127.0.0.1:$port
       break 2
     fi
-    if ! check_heartbeat; then
-      show_console
-      frozen "the outer guest stopped running before sandgate was up"
+    if ! check_heartbeat "$boot_silence_s" 15; then
+      kill_qemu
+      [ "$attempt" -lt "$max_boots" ] || { show_console; frozen "the outer guest froze while booting, $max_boots boots in a row"; }
+      log "the outer guest froze while booting (boot $attempt of $max_boots); booting it again"
+      continue 2
     fi
     if [ $(($(date +%s) - t_boot)) -ge "$boot_timeout" ]; then
       show_console
