@@ -133,16 +133,19 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/sg-kvm-harness.XXXXXX")
 qemu_pid=
 model_pid=
 tests_pid=
+# QEMU killed (at exit, and after a frozen boot, before the next).
+kill_qemu() {
+  kill -KILL "$qemu_pid" 2>/dev/null || true
+  wait "$qemu_pid" 2>/dev/null || true
+  qemu_pid=
+}
 # shellcheck disable=SC2317 # called by the EXIT trap
 cleanup() {
   if [ -n "$tests_pid" ] && kill -0 "$tests_pid" 2>/dev/null; then
     kill -TERM "$tests_pid" 2>/dev/null || true
     wait "$tests_pid" 2>/dev/null || true
   fi
-  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
-    kill -KILL "$qemu_pid" 2>/dev/null || true
-    wait "$qemu_pid" 2>/dev/null || true
-  fi
+  if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then kill_qemu; fi
   if [ -n "$model_pid" ] && kill -0 "$model_pid" 2>/dev/null; then
     kill -TERM "$model_pid" 2>/dev/null || true
     wait "$model_pid" 2>/dev/null || true
@@ -406,12 +409,6 @@ check_heartbeat() {
   silent "${1:-$silence_s}" || return 0
   log "no heartbeat from the outer guest for ${1:-$silence_s} s; pinging it"
   guest_answers "${2:-40}" && log "it answered: slow, not frozen"
-}
-# A frozen boot: QEMU is killed, and the caller boots again.
-kill_qemu() {
-  kill -KILL "$qemu_pid" 2>/dev/null || true
-  wait "$qemu_pid" 2>/dev/null || true
-  qemu_pid=
 }
 
 # A command that runs past its time: what the outer guest's threads are
