@@ -4,12 +4,14 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 
@@ -80,6 +82,27 @@ Status write_file_atomic(const std::string& path, std::string_view data) {
     return e;
   }
   return Status::Ok();
+}
+
+Result<UniqueFd> lock_file(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!fd) return errno_error("open", path);
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK) return errno_error("flock", path);
+    std::string holder;
+    char buf[32];
+    ssize_t n = ::pread(fd.get(), buf, sizeof buf - 1, 0);
+    if (n > 0) {
+      buf[n] = 0;
+      long pid = std::strtol(buf, nullptr, 10);
+      if (pid > 0) holder = " by pid " + std::to_string(pid);
+    }
+    return Error(ErrorKind::kConflict, path + " is locked" + holder);
+  }
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd.get(), 0) != 0) return errno_error("ftruncate", path);
+  if (::pwrite(fd.get(), pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size())) return errno_error("write", path);
+  return fd;
 }
 
 Status make_dirs(const std::string& path, unsigned mode) {

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sys/fd.h"
 #include "sys/status.h"
 
 namespace sg::sys {
@@ -31,6 +32,14 @@ Status make_dirs(const std::string& path, unsigned mode = 0755);
 // rm -rf that stays on one filesystem and never follows symlinks.
 Status remove_tree(const std::string& path);
 bool path_exists(const std::string& path);
+
+// An exclusive advisory lock (flock) on the file at path, created 0600 if
+// missing, held for as long as the returned descriptor is open (and so
+// released by the kernel when the process dies, however it dies). On
+// success the file holds this process's pid. kConflict when another open
+// file description holds it: the message names the holder's pid where the
+// file says it.
+Result<UniqueFd> lock_file(const std::string& path);
 
 // Monotonic clock in nanoseconds and wall clock in unix seconds.
 uint64_t monotonic_ns();
