@@ -28,6 +28,13 @@ int status_for(const Error& e) {
 }
 
 HttpResponse error_response(const Error& e) {
+  // An internal error's message names internals (SQL statements, host
+  // paths, syscalls): it goes to the log under a reference the client gets.
+  if (e.kind() == ErrorKind::kInternal) {
+    std::string ref = sys::random_hex(6);
+    LOG_ERROR("internal error " << ref << ": " << e.message());
+    return http::json_error(500, "internal error (reference " + ref + "); the server's log has the details");
+  }
   HttpResponse r = http::json_error(status_for(e), e.message());
   if (e.kind() == ErrorKind::kQuota) r.header("Retry-After", "1");
   if (e.kind() == ErrorKind::kUnavailable) r.header("Retry-After", "5");
@@ -83,7 +90,7 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
               {"clientID", cfg_.client_id},
               {"envdVersion", r.envd_version},
               {"envdAccessToken", r.envd_token},
-              {"trafficAccessToken", nullptr},
+              {"trafficAccessToken", r.traffic_token ? json(*r.traffic_token) : json(nullptr)},
               {"domain", cfg_.domain ? json(*cfg_.domain) : json(nullptr)}};
     if (r.alias) j["alias"] = *r.alias;
     return j;

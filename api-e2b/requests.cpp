@@ -176,6 +176,9 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
                                     "rules", "egressProxy"});
         !s)
       return s.error().with_context("network");
+    auto pub = opt_bool(*n, "allowPublicTraffic");
+    if (!pub) return pub.error();
+    p.public_traffic = pub->value_or(true);
     auto l = n->find("httpsPorts");
     if (l != n->end() && !l->is_null() && !l->is_array()) return invalid_error("field 'network.httpsPorts' must be an array");
     auto net = parse_network_fields(*n, "network.", internet_flag);
@@ -318,6 +321,10 @@ Result<storage::SandboxQuery> parse_list_query(const std::string& query, bool v2
       std::vector<std::pair<std::string, std::string>> md;
       if (!decode_metadata_query(v, md)) return invalid_error("malformed metadata filter '" + v + "'");
       sq.metadata.insert(sq.metadata.end(), md.begin(), md.end());
+      // One SQL condition per pair: bounded like a create's metadata map.
+      if (sq.metadata.size() > kMaxMetadataFilters)
+        return invalid_error("too many metadata filters (" + std::to_string(sq.metadata.size()) + "): at most " +
+                             std::to_string(kMaxMetadataFilters) + " key=value pairs");
     } else if (k == "state" && v2) {
       sq.states.clear();
       std::string_view rest(v);

@@ -22,6 +22,9 @@
 namespace sg::api {
 
 inline constexpr int64_t kMaxTimeoutS = 24 * 3600;
+// Metadata key=value pairs one list request may filter on (each is one SQL
+// condition); a create's metadata map has the same bound.
+inline constexpr size_t kMaxMetadataFilters = 64;
 
 // POST /sandboxes, /v2/sandboxes.
 // A sandbox's egress as the client gave it (E2B's `network.allowOut` /
@@ -40,7 +43,12 @@ struct CreateParams {
   std::map<std::string, std::string> metadata;
   std::map<std::string, std::string> env_vars;
   bool on_timeout_pause = false;  // autoPause
-  bool auto_resume = false;
+  // autoResume {enabled}: whether traffic to the sandbox while it is
+  // paused resumes it. Omitted: yes (sandgate's transparent resume).
+  bool auto_resume = true;
+  // network.allowPublicTraffic: false gives the sandbox a traffic access
+  // token that its user ports require.
+  bool public_traffic = true;
   NetworkParams network;  // allow_internet_access and network.allowOut / denyOut
 };
 Result<CreateParams> parse_create_request(const http::HttpRequest& req, bool v2);

@@ -2,6 +2,8 @@
 #include "api-e2b/sandboxes.h"
 
 #include "channel/services.h"
+#include "api-e2b/traffic_auth.h"
+#include "gateway/http/routing.h"
 
 #include <sys/random.h>
 
@@ -102,6 +104,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   row.on_timeout = p.on_timeout_pause ? "pause" : "kill";
   row.auto_resume = p.auto_resume;
   row.allow_internet = p.network.allow_internet;
+  if (!p.public_traffic) row.traffic_token = sys::random_hex(16);
   if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
     return s.error();
 
@@ -136,8 +139,12 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   live->started_at = row.started_at;
   live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
   live->network = p.network;  // not yet shared: no lock
+  live->envd_token = row.envd_token;
+  live->traffic_token = row.traffic_token;
+  live->auto_resume = row.auto_resume;
   row.envd_version = "0.6.13";
   row.init_pid = live->sb->init_pid();
+  live->init_pid = row.init_pid.value_or(0);
   if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
     (void)live->sb->kill();
     (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
@@ -179,7 +186,33 @@ Result<SandboxRow> SandboxService::get(const std::string& tenant_id, const std::
 Status SandboxService::kill_locked(Live& live, const std::string& id, const std::string& tenant_id,
                                    const std::string& state, const std::string& reason) {
   Result<bool> done = store_.finish(id, state, reason, clock_());
-  if (!done) return done.error();
+  if (!done) {
+    // The record cannot be written (a full disk: often this very
+    // sandbox's). The kill goes ahead, freeing what it held; the record
+    // is written again at once and, failing that, by every tick until it
+    // sticks. Clients are told the truth: the sandbox is gone.
+    LOG_WARN("sandbox " << id << ": recording its end failed (" << done.error().message()
+                        << "); killing it anyway, the record follows");
+    if (live.sb) {
+      Status k = live.sb->kill();
+      live.sb.reset();
+      if (memory_) memory_->forget(id);
+      if (!k) LOG_ERROR("kill sandbox " << id << ": " << k.error().message());
+    }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      live_.erase(id);
+    }
+    if (gone_) gone_(id);
+    done = store_.finish(id, state, reason, clock_());
+    if (!done) {
+      std::lock_guard<std::mutex> g(lost_mu_);
+      unrecorded_.push_back(Unrecorded{id, tenant_id, state, reason, clock_()});
+      return Status::Ok();
+    }
+    if (*done) event(tenant_id, id, state, reason);
+    return Status::Ok();
+  }
   Status st;
   if (live.sb) {
     st = live.sb->kill();
@@ -444,13 +477,32 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   return out;
 }
 
-Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port) {
+Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port, const http::HttpRequest& head) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
+  // Credentials before anything wakes: a request envd or a private port
+  // would refuse must not resume (or un-wait-pause) the sandbox.
+  bool envd = port == http::kEnvdPort;
+  if (envd && head.path != "/health" && !envd_credentials_ok(head, live->envd_token, clock_()))
+    return Error(ErrorKind::kUnauthorized, "invalid or missing access token for sandbox \"" + id +
+                                               "\": send its envdAccessToken as X-Access-Token");
+  if (!envd && live->traffic_token && !traffic_token_ok(head, *live->traffic_token))
+    return Error(ErrorKind::kUnauthorized, "the ports of sandbox \"" + id +
+                                               "\" are private (allowPublicTraffic false): send its "
+                                               "trafficAccessToken as the e2b-traffic-access-token header");
   if (before_traffic_) before_traffic_(id);
   std::lock_guard<std::mutex> g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->paused) {
+    if (!live->auto_resume)
+      return conflict_error("sandbox \"" + id + "\" is paused and its autoResume is off: resume it with "
+                            "Sandbox.connect() (POST /sandboxes/" + id + "/connect)");
+    // Nothing to serve the request: it stays paused (the process
+    // backend's sockets can be read while it is frozen).
+    if (!envd && rt_.name() == std::string("process") && live->init_pid > 0 &&
+        port_listening(live->init_pid, port) == std::optional<bool>(false))
+      return conflict_error("sandbox \"" + id + "\" is paused and nothing in it listens on port " +
+                            std::to_string(port) + ": it was not resumed");
     Result<bool> resumed = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
     if (!resumed) return resumed.error();
     if (Status s = live->sb->resume(); !s) {
@@ -553,6 +605,21 @@ void SandboxService::tick() {
       }
     }
   }
+  // Ends that could not be recorded when they happened (a full disk).
+  std::vector<Unrecorded> unrecorded;
+  {
+    std::lock_guard<std::mutex> g(lost_mu_);
+    unrecorded.swap(unrecorded_);
+  }
+  for (Unrecorded& u : unrecorded) {
+    Result<bool> done = store_.finish(u.id, u.state, u.reason, u.at);
+    if (!done) {
+      std::lock_guard<std::mutex> g(lost_mu_);
+      unrecorded_.push_back(std::move(u));
+      continue;
+    }
+    if (*done) event(u.tenant_id, u.id, u.state, u.reason);
+  }
   // Sandboxes whose memory the engine could not restore.
   std::vector<std::pair<std::string, std::string>> lost;
   {
@@ -563,12 +630,31 @@ void SandboxService::tick() {
     Status s = kill_lost(id, "guest memory could not be restored: " + why);
     if (!s && s.error().kind() != ErrorKind::kNotFound) LOG_ERROR("sandbox " << id << ": " << s.error().message());
   }
-  // 2. Liveness, M(t) every second, and 3. metric samples every 5 s.
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
   {
     std::lock_guard<std::mutex> g(mu_);
     all.assign(live_.begin(), live_.end());
   }
+  // Revoked tenants (`sandgate tenant revoke`, possibly from another
+  // process): their sandboxes end now, not at their timeouts.
+  {
+    std::map<std::string, bool> revoked;
+    for (auto& [id, live] : all) {
+      auto [it, fresh] = revoked.try_emplace(live->tenant_id, false);
+      if (!fresh) continue;
+      Result<std::optional<storage::TenantRow>> t = store_.find_tenant(live->tenant_id);
+      it->second = t && *t && (*t)->disabled;
+    }
+    for (auto& [id, live] : all) {
+      if (!revoked[live->tenant_id]) continue;
+      if (before_traffic_) before_traffic_(id);  // a running offload stops first
+      std::lock_guard<std::mutex> g(live->op_mu);
+      if (!live->sb) continue;
+      (void)kill_locked(*live, id, live->tenant_id, storage::kStateKilled, "its tenant was revoked");
+      LOG_INFO("sandbox " << id << " killed: tenant " << live->tenant_id << " was revoked");
+    }
+  }
+  // 2. Liveness, M(t) every second, and 3. metric samples every 5 s.
   bool take_samples = now - last_sample_s_ >= 5;
   if (take_samples) last_sample_s_ = now;
   for (auto& [id, live] : all) {

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "api-e2b/requests.h"
+#include "gateway/http/message.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
 
@@ -111,9 +112,15 @@ class SandboxService {
   // A connected stream to 127.0.0.1:port inside a running sandbox, for
   // the envd and port proxy. Not tenant-scoped: whoever knows the id may try
   // (envd checks the access token itself, as E2B's proxy leaves it to envd).
-  // A paused sandbox is resumed first, transparently (its timeout restarts).
+  // head: the request's headers, checked first (traffic_auth.h): envd
+  // requests other than /health need the access token (or a signed /files
+  // URL), and user ports the traffic token where the sandbox has one
+  // (kUnauthorized otherwise, touching nothing). A paused sandbox is then
+  // resumed first, transparently (its timeout restarts), unless its
+  // autoResume is off or, where the runtime can tell, nothing listens on a
+  // user port (kConflict: the proxy's 502, and it stays paused).
   // kNotFound for unknown or dead sandboxes.
-  Result<UniqueFd> open_port(const std::string& id, uint16_t port);
+  Result<UniqueFd> open_port(const std::string& id, uint16_t port, const http::HttpRequest& head);
 
   // Samples in [start, end] (unix seconds) plus, when the sandbox runs, a
   // reading taken now.
@@ -174,6 +181,10 @@ class SandboxService {
     std::string tenant_id;
     std::string template_id;
     int64_t started_at = 0;
+    std::string envd_token;
+    std::optional<std::string> traffic_token;  // allowPublicTraffic false
+    bool auto_resume = true;
+    int64_t init_pid = 0;  // the process backend's agent, as the host sees it
     std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
     uint32_t cpu_count = 1;
     std::mutex net_mu;
@@ -215,6 +226,13 @@ class SandboxService {
   std::atomic<size_t> offloads_running_{0};
   std::mutex lost_mu_;
   std::vector<std::pair<std::string, std::string>> lost_;  // GUARDED_BY(lost_mu_)
+  // Sandboxes killed while their end could not be written (a full disk);
+  // tick() writes it.
+  struct Unrecorded {
+    std::string id, tenant_id, state, reason;
+    int64_t at = 0;
+  };
+  std::vector<Unrecorded> unrecorded_;  // GUARDED_BY(lost_mu_)
 };
 
 // A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.

@@ -2,6 +2,7 @@
 #include "gateway/app.h"
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,7 +10,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include <nlohmann/json.hpp>
@@ -107,7 +110,7 @@ Status register_template(storage::Store& store, const std::string& name, const s
 //                                and wait transitions), oldest first
 //   GET /llm/usage[?sandboxID=]  the tenant's model usage rows and totals
 std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& req, tenancy::Tenants& tenants,
-                                                      storage::Store& store) {
+                                                      storage::Store& store, tenancy::RateLimiter& request_limit) {
   bool events = req.path.rfind("/sandboxes/", 0) == 0 && req.path.size() > 18 &&
                 req.path.compare(req.path.size() - 7, 7, "/events") == 0;
   bool usage = req.path == "/llm/usage";
@@ -115,14 +118,18 @@ std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& r
   if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on " + req.path);
   Result<storage::TenantRow> who = tenants.authenticate(req.header("x-api-key"));
   if (!who) return http::json_error(401, who.error().message());
+  // The tenant's request budget, as on the E2B routes.
+  if (int64_t wait = request_limit.acquire(who->id); wait > 0)
+    return http::json_error(429, "rate limit exceeded: too many requests for this team; retry later")
+        .header("Retry-After", std::to_string(wait));
   if (events) {
     std::string id = req.path.substr(11, req.path.size() - 11 - 7);
     if (id.empty() || id.find('/') != std::string::npos) return http::json_error(404, "no route for GET " + req.path);
     Result<std::optional<storage::SandboxRow>> row = store.get_sandbox(who->id, id);
-    if (!row) return http::json_error(500, row.error().message());
+    if (!row) return api::error_response(row.error());
     if (!*row) return http::json_error(404, "sandbox \"" + id + "\" not found");
     Result<std::vector<storage::EventRow>> evs = store.events_for_sandbox(id);
-    if (!evs) return http::json_error(500, evs.error().message());
+    if (!evs) return api::error_response(evs.error());
     nlohmann::json out = nlohmann::json::array();
     for (const auto& e : *evs) {
       if (e.tenant_id && *e.tenant_id != who->id) continue;
@@ -139,9 +146,9 @@ std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& r
     if (k == "sandboxID") uq.sandbox_id = v;
   uq.limit = storage::kMaxLlmUsagePage;
   Result<std::vector<storage::LlmUsageRow>> rows = store.list_llm_usage(uq);
-  if (!rows) return http::json_error(500, rows.error().message());
+  if (!rows) return api::error_response(rows.error());
   Result<storage::LlmUsageTotals> tot = store.llm_usage_totals(who->id, uq.sandbox_id);
-  if (!tot) return http::json_error(500, tot.error().message());
+  if (!tot) return api::error_response(tot.error());
   nlohmann::json list = nlohmann::json::array();
   for (const auto& r : *rows)
     list.push_back({{"at_ms", r.at_ms}, {"sandboxID", r.sandbox_id ? nlohmann::json(*r.sandbox_id) : nlohmann::json()},
@@ -159,6 +166,20 @@ std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& r
 }
 
 }  // namespace
+
+std::string cgroup_lock_name(const std::string& parent) {
+  std::string out;
+  for (char c : parent) {
+    if (c == '/' || c == '%' || c == '.') {
+      char hex[4];
+      std::snprintf(hex, sizeof hex, "%%%02X", static_cast<unsigned char>(c));
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out.empty() ? "%" : out;
+}
 
 Result<std::string> ensure_base_template(const std::string& templates_dir) {
   std::string dir = templates_dir + "/base";
@@ -202,6 +223,18 @@ int serve(const AppConfig& cfg_in) {
     LOG_WARN("/metrics is open to anyone who reaches this port; a hosted deployment sets --metrics-token-file");
   }
 
+  // Every client connection, sandbox channel and VMM descriptor counts
+  // against the open-file limit: take all the hard limit allows.
+  {
+    rlimit rl{};
+    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rlim_t was = rl.rlim_cur;
+      rl.rlim_cur = rl.rlim_max;
+      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+        LOG_WARN("raise the open-file limit from " << was << ": " << std::strerror(errno));
+    }
+  }
+
   // Signals are taken synchronously by this thread; block them before any
   // other thread starts so none of those gets them.
   sigset_t sigs;
@@ -214,6 +247,34 @@ int serve(const AppConfig& cfg_in) {
   if (Status s = sys::make_dirs(cfg.data_dir, 0700); !s) {
     std::cerr << "sandgate: data directory: " << s.error().message() << "\n";
     return 1;
+  }
+  // One sandgate per data directory and per cgroup parent, decided before
+  // anything in either is touched: a second instance would otherwise mark
+  // the first one's sandboxes lost and clear its cgroups. The locks are
+  // held until this process ends (the kernel drops them on any exit).
+  UniqueFd data_lock, cgroup_lock;
+  {
+    Result<UniqueFd> l = sys::lock_file(cfg.data_dir + "/sandgate.lock");
+    if (!l) {
+      std::cerr << "sandgate: data directory " << cfg.data_dir << " is in use by another sandgate ("
+                << l.error().message() << "): stop that one first, or pass another --data-dir\n";
+      return 1;
+    }
+    data_lock = std::move(*l);
+    std::string dir = "/run/sandgate/cgroup-parents";
+    Status d = sys::make_dirs(dir, 0700);
+    if (d) {
+      l = sys::lock_file(dir + "/" + cgroup_lock_name(cfg.cgroup_parent) + ".lock");
+      if (!l) {
+        std::cerr << "sandgate: cgroup parent '" << cfg.cgroup_parent << "' is in use by another sandgate ("
+                  << l.error().message() << "): stop that one first, or pass another --cgroup-parent\n";
+        return 1;
+      }
+      cgroup_lock = std::move(*l);
+    } else {
+      std::cerr << "sandgate: cannot lock the cgroup parent: " << d.error().message() << "\n";
+      return 1;
+    }
   }
   if (::access(cfg.agent_path.c_str(), X_OK) != 0) {
     std::cerr << "sandgate: agent binary " << cfg.agent_path
@@ -260,6 +321,22 @@ int serve(const AppConfig& cfg_in) {
     return 1;
   }
 
+  // An empty database file in a data directory that was used before is a
+  // damaged one (truncated by a full disk, a bad copy): opening it would
+  // start a fresh install and forget every tenant and key.
+  {
+    std::string db = cfg.data_dir + "/sandgate.db";
+    struct stat st;
+    bool used = sys::path_exists(cfg.data_dir + "/local-api-key") || sys::path_exists(cfg.data_dir + "/sandboxes") ||
+                sys::path_exists(cfg.data_dir + "/microvms");
+    if (::stat(db.c_str(), &st) == 0 && st.st_size == 0 && used) {
+      std::cerr << "sandgate: the database " << db
+                << " is empty, but this data directory was used before (it has sandbox state or a local key): "
+                   "refusing to start a fresh install over it. Restore the database from a backup, or move the "
+                   "data directory away to start anew\n";
+      return 1;
+    }
+  }
   Result<std::unique_ptr<storage::Store>> store = storage::Store::open(cfg.data_dir + "/sandgate.db");
   if (!store) {
     std::cerr << "sandgate: " << store.error().message() << "\n";
@@ -404,6 +481,8 @@ int serve(const AppConfig& cfg_in) {
   scfg.port = cfg.port;
   scfg.worker_threads = cfg.worker_threads;
   scfg.body_limit = cfg.body_limit;
+  scfg.max_connections = cfg.max_connections;
+  scfg.max_connections_per_address = cfg.max_connections_per_address;
   scfg.read_timeout = std::chrono::milliseconds(cfg.read_timeout_ms);
   scfg.tls_cert_file = cfg.tls_cert_file;
   scfg.tls_key_file = cfg.tls_key_file;
@@ -411,7 +490,9 @@ int serve(const AppConfig& cfg_in) {
   proxy.route = [domain = cfg.domain](const http::HttpRequest& head) {
     return http::route_to_sandbox(head, domain);
   };
-  proxy.connect = [&](const http::ProxyTarget& t) { return sandboxes.open_port(t.sandbox_id, t.port); };
+  proxy.connect = [&](const http::ProxyTarget& t, const http::HttpRequest& head) {
+    return sandboxes.open_port(t.sandbox_id, t.port, head);
+  };
   http::HttpServer server(
       scfg,
       [&](http::HttpRequest& req) -> http::HttpResponse {
@@ -425,7 +506,7 @@ int serve(const AppConfig& cfg_in) {
           r.body = (*models)->metrics();
           return r;
         }
-        if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, **store)) return std::move(*r);
+        if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, **store, request_limit)) return std::move(*r);
         if (api::ControlPlane::owns(req)) return control.handle(req);
         return http::json_error(404, "no route for " + req.method + " " + req.path);
       },

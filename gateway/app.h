@@ -34,6 +34,8 @@ struct AppConfig {
   int64_t tick_ms = 1000;
   int64_t read_timeout_ms = 30000;
   size_t body_limit = 1 << 20;
+  size_t max_connections = 0;              // 0: from the open-file limit (http::ServerConfig)
+  size_t max_connections_per_address = 0;  // 0: a quarter of max_connections
   double requests_per_s = 200;  // per tenant
   double creates_per_s = 20;    // per tenant
   int64_t local_max_sandboxes = 50;
@@ -89,6 +91,11 @@ struct AppConfig {
 
 // Runs until SIGINT or SIGTERM. Returns the process exit code.
 int serve(const AppConfig& cfg);
+
+// The name of the lock file (under /run/sandgate/cgroup-parents) that one
+// sandgate holds for its cgroup parent: the parent with '/', '%' and '.'
+// percent-escaped, so distinct parents never share a lock.
+std::string cgroup_lock_name(const std::string& parent);
 
 // Ensures the base template exists under templates_dir (building it with
 // progress on stderr if missing). Returns its rootfs path.

@@ -33,7 +33,8 @@ commands:
          [--max-sandboxes N] [--max-memory-mb N]
   tenant list                   list tenants with their quotas
   tenant set-quota NAME --max-sandboxes N --max-memory-mb N
-  tenant revoke NAME            revoke all keys of a tenant and disable it
+  tenant revoke NAME            revoke all keys of a tenant and disable it; the
+                                server kills its sandboxes within a second
   key create TENANT             add an API key to a tenant; prints it
   key list TENANT               list a tenant's keys (prefixes only)
   key revoke KEY_ID             revoke one key
@@ -75,6 +76,11 @@ serve options:
                                 certificate for host-based routing)
   --read-timeout-ms N           per-read deadline for clients (default 30000)
   --body-limit BYTES            request body limit (default 1048576)
+  --max-connections N           open client connections in all (default: half
+                                the open-file limit, at most 16384); past it a
+                                connection gets 503 and is closed
+  --max-connections-per-address N  the same from one source address (default:
+                                a quarter of --max-connections)
   --tick-ms N                   timeout sweep period (default 1000)
   --rate N                      requests per second per tenant (default 200)
   --create-rate N               creates per second per tenant (default 20)
@@ -311,7 +317,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
   static const std::set<std::string> kKnown = {
       "data-dir", "listen", "templates-dir", "runtime", "agent", "vmm", "guest-dir", "cgroup-parent", "port-file", "read-timeout-ms",
-      "body-limit", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
+      "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
@@ -425,6 +431,9 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
         {"read-timeout-ms", 10, 3600000, [&](int64_t v) { cfg.read_timeout_ms = v; }},
         {"body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.body_limit = static_cast<size_t>(v); }},
         {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
+        {"max-connections", 1, 1 << 20, [&](int64_t v) { cfg.max_connections = static_cast<size_t>(v); }},
+        {"max-connections-per-address", 1, 1 << 20,
+         [&](int64_t v) { cfg.max_connections_per_address = static_cast<size_t>(v); }},
         {"rate", 0, 1000000, [&](int64_t v) { cfg.requests_per_s = static_cast<double>(v); }},
         {"create-rate", 0, 1000000, [&](int64_t v) { cfg.creates_per_s = static_cast<double>(v); }},
         {"llm-body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.llm_body_limit = static_cast<size_t>(v); }},
@@ -545,7 +554,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     if (!t) return fail(t.error());
     Result<int64_t> n = (*store)->revoke_tenant(t->id, sys::unix_seconds());
     if (!n) return fail(n.error());
-    out << "tenant " << p[2] << " revoked (" << *n << " keys)\n";
+    out << "tenant " << p[2] << " revoked (" << *n << " keys); a running sandgate kills its sandboxes within a second\n";
     return 0;
   }
   if (cmd == "llm") return run_llm(p, a, **store, db_path, out, err);

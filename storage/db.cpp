@@ -16,6 +16,11 @@ Error sqlite_error(sqlite3* db, std::string_view what) {
   m += what;
   m += ": ";
   m += db ? sqlite3_errmsg(db) : "out of memory";
+  // A full disk is the environment, not a bug: callers and clients see it
+  // as unavailable (503, retry) rather than an internal error.
+  if (db && (sqlite3_extended_errcode(db) & 0xff) == SQLITE_FULL)
+    return Error(ErrorKind::kUnavailable,
+                 "the server's data directory is full (database or disk is full): retry once space is freed");
   return internal_error(std::move(m));
 }
 

@@ -134,6 +134,12 @@ CREATE TABLE memory_dictionaries (
 );
 CREATE INDEX memory_dictionaries_cohort ON memory_dictionaries(tenant_id, cohort_key, id);
 )sql"},
+      // E2B's traffic access token: set when a create asks for
+      // allowPublicTraffic false; then the sandbox's user ports need it.
+      {4, "sandbox traffic token",
+       R"sql(
+ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
+)sql"},
   };
   return kList;
 }

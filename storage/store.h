@@ -79,6 +79,9 @@ struct SandboxRow {
   std::optional<int64_t> init_pid;
   std::optional<int64_t> ended_at;
   std::optional<std::string> end_reason;
+  // E2B's trafficAccessToken (allowPublicTraffic false): user ports need
+  // it in the e2b-traffic-access-token header. Unset: ports are public.
+  std::optional<std::string> traffic_token;
 };
 
 struct EventRow {

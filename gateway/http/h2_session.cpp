@@ -508,13 +508,18 @@ asio::awaitable<void> Conn::run_proxy(std::shared_ptr<Stream> s) {
   co_await asio::post(deps.workers.get_executor(), asio::use_awaitable);
   Result<UniqueFd> fd = internal_error("no proxy connector");
   try {
-    if (deps.proxy_hooks.connect) fd = deps.proxy_hooks.connect(target);
+    if (deps.proxy_hooks.connect) fd = deps.proxy_hooks.connect(target, s->head);
   } catch (const std::exception& e) {
     fd = internal_error(e.what());
   }
   co_await asio::post(ex, asio::use_awaitable);
   if (s->closed || dead) co_return;
   if (!fd) {
+    if (fd.error().kind() == ErrorKind::kUnauthorized) {
+      respond(*s, json_error(401, fd.error().message()));
+      start_discard(*s);
+      co_return;
+    }
     fail(fd.error().kind() == ErrorKind::kNotFound ? "The sandbox was not found" : fd.error().message());
     co_return;
   }

@@ -1,6 +1,8 @@
 // Helpers for plain HTTP values: JSON errors and query decoding.
 #include "gateway/http/message.h"
 
+#include <cctype>
+
 #include <nlohmann/json.hpp>
 
 namespace sg::http {
@@ -67,5 +69,76 @@ bool parse_query(std::string_view query, std::vector<std::pair<std::string, std:
   return true;
 }
 
+
+namespace {
+
+std::string_view trim_ows(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+bool iequal(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) != std::tolower(static_cast<unsigned char>(b[i]))) return false;
+  return true;
+}
+
+}  // namespace
+
+std::string framing_error(const HttpRequest& head, unsigned version) {
+  auto te = head.headers.find("transfer-encoding");
+  auto cl = head.headers.find("content-length");
+  if (te != head.headers.end()) {
+    if (version < 11) return "Transfer-Encoding in an HTTP/1.0 request (RFC 9112 6.1)";
+    if (cl != head.headers.end()) return "both Transfer-Encoding and Content-Length (RFC 9112 6.1)";
+    // The codings, comma-separated (repeated headers were joined with ", ").
+    std::string_view rest(te->second);
+    size_t chunked = 0;
+    std::string_view last;
+    bool any = false;
+    while (true) {
+      size_t c = rest.find(',');
+      std::string_view coding = trim_ows(rest.substr(0, c));
+      // Empty list elements are allowed and ignored (RFC 9110 5.6.1).
+      if (!coding.empty()) {
+        size_t semi = coding.find(';');  // transfer parameters
+        std::string_view name = trim_ows(coding.substr(0, semi));
+        if (iequal(name, "chunked")) {
+          if (semi != std::string_view::npos) return "chunked takes no parameters (RFC 9112 7)";
+          ++chunked;
+        }
+        last = name;
+        any = true;
+      }
+      if (c == std::string_view::npos) break;
+      rest.remove_prefix(c + 1);
+    }
+    if (!any) return "an empty Transfer-Encoding (RFC 9112 6.1)";
+    if (chunked > 1) return "chunked applied more than once (RFC 9112 6.1)";
+    if (!iequal(last, "chunked")) return "a Transfer-Encoding whose final coding is not chunked (RFC 9112 6.1)";
+    return "";
+  }
+  if (cl != head.headers.end()) {
+    // Repeated headers (or a list) must all carry one and the same value.
+    std::string_view rest(cl->second);
+    std::string_view first;
+    bool seen = false;
+    while (true) {
+      size_t c = rest.find(',');
+      std::string_view v = trim_ows(rest.substr(0, c));
+      if (v.empty() || v.size() > 19) return "an invalid Content-Length (RFC 9112 6.3)";
+      for (char ch : v)
+        if (ch < '0' || ch > '9') return "an invalid Content-Length (RFC 9112 6.3)";
+      if (seen && v != first) return "Content-Length values that differ (RFC 9112 6.3)";
+      first = v;
+      seen = true;
+      if (c == std::string_view::npos) break;
+      rest.remove_prefix(c + 1);
+    }
+  }
+  return "";
+}
 
 }  // namespace sg::http

@@ -48,6 +48,18 @@ HttpResponse json_error(int status, std::string_view message);
 HttpResponse json_body(int status, std::string body);
 HttpResponse no_content(int status = 204);
 
+// The message framing rules of RFC 9112 section 6 that a parser may leave
+// to its caller, checked on a request head (headers as HttpRequest joins
+// them) before any body byte is read: a Transfer-Encoding whose last coding
+// is not chunked (identity, xchunked, "chunked, identity"), chunked named
+// twice, Transfer-Encoding with Content-Length, Transfer-Encoding in an
+// HTTP/1.0 request, and a Content-Length that is not one decimal number
+// (repeated values that differ). Any of these would let the body run as a
+// second request on the connection (smuggling). Returns the reason, for a
+// 400 after which the connection is closed, or "" when the framing is sound.
+// version: 10 or 11.
+std::string framing_error(const HttpRequest& head, unsigned version);
+
 // Percent-decodes s once ('+' is kept as '+' unless plus_as_space).
 // Returns false on a malformed escape.
 bool percent_decode(std::string_view s, std::string& out, bool plus_as_space = false);

@@ -36,12 +36,16 @@ inline constexpr size_t kRelayBuffer = 64 * 1024;
 
 // Reads the body of `p` from `in` and writes it with `sr` (made from
 // p.get()) to `out`. before_read / before_write arm the caller's timeouts.
+// On an error, *out_failed (when given) says whether writing to `out`
+// failed (rather than reading from `in`).
 template <bool isRequest, class In, class Out>
 asio::awaitable<boost::system::error_code> relay_body(In& in, beast::flat_buffer& in_buf,
                                                       bhttp::parser<isRequest, bhttp::buffer_body>& p,
                                                       bhttp::serializer<isRequest, bhttp::buffer_body>& sr, Out& out,
                                                       const std::function<void()>& before_read,
-                                                      const std::function<void()>& before_write) {
+                                                      const std::function<void()>& before_write,
+                                                      bool* out_failed = nullptr) {
+  if (out_failed) *out_failed = false;
   std::array<char, kRelayBuffer> buf;
   boost::system::error_code ec;
   do {
@@ -57,7 +61,12 @@ asio::awaitable<boost::system::error_code> relay_body(In& in, beast::flat_buffer
       // serializer an empty piece while more follows: in chunked encoding
       // an empty chunk is the end of the body.
       if (p.get().body().size == 0 && !p.is_done()) continue;
-      p.get().body().data = buf.data();
+      // The body's end with no bytes in this read: no buffer at all. An
+      // empty buffer would be serialized as a chunk of size 0, which is
+      // itself a last chunk, and the final one would follow it: two
+      // terminators, the second read by a keep-alive client as the start
+      // of its next response.
+      p.get().body().data = p.get().body().size == 0 ? nullptr : buf.data();
       p.get().body().more = !p.is_done();
     } else if (sr.is_done()) {
       break;
@@ -69,7 +78,10 @@ asio::awaitable<boost::system::error_code> relay_body(In& in, beast::flat_buffer
     before_write();
     co_await bhttp::async_write(out, sr, asio::redirect_error(asio::use_awaitable, ec));
     if (ec == bhttp::error::need_buffer) ec = {};
-    if (ec) co_return ec;
+    if (ec) {
+      if (out_failed) *out_failed = true;
+      co_return ec;
+    }
   } while (!p.is_done() || !sr.is_done());
   co_return ec;
 }

@@ -25,9 +25,12 @@
 #include <boost/beast/ssl/ssl_stream.hpp>
 #include <openssl/ssl.h>
 
+#include <sys/resource.h>
 #include <sys/socket.h>
 
+#include <array>
 #include <atomic>
+#include <map>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -51,27 +54,43 @@ struct HttpServer::Impl {
   Handler handler;
   ProxyHooks proxy_hooks;
   StreamHooks stream_hooks;
+  // Declared before ioc: the coroutine frames ioc destroys when it goes
+  // (connections still open at stop) release their counts in these.
+  std::mutex conns_mu;
+  std::set<beast::tcp_stream*> conns;  // GUARDED_BY(conns_mu): open connections (lowest layer), closed on stop
+  std::set<beast::basic_stream<asio::local::stream_protocol>*> local_conns;  // GUARDED_BY(conns_mu): adopted channel connections
+  std::map<std::string, size_t> per_address;  // GUARDED_BY(conns_mu): open TCP connections by source address
+  size_t tcp_open = 0;                        // GUARDED_BY(conns_mu)
+  // Streaming routes' request bodies held now, in all and by share
+  // (StreamHooks::body_budget, share_budget).
+  std::mutex body_mu;
+  size_t stream_body_bytes = 0;                     // GUARDED_BY(body_mu)
+  std::map<std::string, size_t> share_body_bytes;  // GUARDED_BY(body_mu)
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   asio::thread_pool workers;
   tcp::acceptor acceptor;
   std::vector<std::thread> io_threads;
   std::atomic<bool> stopping{false};
-  std::atomic<size_t> stream_body_bytes{0};  // reserved by streaming routes' bodies (StreamHooks::body_budget)
   uint16_t bound_port = 0;
 
-  std::mutex conns_mu;
-  std::set<beast::tcp_stream*> conns;  // GUARDED_BY(conns_mu): open connections (lowest layer), closed on stop
   using LocalStream = beast::basic_stream<asio::local::stream_protocol>;
-  std::set<LocalStream*> local_conns;  // GUARDED_BY(conns_mu): adopted channel connections
   std::unique_ptr<asio::ssl::context> tls;  // set when serving TLS
+  size_t max_connections = 0;                 // resolved at start()
+  size_t max_per_address = 0;
+  // Rate-limited logging of repeated accept failures and refusals.
+  uint64_t accept_log_ns = 0;  // accept loop only
+  uint64_t accept_failures = 0;
+  uint64_t refusal_log_ns = 0;
+  uint64_t refusals = 0;
 
   Impl(ServerConfig c, Handler h, ProxyHooks p, StreamHooks st)
       : cfg(std::move(c)), handler(std::move(h)), proxy_hooks(std::move(p)), stream_hooks(std::move(st)),
         workers(static_cast<size_t>(std::max(1, cfg.worker_threads))), acceptor(ioc) {}
 
   asio::awaitable<void> accept_loop();
-  asio::awaitable<void> session(tcp::socket sock);
+  // addr: the source address, counted in per_address until the session ends.
+  asio::awaitable<void> session(tcp::socket sock, std::string addr);
   // Serves requests on one connection (plain or TLS) until it closes.
   // bound_sandbox: set for connections adopted from a sandbox's channel.
   template <class Stream>
@@ -88,10 +107,16 @@ struct HttpServer::Impl {
   // may carry another request.
   template <class Stream>
   asio::awaitable<bool> proxy(Stream& client, beast::flat_buffer& cbuf,
-                              bhttp::request_parser<bhttp::empty_body>&& head, ProxyTarget target);
+                              bhttp::request_parser<bhttp::empty_body>&& head, const HttpRequest& plain_head,
+                              ProxyTarget target);
 };
 
 namespace {
+
+uint64_t sys_now_ns() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+}
 
 template <class Body>
 HttpRequest head_of(const bhttp::request<Body>& r, const std::string& remote) {
@@ -136,6 +161,25 @@ bhttp::response<bhttp::string_body> to_beast(HttpResponse&& r, unsigned version,
   res.keep_alive(keep_alive);
   res.prepare_payload();
   return res;
+}
+
+// After an answer sent before the request body was read whole: stop
+// sending, then read and drop what the client still sends (bounded: 64
+// MiB or 5 s), so closing does not reset the connection and destroy the
+// answer in the client's receive buffer before it is read.
+template <class Stream>
+asio::awaitable<void> linger_close(Stream& s) {
+  auto& low = beast::get_lowest_layer(s);
+  boost::system::error_code ec;
+  low.socket().shutdown(asio::socket_base::shutdown_send, ec);
+  std::array<char, 16 * 1024> sink;
+  size_t drained = 0;
+  low.expires_after(std::chrono::seconds(5));
+  while (drained < (64u << 20)) {
+    size_t n = co_await low.async_read_some(asio::buffer(sink), asio::redirect_error(asio::use_awaitable, ec));
+    if (ec || n == 0) break;
+    drained += n;
+  }
 }
 
 // ResponseWriter over one HTTP/1.1 client connection.
@@ -281,7 +325,8 @@ asio::awaitable<HttpResponse> HttpServer::Impl::dispatch(HttpRequest req) {
 
 template <class Stream>
 asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer& cbuf,
-                                              bhttp::request_parser<bhttp::empty_body>&& head, ProxyTarget target) {
+                                              bhttp::request_parser<bhttp::empty_body>&& head,
+                                              const HttpRequest& plain_head, ProxyTarget target) {
   auto& tcp_layer = beast::get_lowest_layer(client);
   using namespace asio::experimental::awaitable_operators;
   auto conn_exec = co_await asio::this_coro::executor;
@@ -301,12 +346,13 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   co_await asio::post(workers.get_executor(), asio::use_awaitable);
   Result<UniqueFd> fd = internal_error("no proxy connector");
   try {
-    if (proxy_hooks.connect) fd = proxy_hooks.connect(target);
+    if (proxy_hooks.connect) fd = proxy_hooks.connect(target, plain_head);
   } catch (const std::exception& e) {
     fd = internal_error(e.what());
   }
   co_await asio::post(conn_exec, asio::use_awaitable);
   if (!fd) {
+    if (fd.error().kind() == ErrorKind::kUnauthorized) co_return co_await answer(json_error(401, fd.error().message()));
     if (fd.error().kind() == ErrorKind::kNotFound) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "The sandbox was not found"));
     co_return co_await answer(sandbox_unavailable(target.sandbox_id, fd.error().message()));
   }
@@ -330,10 +376,17 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   bhttp::serializer<true, bhttp::buffer_body> sr(req);
   co_await bhttp::async_write_header(up, sr, asio::redirect_error(asio::use_awaitable, ec));
   if (ec) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "port " + std::to_string(target.port) + " is not reachable in the sandbox"));
-  ec = co_await relay::relay_body(client, cbuf, rp, sr, up, [&] { tcp_layer.expires_after(cfg.read_timeout); }, [] {});
+  bool up_failed = false;
+  ec = co_await relay::relay_body(client, cbuf, rp, sr, up, [&] { tcp_layer.expires_after(cfg.read_timeout); }, [] {},
+                                  &up_failed);
+  // The sandbox stopped reading the body: it may have answered early
+  // (envd's 507 for a full disk, 413): that answer is relayed below, and
+  // the connection then closed, since the rest of the body was not read.
+  bool answered_early = false;
   if (ec) {
     LOG_DEBUG("relay request body to sandbox " << target.sandbox_id << ": " << ec.message());
-    co_return false;
+    if (!up_failed) co_return false;
+    answered_early = true;
   }
 
   // Response: head, then the body, each piece written as it arrives.
@@ -360,7 +413,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   unsigned code = res.result_int();
   bool framed = res.has_content_length() || res.chunked() || code / 100 == 1 || code == 204 || code == 304 ||
                 req.method() == bhttp::verb::head;
-  bool keep = client_keep_alive && framed && !stopping;
+  bool keep = client_keep_alive && framed && !stopping && !answered_early;
   res.keep_alive(keep);
   bhttp::serializer<false, bhttp::buffer_body> rs(res);
   ec = co_await relay::relay_body(up, ubuf, resp, rs, client, [] {},
@@ -369,6 +422,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
     LOG_DEBUG("relay response from sandbox " << target.sandbox_id << ": " << ec.message());
     co_return false;
   }
+  if (answered_early) co_await linger_close(client);
   co_return keep;
 }
 
@@ -377,6 +431,7 @@ asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat
                                                      bhttp::request_parser<bhttp::empty_body>&& head,
                                                      HttpRequest plain_head) {
   boost::system::error_code ec;
+  auto conn_exec = co_await asio::this_coro::executor;
   const std::string& remote = plain_head.remote;
   const std::string bound_sandbox = plain_head.bound_sandbox;
   unsigned head_version = head.get().version();
@@ -399,38 +454,89 @@ asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat
       co_return false;
     }
   }
-  // Reserve the body's bytes in the shared budget for the whole request.
-  size_t reserved = head.content_length() ? static_cast<size_t>(*head.content_length()) : stream_hooks.body_limit;
-  if (stream_body_bytes.fetch_add(reserved) + reserved > stream_hooks.body_budget) {
-    stream_body_bytes.fetch_sub(reserved);
-    co_return co_await refuse(503, "the gateway is holding too many request bodies; retry shortly");
+  // Who is calling, before a byte of the body is read or charged: the
+  // budget is never held for strangers.
+  Authorized who;
+  if (stream_hooks.authorize) {
+    co_await asio::post(workers.get_executor(), asio::use_awaitable);
+    try {
+      who = stream_hooks.authorize(plain_head);
+    } catch (const std::exception& e) {
+      LOG_ERROR("authorize " << plain_head.method << " " << plain_head.path << " threw: " << e.what());
+      who.refusal = json_error(500, "internal error");
+    }
+    co_await asio::post(conn_exec, asio::use_awaitable);
+    if (who.refusal) {
+      auto res = to_beast(std::move(*who.refusal), head_version, false);
+      beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+      boost::system::error_code wec;
+      co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, wec));
+      co_return false;
+    }
   }
-  struct Unreserve {
-    std::atomic<size_t>& n;
-    size_t v;
-    ~Unreserve() { n.fetch_sub(v); }
-  } unreserve{stream_body_bytes, reserved};
+  // The body's bytes are charged as they arrive (in all and to the
+  // caller's share) and given back when the request ends.
+  struct Charge {
+    Impl& m;
+    std::string share;
+    size_t held = 0;
+    bool grow(size_t n) {
+      std::lock_guard<std::mutex> g(m.body_mu);
+      size_t& mine = m.share_body_bytes[share];
+      if (m.stream_body_bytes + n > m.stream_hooks.body_budget || mine + n > m.stream_hooks.share_budget) {
+        if (mine == 0) m.share_body_bytes.erase(share);
+        return false;
+      }
+      m.stream_body_bytes += n;
+      mine += n;
+      held += n;
+      return true;
+    }
+    ~Charge() {
+      if (held == 0) return;
+      std::lock_guard<std::mutex> g(m.body_mu);
+      m.stream_body_bytes -= held;
+      auto it = m.share_body_bytes.find(share);
+      if (it != m.share_body_bytes.end() && (it->second -= held) == 0) m.share_body_bytes.erase(it);
+    }
+  } charge{*this, who.share};
   if (expects_continue(head.get())) {
     bhttp::response<bhttp::empty_body> cont{bhttp::status::continue_, head_version};
     co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) co_return false;
   }
-  bhttp::request_parser<bhttp::string_body> parser(std::move(head));
+  // Read through a fixed buffer and append, so memory follows the bytes
+  // received, not what Content-Length announces.
+  bhttp::request_parser<bhttp::buffer_body> parser(std::move(head));
   parser.body_limit(stream_hooks.body_limit);
-  beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
-  co_await bhttp::async_read(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) {
-    if (ec == bhttp::error::body_limit)
+  std::string body;
+  std::array<char, 64 * 1024> piece;
+  while (!parser.is_done()) {
+    parser.get().body().data = piece.data();
+    parser.get().body().size = piece.size();
+    beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
+    co_await bhttp::async_read_some(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
+    if (ec == bhttp::error::need_buffer) ec = {};
+    if (ec) {
+      if (ec == bhttp::error::body_limit)
+        co_return co_await refuse(413, "request body larger than the limit of " + std::to_string(stream_hooks.body_limit) + " bytes");
+      if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
+          ec == asio::error::connection_reset || ec == asio::error::operation_aborted)
+        co_return false;
+      co_return co_await refuse(400, "malformed HTTP request: " + ec.message());
+    }
+    size_t n = piece.size() - parser.get().body().size;
+    if (n == 0) continue;
+    if (body.size() + n > stream_hooks.body_limit)
       co_return co_await refuse(413, "request body larger than the limit of " + std::to_string(stream_hooks.body_limit) + " bytes");
-    if (ec == bhttp::error::end_of_stream || ec == asio::error::eof || ec == beast::error::timeout ||
-        ec == asio::error::connection_reset)
-      co_return false;
-    co_return co_await refuse(400, "malformed HTTP request: " + ec.message());
+    if (!charge.grow(n))
+      co_return co_await refuse(503, "the gateway is holding too many request bodies; retry shortly");
+    body.append(piece.data(), n);
   }
-  auto breq = parser.release();
-  bool keep_alive = breq.keep_alive() && !stopping;
-  unsigned version = breq.version();
-  HttpRequest req = to_plain(std::move(breq), remote);
+  bool keep_alive = parser.get().keep_alive() && !stopping;
+  unsigned version = parser.get().version();
+  HttpRequest req = head_of(parser.get(), remote);
+  req.body = std::move(body);
   req.bound_sandbox = bound_sandbox;
   beast::get_lowest_layer(stream).expires_never();
   StreamWriter<Stream> out(stream, version, keep_alive, cfg.stalled_write_timeout);
@@ -478,6 +584,13 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
       // The head as handlers see it, converted once for every hook below.
       HttpRequest h = head_of(head.get(), remote);
       h.bound_sandbox = bound_sandbox;
+      // Framing Beast leaves to its caller (RFC 9112 6): refused before
+      // any body byte is read, and the connection closed, for every kind
+      // of route alike.
+      if (std::string why = framing_error(h, head.get().version()); !why.empty()) {
+        co_await fail(400, "malformed HTTP request: " + why);
+        break;
+      }
       if (stream_hooks.owns && stream_hooks.serve && stream_hooks.owns(h)) {
         if (!co_await serve_stream(stream, buf, std::move(head), std::move(h)) || stopping) break;
         continue;
@@ -496,7 +609,7 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
           break;
         }
         if (*target) {
-          if (!co_await proxy(stream, buf, std::move(head), **target) || stopping) break;
+          if (!co_await proxy(stream, buf, std::move(head), h, **target) || stopping) break;
           continue;
         }
       }
@@ -535,7 +648,17 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
   }
 }
 
-asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock) {
+asio::awaitable<void> HttpServer::Impl::session(tcp::socket sock, std::string addr) {
+  struct Uncount {
+    Impl& m;
+    std::string addr;
+    ~Uncount() {
+      std::lock_guard<std::mutex> g(m.conns_mu);
+      --m.tcp_open;
+      auto it = m.per_address.find(addr);
+      if (it != m.per_address.end() && --it->second == 0) m.per_address.erase(it);
+    }
+  } uncount{*this, std::move(addr)};
   std::string remote;
   {
     boost::system::error_code ec;
@@ -602,19 +725,82 @@ asio::awaitable<void> HttpServer::Impl::local_session(asio::local::stream_protoc
 }
 
 asio::awaitable<void> HttpServer::Impl::accept_loop() {
+  std::chrono::milliseconds backoff{0};
+  asio::steady_timer pause(co_await asio::this_coro::executor);
   for (;;) {
     boost::system::error_code ec;
     tcp::socket sock(asio::make_strand(ioc));
     co_await acceptor.async_accept(sock, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
       if (stopping || ec == asio::error::operation_aborted) co_return;
-      LOG_WARN("accept: " << ec.message());
+      // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), or
+      // a transient error: retrying at once only spins. Back off, doubling
+      // up to a second, and log once a second at most.
+      ++accept_failures;
+      uint64_t now = sys_now_ns();
+      if (now - accept_log_ns >= 1000000000ull) {
+        LOG_WARN("accept: " << ec.message() << " (" << accept_failures << " failures since the last report; "
+                            << "backing off " << std::max<int64_t>(10, backoff.count()) << " ms)");
+        accept_log_ns = now;
+        accept_failures = 0;
+      }
+      backoff = std::min<std::chrono::milliseconds>(std::chrono::milliseconds(1000),
+                                                    std::max<std::chrono::milliseconds>(std::chrono::milliseconds(10), backoff * 2));
+      pause.expires_after(backoff);
+      co_await pause.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      if (stopping) co_return;
+      continue;
+    }
+    backoff = std::chrono::milliseconds(0);
+    std::string addr;
+    {
+      auto ep = sock.remote_endpoint(ec);
+      if (ec) continue;  // already gone
+      addr = ep.address().to_string();
+    }
+    const char* refused = nullptr;
+    {
+      std::lock_guard<std::mutex> g(conns_mu);
+      size_t& mine = per_address[addr];
+      if (tcp_open >= max_connections)
+        refused = "the server has too many open connections";
+      else if (mine >= max_per_address)
+        refused = "too many open connections from this address";
+      if (refused) {
+        if (mine == 0) per_address.erase(addr);
+      } else {
+        ++mine;
+        ++tcp_open;
+      }
+    }
+    if (refused) {
+      // A best-effort answer without a coroutine or a buffer: a plain 503
+      // that fits the socket's send buffer, then the close. A TLS client
+      // just sees the close.
+      if (!tls) {
+        std::string body = std::string("{\"code\":503,\"message\":\"") + refused + "; retry later\"}";
+        std::string res = "HTTP/1.1 503 Service Unavailable\r\nServer: sandgate\r\nContent-Type: application/json\r\n"
+                          "Retry-After: 1\r\nConnection: close\r\nContent-Length: " + std::to_string(body.size()) +
+                          "\r\n\r\n" + body;
+        (void)::send(sock.native_handle(), res.data(), res.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      }
+      sock.shutdown(tcp::socket::shutdown_both, ec);
+      sock.close(ec);
+      ++refusals;
+      uint64_t now = sys_now_ns();
+      if (now - refusal_log_ns >= 1000000000ull) {
+        LOG_WARN("refused " << refusals << " connection(s) since the last report, the last from " << addr << ": "
+                            << refused << " (limits " << max_connections << " in all, " << max_per_address
+                            << " per address)");
+        refusal_log_ns = now;
+        refusals = 0;
+      }
       continue;
     }
     // Responses are streamed in pieces (Connect envelopes): send each at once.
     sock.set_option(tcp::no_delay(true), ec);
     auto ex = sock.get_executor();
-    asio::co_spawn(ex, session(std::move(sock)), asio::detached);
+    asio::co_spawn(ex, session(std::move(sock), std::move(addr)), asio::detached);
   }
 }
 
@@ -687,6 +873,14 @@ Status HttpServer::start() {
   if (ec)
     return internal_error("listen on " + m.cfg.address + ":" + std::to_string(m.cfg.port) + ": " + ec.message());
   m.bound_port = m.acceptor.local_endpoint().port();
+  {
+    rlimit rl{};
+    size_t soft = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY ? rl.rlim_cur : 65536;
+    size_t dflt = std::max<size_t>(16, std::min<size_t>(16384, soft / 2));
+    m.max_connections = m.cfg.max_connections ? m.cfg.max_connections : dflt;
+    m.max_per_address = m.cfg.max_connections_per_address ? m.cfg.max_connections_per_address
+                                                          : std::max<size_t>(4, m.max_connections / 4);
+  }
   m.work.emplace(m.ioc.get_executor());
   asio::co_spawn(m.ioc, m.accept_loop(), asio::detached);
   for (int i = 0; i < std::max(1, m.cfg.io_threads); ++i) m.io_threads.emplace_back([&m] { m.ioc.run(); });

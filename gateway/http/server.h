@@ -42,6 +42,13 @@ struct ServerConfig {
   // A client that accepts no bytes of a relayed response for this long is
   // dropped (streams that are merely quiet are fine: only writes count).
   std::chrono::milliseconds stalled_write_timeout{300000};
+  // Open client connections (TCP) in all and from one source address. A
+  // connection past either is answered 503 (plain HTTP; TLS: closed) and
+  // closed at once, so idle floods cannot use up the process's descriptors.
+  // 0: the default, half the soft RLIMIT_NOFILE (at most 16384) in all
+  // and a quarter of that per address.
+  size_t max_connections = 0;
+  size_t max_connections_per_address = 0;
 };
 
 using Handler = std::function<HttpResponse(HttpRequest&)>;
@@ -54,7 +61,10 @@ using Handler = std::function<HttpResponse(HttpRequest&)>;
 // directions, WebSocket upgrades included.
 struct ProxyHooks {
   std::function<Result<std::optional<ProxyTarget>>(const HttpRequest& head)> route;
-  std::function<Result<UniqueFd>(const ProxyTarget& target)> connect;
+  // head: the request (headers only), for the credentials a paused
+  // sandbox must see before it is resumed. kUnauthorized is answered 401,
+  // any other error as E2B's 502.
+  std::function<Result<UniqueFd>(const ProxyTarget& target, const HttpRequest& head)> connect;
 };
 
 class HttpServer {

@@ -62,18 +62,34 @@ class ResponseWriter {
   virtual bool reusable() const = 0;
 };
 
+// What StreamHooks::authorize decides: a refusal, or the share (the
+// caller's tenant) its body is charged to.
+struct Authorized {
+  std::optional<HttpResponse> refusal;
+  std::string share;
+};
+
 struct StreamHooks {
   std::function<bool(const HttpRequest& head)> owns;
   size_t body_limit = 32 << 20;
-  // Request bodies all streaming routes may hold at once (a body counts
-  // with its Content-Length, or body_limit when chunked); a request past it
-  // is refused with error(503) before its body is read, so hostile clients
-  // cannot make the gateway buffer without bound.
+  // Request bodies all streaming routes may hold at once, and the part of
+  // it one share (tenant) may hold. A body is charged as its bytes arrive,
+  // and only once authorize() has accepted the caller: a request that
+  // would pass either bound is refused with error(503) and its connection
+  // closed, so neither strangers nor one tenant can make the gateway
+  // buffer without bound or lock the others out. A connection holds at
+  // most one body (body_limit) at a time.
   size_t body_budget = 256 << 20;
+  size_t share_budget = 64 << 20;
   // Runs on the io thread right after the head, before the body is read; a
   // response refuses the request there (e.g. credentials that cannot be
   // valid). Must not block. Optional.
   std::function<std::optional<HttpResponse>(const HttpRequest& head)> precheck;
+  // Runs on the worker pool after precheck, before any body byte is read
+  // or charged (it may block on SQLite): authenticates the caller. A
+  // refusal answers the request; otherwise the share its body is charged
+  // to. Optional: without it, every body is charged to the share "".
+  std::function<Authorized(const HttpRequest& head)> authorize;
   // An early refusal (body too large, malformed framing, wrong protocol).
   std::function<HttpResponse(const HttpRequest& head, int status, const std::string& message)> error;
   std::function<boost::asio::awaitable<void>(HttpRequest req, ResponseWriter& out)> serve;

@@ -13,6 +13,9 @@
 // an egress policy (allowOut and denyOut one entry each from the fourth
 // and fifth fields) decided for the second and third (name, address).
 // Route 4 with bit 0x10 is PUT .../network (the SDK's updateNetwork).
+// Route 7 with bit 0x40 is the request framing check (http::framing_error):
+// Transfer-Encoding and Content-Length from the second and third fields.
+#include <cctype>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -138,6 +141,32 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       break;
     }
+    case 7:
+      if (route & 0x40) {
+        // Request framing (RFC 9112 6): Transfer-Encoding from the Host
+        // field, Content-Length from the E2B-Sandbox-Id field; bit 0x10
+        // makes it an HTTP/1.0 request.
+        sg::http::HttpRequest f;
+        if (!fields[1].empty()) f.headers["transfer-encoding"] = fields[1];
+        if (!fields[2].empty()) f.headers["content-length"] = fields[2];
+        bool http10 = (route & 0x10) != 0;
+        std::string why = sg::http::framing_error(f, http10 ? 10 : 11);
+        if (why.empty() && !fields[1].empty()) {
+          // Accepted with a Transfer-Encoding: HTTP/1.1, no Content-Length,
+          // and the last coding is chunked.
+          require(!http10 && fields[2].empty());
+          std::string te = fields[1];
+          while (!te.empty() && (te.back() == ' ' || te.back() == '\t' || te.back() == ',')) te.pop_back();
+          require(te.size() >= 7);
+          std::string tail = te.substr(te.size() - 7);
+          for (char& c : tail) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+          require(tail == "chunked");
+        } else if (why.empty() && !fields[2].empty()) {
+          for (char c : fields[2]) require((c >= '0' && c <= '9') || c == ',' || c == ' ' || c == '\t');
+        }
+        break;
+      }
+      [[fallthrough]];
     default: {
       auto t = sg::http::route_to_sandbox(req, (route & 0x10) ? "sandgate.test" : "");
       check_error(t);

@@ -212,7 +212,7 @@ struct Fixture {
       if (h.header("x-sandbox").empty()) return std::optional<ProxyTarget>();
       return std::optional<ProxyTarget>(ProxyTarget{h.header("x-sandbox"), 1});
     };
-    hooks.connect = [this](const ProxyTarget& t) -> Result<UniqueFd> {
+    hooks.connect = [this](const ProxyTarget& t, const HttpRequest&) -> Result<UniqueFd> {
       if (t.sandbox_id == "gone") return not_found_error("no sandbox");
       return sandbox.connect();
     };

@@ -273,7 +273,7 @@ asio::awaitable<void> serve(std::shared_ptr<Seen> seen, HttpRequest req, Respons
 struct Fixture {
   std::shared_ptr<Seen> seen = std::make_shared<Seen>();
   std::unique_ptr<HttpServer> server;
-  explicit Fixture(size_t body_budget = 256 << 20) {
+  explicit Fixture(size_t body_budget = 256 << 20, size_t share_budget = 256 << 20) {
     ::signal(SIGPIPE, SIG_IGN);
     ServerConfig cfg;
     cfg.io_threads = 2;
@@ -283,6 +283,14 @@ struct Fixture {
     st.owns = [](const HttpRequest& h) { return h.path.rfind("/stream/", 0) == 0; };
     st.body_limit = kBodyLimit;
     st.body_budget = body_budget;
+    st.share_budget = share_budget;
+    // x-stranger: refused before the body; x-who: the share it is charged to.
+    st.authorize = [](const HttpRequest& head) {
+      Authorized a;
+      if (!head.header("x-stranger").empty()) a.refusal = json_error(401, "unknown caller");
+      a.share = head.header("x-who");
+      return a;
+    };
     st.precheck = [](const HttpRequest& head) -> std::optional<HttpResponse> {
       if (head.header("x-deny").empty()) return std::nullopt;
       return json_error(401, "denied before the body");
@@ -306,7 +314,7 @@ struct Fixture {
       if (h.path.rfind("/sandbox/", 0) == 0) return std::optional<ProxyTarget>(ProxyTarget{"sbx-1", 8080});
       return std::optional<ProxyTarget>();
     };
-    proxy.connect = [](const ProxyTarget&) -> Result<UniqueFd> { return not_found_error("no sandbox here"); };
+    proxy.connect = [](const ProxyTarget&, const HttpRequest&) -> Result<UniqueFd> { return not_found_error("no sandbox here"); };
     Handler handler = [s = seen](HttpRequest& r) {
       s->update([&] {
         ++s->handled;
@@ -601,4 +609,35 @@ TEST_CASE("stream: the shared body budget refuses with 503 while bodies are held
     if (!served) std::this_thread::yield();
   }
   CHECK(served);
+}
+
+TEST_CASE("stream: a caller authorize() refuses holds no budget; one share cannot take another's") {
+  Fixture f(120, 80);
+  // A stranger announcing a body larger than the whole budget is refused
+  // at once, without sending a byte of it, and holds nothing.
+  RawClient x = f.client();
+  REQUIRE(x.send("POST /stream/echo HTTP/1.1\r\nHost: t\r\nx-stranger: 1\r\nContent-Length: 60\r\n\r\n"));
+  auto hx = x.read_head();
+  REQUIRE(hx);
+  CHECK(hx->status == 401);
+  // Share a holds 60 of its 80 while serve() waits.
+  RawClient a = f.client();
+  REQUIRE(a.send("POST /stream/wait HTTP/1.1\r\nHost: t\r\nx-who: a\r\nContent-Length: 60\r\n\r\n" +
+                 std::string(60, 'a')));
+  REQUIRE(f.seen->until([&] { return f.seen->waiting; }));
+  // Another 30 for a is past its share; 30 for b is within the total.
+  RawClient a2 = f.client();
+  REQUIRE(a2.send("POST /stream/echo HTTP/1.1\r\nHost: t\r\nx-who: a\r\nContent-Length: 30\r\n\r\n" +
+                  std::string(30, 'c')));
+  auto ha2 = a2.read_head();
+  REQUIRE(ha2);
+  CHECK(ha2->status == 503);
+  RawClient b = f.client();
+  REQUIRE(b.send("POST /stream/echo HTTP/1.1\r\nHost: t\r\nx-who: b\r\nContent-Length: 30\r\n\r\n" +
+                 std::string(30, 'b')));
+  auto hb = b.read_head();
+  REQUIRE(hb);
+  CHECK(hb->status == 200);
+  a.close();
+  REQUIRE(f.seen->until([&] { return f.seen->wait_done == 1; }));
 }

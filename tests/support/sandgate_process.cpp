@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -19,7 +20,12 @@
 
 namespace sg::test {
 
-std::string sandgate_bin() { return SANDGATE_BIN; }
+std::string sandgate_bin() {
+  // SANDGATE_TEST_BIN runs the same tests against another build (an older
+  // one, to show a regression test fails there).
+  if (const char* b = std::getenv("SANDGATE_TEST_BIN"); b && *b) return b;
+  return SANDGATE_BIN;
+}
 
 std::optional<SandboxState> sandbox_state(const std::string& data_dir, const std::string& id) {
   auto store = storage::Store::open(data_dir + "/sandgate.db");

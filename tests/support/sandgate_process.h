@@ -17,7 +17,8 @@
 
 namespace sg::test {
 
-// Path of the sandgate binary under test (compile definition SANDGATE_BIN).
+// Path of the sandgate binary under test (compile definition SANDGATE_BIN,
+// or $SANDGATE_TEST_BIN where set).
 std::string sandgate_bin();
 
 // A templates dir whose base/ is the test rootfs (built once if needed).

@@ -575,6 +575,25 @@ http::StreamHooks ModelProxy::hooks(size_t body_limit) {
     return provider_error(ri ? ri->provider : Provider::kOpenAI, status, msg);
   };
   h.serve = [this](http::HttpRequest req, http::ResponseWriter& out) { return serve(std::move(req), out); };
+  // The caller is known before its body is read: an unknown key is refused
+  // here and holds none of the body budget; a known one is charged to its
+  // tenant's share. serve() finds the caller again in the key cache.
+  h.share_budget = std::max<size_t>(body_limit, (h.body_budget / 4));
+  h.authorize = [this](const http::HttpRequest& head) -> http::Authorized {
+    http::Authorized a;
+    auto ri = classify(head);
+    Provider p = ri ? ri->provider : Provider::kOpenAI;
+    if (!impl_->deps.authenticate) return a;
+    Result<Caller> c = impl_->deps.authenticate(head, p);
+    if (!c) {
+      ErrorKind k = c.error().kind();
+      int status = k == ErrorKind::kUnauthorized ? 401 : k == ErrorKind::kNotFound ? 404 : k == ErrorKind::kInvalid ? 400 : 503;
+      a.refusal = provider_error(p, status, c.error().message());
+      return a;
+    }
+    a.share = c->tenant_id;
+    return a;
+  };
   h.precheck = [this](const http::HttpRequest& head) -> std::optional<http::HttpResponse> {
     if (!head.bound_sandbox.empty() || !impl_->deps.key_well_formed) return std::nullopt;
     auto ri = classify(head);
