@@ -24,6 +24,7 @@
 #include <cstring>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <system_error>
 #include <thread>
 
 #include "agent/envd/server.h"
@@ -384,19 +385,27 @@ namespace {
 class TeardownReaper {
  public:
   TeardownReaper(Reaper& r, int sig_fd) : reaper_(r), sig_fd_(sig_fd), wake_(::eventfd(0, EFD_CLOEXEC)) {
-    thread_ = std::thread([this] {
-      for (;;) {
-        reaper_.reap_all();
-        struct pollfd p[2] = {{sig_fd_, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-        if (::poll(p, 2, -1) < 0 && errno != EINTR) return;
-        if (p[1].revents & POLLIN) return;
-        struct signalfd_siginfo si;
-        while (::read(sig_fd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+    // Guarded: the sandbox may have used up its threads (a fork bomb under
+    // the pids limit), and PID 1 must not die of it. Without this thread
+    // envd's stop still ends, its pumps' waits for statuses time out.
+    try {
+      thread_ = std::thread([this] {
+        for (;;) {
+          reaper_.reap_all();
+          struct pollfd p[2] = {{sig_fd_, POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+          if (::poll(p, 2, -1) < 0 && errno != EINTR) return;
+          if (p[1].revents & POLLIN) return;
+          struct signalfd_siginfo si;
+          while (::read(sig_fd_, &si, sizeof si) == static_cast<ssize_t>(sizeof si)) {
+          }
         }
-      }
-    });
+      });
+    } catch (const std::system_error& e) {
+      LOG_ERROR("agent: no thread to reap during teardown (" << e.what() << "); envd's stop waits for timeouts");
+    }
   }
   ~TeardownReaper() {
+    if (!thread_.joinable()) return;
     uint64_t one = 1;
     if (::write(wake_.get(), &one, sizeof one) < 0) LOG_ERROR("agent: eventfd write: " << std::strerror(errno));
     thread_.join();
@@ -453,8 +462,8 @@ int run(const AgentConfig& cfg) {
     envd_server = std::make_unique<envd::Server>(ec, reaper);
     if (Status s = envd_server->listen("127.0.0.1", kEnvdPort); !s)
       LOG_ERROR("agent: envd: " << s.error().message() << "; the sandbox runs without envd");
-    else
-      envd_server->start();
+    else if (Status st = envd_server->start(); !st)
+      LOG_ERROR("agent: envd: " << st.error().message() << "; the sandbox runs without envd");
   };
   if (!cfg.vm && ::getpid() == 1) {
     // The process backend's sandbox: harden it before anything else runs

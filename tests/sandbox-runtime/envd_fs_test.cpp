@@ -422,3 +422,43 @@ TEST_CASE("envd /files signatures: token, valid, expired, missing") {
   CHECK(s.rfind("v1_", 0) == 0);
   CHECK(s.size() == 3 + 43);
 }
+
+TEST_CASE("envd /files writes in place like E2B's envd: same inode, no temp file; a symlink is replaced, not followed") {
+  Env env;
+  Client c(env.port());
+  auto r = c.request("POST", "/files?path=inplace.txt", {{"Content-Type", "application/octet-stream"}}, "first");
+  REQUIRE(r.status == 200);
+  struct stat a {};
+  REQUIRE(::stat((env.home + "/inplace.txt").c_str(), &a) == 0);
+  // A watcher of the directory sees only the named file.
+  auto w = env.unary("filesystem.Filesystem/CreateWatcher", {{"path", ""}});
+  REQUIRE(w.status == 200);
+  std::string wid = w.j()["watcherId"];
+  Client c2(env.port());
+  r = c2.request("POST", "/files?path=inplace.txt", {{"Content-Type", "application/octet-stream"}}, "second, longer");
+  REQUIRE(r.status == 200);
+  struct stat b {};
+  REQUIRE(::stat((env.home + "/inplace.txt").c_str(), &b) == 0);
+  CHECK(a.st_ino == b.st_ino);
+  CHECK(sg::sys::read_file(env.home + "/inplace.txt").value() == "second, longer");
+  auto ev = env.unary("filesystem.Filesystem/GetWatcherEvents", {{"watcherId", wid}});
+  REQUIRE(ev.status == 200);
+  json events = ev.j().value("events", json::array());
+  bool wrote = false;
+  for (auto& e : events) {
+    CHECK(e["name"] == "inplace.txt");
+    if (e["type"] == "EVENT_TYPE_WRITE") wrote = true;
+  }
+  CHECK(wrote);
+  // A symlink at the path: the upload replaces the link; its target is untouched.
+  REQUIRE(sg::sys::write_file(env.home + "/target.txt", "keep").ok());
+  REQUIRE(::symlink((env.home + "/target.txt").c_str(), (env.home + "/link.txt").c_str()) == 0);
+  Client c3(env.port());
+  r = c3.request("POST", "/files?path=link.txt", {{"Content-Type", "application/octet-stream"}}, "new");
+  REQUIRE(r.status == 200);
+  CHECK(sg::sys::read_file(env.home + "/target.txt").value() == "keep");
+  struct stat l {};
+  REQUIRE(::lstat((env.home + "/link.txt").c_str(), &l) == 0);
+  CHECK(S_ISREG(l.st_mode));
+  CHECK(sg::sys::read_file(env.home + "/link.txt").value() == "new");
+}

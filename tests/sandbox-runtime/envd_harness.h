@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -212,7 +213,8 @@ struct Env {
   std::unique_ptr<ReaperThread> reaper_thread;
   std::unique_ptr<sg::envd::Server> server;
 
-  explicit Env(const std::string& token = "") {
+  // tweak adjusts the server's config before it starts (limits, seams).
+  explicit Env(const std::string& token = "", const std::function<void(sg::envd::EnvdConfig&)>& tweak = {}) {
     home = tmp.path + "/home/tester";
     user_home = tmp.path + "/home/user";
     (void)sg::sys::make_dirs(home);
@@ -230,10 +232,12 @@ struct Env {
     cfg.default_env = {"SANDBOX_VAR=yes", "PATH=/usr/local/bin:/usr/bin:/bin"};
     cfg.passwd_path = tmp.path + "/passwd";
     cfg.group_path = tmp.path + "/group";
+    if (tweak) tweak(cfg);
     server = std::make_unique<sg::envd::Server>(cfg, reaper);
     auto st = server->listen("127.0.0.1", 0);
     if (!st) throw std::runtime_error(st.error().message());
-    server->start();
+    st = server->start();
+    if (!st) throw std::runtime_error(st.error().message());
   }
   ~Env() {
     server->stop();

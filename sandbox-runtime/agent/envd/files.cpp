@@ -29,28 +29,56 @@ struct HttpFail {
   std::string message;
 };
 
-// One file being written: a temp file beside the target, renamed over it by
-// commit(); the destructor removes it unless committed.
+// One file being written, in place as E2B's envd writes it (open with
+// O_CREAT, truncate, write), so a watcher of the directory sees CREATE and
+// WRITE on the file the caller named and nothing else. The last path
+// component is never followed: a symlink there (or a FIFO, a device) is
+// replaced instead, through a temp file renamed over it, so an upload as
+// `user` cannot write through a link into a file it could not open. A
+// failed upload removes a file it created; an existing file keeps what was
+// written of it (as with envd).
 class Upload {
  public:
   ~Upload() {
-    if (fd_) {
-      fd_.reset();
+    if (!fd_) return;
+    fd_.reset();
+    if (!tmp_.empty())
       ::unlink(tmp_.c_str());
-    }
+    else if (created_)
+      ::unlink(path_.c_str());
   }
   std::optional<HttpFail> begin(const std::string& path, const User& owner) {
     path_ = path;
+    owner_ = owner;
     struct stat st;
     if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
       return HttpFail{400, "path is a directory: " + path};
     std::string dir = std::filesystem::path(path).parent_path().string();
     auto s = make_parents(dir, owner);
     if (!s) return HttpFail{s.error().code == Code::kInvalidArgument ? 400 : 500, s.error().message};
+    fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (fd_) {
+      created_ = true;
+      return std::nullopt;
+    }
+    if (errno != EEXIST) return fail("create", path);
+    // It exists: a regular file is truncated and written in place.
+    fd_ = UniqueFd(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+    if (fd_) {
+      if (::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode)) {
+        if (::ftruncate(fd_.get(), 0) < 0) return fail("truncate", path);
+        int fl = ::fcntl(fd_.get(), F_GETFL);
+        if (fl >= 0) ::fcntl(fd_.get(), F_SETFL, fl & ~O_NONBLOCK);
+        return std::nullopt;
+      }
+      fd_.reset();
+    } else if (errno != ELOOP && errno != ENXIO && errno != EISDIR) {
+      return fail("open", path);
+    }
+    // A symlink, FIFO, socket or device at the path: replaced, not followed.
     tmp_ = dir + "/." + std::filesystem::path(path).filename().string() + ".upload-" + sys::random_hex(6);
     fd_ = UniqueFd(::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (!fd_) return fail("create", tmp_);
-    owner_ = owner;
     return std::nullopt;
   }
   std::optional<HttpFail> write(std::string_view data) {
@@ -64,10 +92,18 @@ class Upload {
   }
   std::optional<HttpFail> commit(const std::vector<std::pair<std::string, std::string>>& metadata) {
     if (::fchown(fd_.get(), owner_.uid, owner_.gid) < 0) return fail("chown", path_);
+    // The file's metadata is this upload's: earlier user.e2b.* attributes go.
+    char names[64 * 1024];
+    ssize_t len = ::flistxattr(fd_.get(), names, sizeof names);
+    for (ssize_t i = 0; len > 0 && i < len;) {
+      std::string name(names + i);
+      i += static_cast<ssize_t>(name.size()) + 1;
+      if (name.rfind("user.e2b.", 0) == 0) (void)::fremovexattr(fd_.get(), name.c_str());
+    }
     for (auto& [k, v] : metadata)
       if (::fsetxattr(fd_.get(), ("user.e2b." + k).c_str(), v.data(), v.size(), 0) < 0)
         return fail("set metadata on", path_);
-    if (::rename(tmp_.c_str(), path_.c_str()) < 0) return fail("rename into", path_);
+    if (!tmp_.empty() && ::rename(tmp_.c_str(), path_.c_str()) < 0) return fail("rename into", path_);
     fd_.reset();
     return std::nullopt;
   }
@@ -78,7 +114,9 @@ class Upload {
     int status = (e == ENOSPC || e == EDQUOT) ? 507 : (e == EISDIR || e == ENOTDIR) ? 400 : 500;
     return HttpFail{status, std::string(op) + " " + p + ": " + std::strerror(e)};
   }
-  std::string path_, tmp_;
+  std::string path_;
+  std::string tmp_;       // set when replacing a non-regular file through a temp file
+  bool created_ = false;  // the upload created path_ (removed again if it fails)
   User owner_;
   UniqueFd fd_;
 };

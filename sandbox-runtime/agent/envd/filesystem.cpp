@@ -1,9 +1,8 @@
-// Filesystem operations and inotify watchers.
+// Filesystem operations.
 #include "agent/envd/filesystem.h"
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/inotify.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 
@@ -230,96 +229,6 @@ RpcStatus fs_remove(const std::string& path) {
     return rpc_ok();
   }
   if (::unlink(path.c_str()) < 0) return rpc_errno("remove", path, errno);
-  return rpc_ok();
-}
-
-static constexpr uint32_t kWatchMask = IN_CREATE | IN_DELETE | IN_MODIFY | IN_MOVED_FROM | IN_MOVED_TO |
-                                       IN_ATTRIB | IN_DELETE_SELF | IN_MOVE_SELF | IN_DONT_FOLLOW;
-
-RpcResult<std::unique_ptr<DirWatcher>> DirWatcher::create(const std::string& root, bool recursive,
-                                                          bool include_entry, const UserDb* users) {
-  struct stat st;
-  if (::stat(root.c_str(), &st) < 0) {
-    if (errno == ENOENT) return rpc_error(Code::kNotFound, "directory not found: " + root);
-    return rpc_errno("stat", root, errno);
-  }
-  if (!S_ISDIR(st.st_mode)) return rpc_error(Code::kInvalidArgument, "path is not a directory: " + root);
-  std::unique_ptr<DirWatcher> w(new DirWatcher());
-  w->root_ = root;
-  w->recursive_ = recursive;
-  w->include_entry_ = include_entry;
-  w->users_ = users;
-  w->fd_ = UniqueFd(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
-  if (!w->fd_) return rpc_errno("inotify_init", root, errno);
-  int wd = ::inotify_add_watch(w->fd_.get(), root.c_str(), kWatchMask);
-  if (wd < 0) return rpc_errno("inotify_add_watch", root, errno);
-  w->dirs_[wd] = root;
-  if (recursive) w->add_tree(root, 0);
-  return w;
-}
-
-void DirWatcher::add_tree(const std::string& dir, int depth) {
-  if (depth > 64) return;
-  DIR* d = ::opendir(dir.c_str());
-  if (!d) return;
-  std::vector<std::string> subs;
-  while (struct dirent* de = ::readdir(d)) {
-    std::string n = de->d_name;
-    if (n == "." || n == "..") continue;
-    if (de->d_type == DT_DIR) subs.push_back(dir + "/" + n);
-  }
-  ::closedir(d);
-  for (auto& s : subs) {
-    if (dirs_.size() >= kMaxWatchesPerWatcher) return;
-    int wd = ::inotify_add_watch(fd_.get(), s.c_str(), kWatchMask);
-    if (wd < 0) continue;
-    dirs_[wd] = s;
-    add_tree(s, depth + 1);
-  }
-}
-
-RpcStatus DirWatcher::read(std::vector<json>* out, size_t max) {
-  alignas(struct inotify_event) char buf[64 << 10];
-  while (out->size() < max) {
-    ssize_t n = ::read(fd_.get(), buf, sizeof buf);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return rpc_ok();
-      return rpc_errno("read inotify for", root_, errno);
-    }
-    for (ssize_t i = 0; i < n;) {
-      // SAFETY: the kernel writes whole, aligned inotify_event records.
-      auto* ev = reinterpret_cast<struct inotify_event*>(buf + i);
-      i += static_cast<ssize_t>(sizeof(struct inotify_event) + ev->len);
-      auto it = dirs_.find(ev->wd);
-      if (ev->mask & IN_IGNORED) {
-        if (it != dirs_.end()) dirs_.erase(it);
-        continue;
-      }
-      if (it == dirs_.end()) continue;
-      std::string full = ev->len ? (it->second == "/" ? "/" : it->second + "/") + std::string(ev->name) : it->second;
-      if ((ev->mask & (IN_DELETE_SELF | IN_MOVE_SELF)) && it->second != root_) continue;  // seen from the parent
-      const char* type = nullptr;
-      if (ev->mask & (IN_CREATE | IN_MOVED_TO)) type = "EVENT_TYPE_CREATE";
-      else if (ev->mask & IN_MODIFY) type = "EVENT_TYPE_WRITE";
-      else if (ev->mask & (IN_DELETE | IN_DELETE_SELF)) type = "EVENT_TYPE_REMOVE";
-      else if (ev->mask & (IN_MOVED_FROM | IN_MOVE_SELF)) type = "EVENT_TYPE_RENAME";
-      else if (ev->mask & IN_ATTRIB) type = "EVENT_TYPE_CHMOD";
-      if (!type) continue;
-      if (recursive_ && (ev->mask & (IN_CREATE | IN_MOVED_TO)) && (ev->mask & IN_ISDIR) &&
-          dirs_.size() < kMaxWatchesPerWatcher) {
-        int wd = ::inotify_add_watch(fd_.get(), full.c_str(), kWatchMask);
-        if (wd >= 0) dirs_[wd] = full;
-        add_tree(full, 1);
-      }
-      std::string name = full == root_ ? std::string() : full.substr(root_ == "/" ? 1 : root_.size() + 1);
-      json e{{"name", name}, {"type", type}};
-      if (include_entry_ && users_) {
-        auto info = entry_info(full, *users_);
-        if (info) e["entry"] = std::move(*info);
-      }
-      out->push_back(std::move(e));
-    }
-  }
   return rpc_ok();
 }
 

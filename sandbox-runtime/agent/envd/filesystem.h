@@ -1,22 +1,18 @@
 // filesystem.Filesystem for envd (docs/envd.md): path resolution against
 // the user's home, EntryInfo as proto3 JSON (e2b-protocol.md 3.4), the
-// unary operations and inotify directory watchers.
+// unary operations (directory watchers: agent/envd/watch.h).
 //
 // Operations run as root (the agent); directories and files they create are
-// chowned to the request's user. Functions are thread-safe; a DirWatcher is
-// used by one thread at a time.
+// chowned to the request's user. Functions are thread-safe.
 #pragma once
 
 #include <sys/stat.h>
 
-#include <map>
-#include <memory>
 #include <string>
 #include <vector>
 
 #include "agent/envd/rpc.h"
 #include "agent/envd/users.h"
-#include "sys/fd.h"
 
 namespace sg::envd {
 
@@ -40,25 +36,5 @@ RpcStatus fs_remove(const std::string& path);
 // mkdir -p of dir, chowning every directory it creates to owner.
 RpcStatus make_parents(const std::string& dir, const User& owner);
 
-class DirWatcher {
- public:
-  static RpcResult<std::unique_ptr<DirWatcher>> create(const std::string& root, bool recursive, bool include_entry,
-                                                       const UserDb* users);
-  int fd() const { return fd_.get(); }
-  // Reads whatever events are queued, without blocking, appending
-  // FilesystemEvent JSON objects (at most max).
-  RpcStatus read(std::vector<json>* out, size_t max);
-
- private:
-  DirWatcher() = default;
-  void add_tree(const std::string& dir, int depth);
-  std::string root_;
-  bool recursive_ = false, include_entry_ = false;
-  const UserDb* users_ = nullptr;
-  UniqueFd fd_;
-  std::map<int, std::string> dirs_;  // watch descriptor -> directory
-};
-
-inline constexpr size_t kMaxWatchesPerWatcher = 8192;
 
 }  // namespace sg::envd

@@ -209,7 +209,8 @@ std::optional<ProcEvent> Subscription::next(Clock::time_point deadline) {
   return e;
 }
 
-ProcessManager::ProcessManager(agent::Reaper& reaper) : reaper_(reaper) {}
+ProcessManager::ProcessManager(agent::Reaper& reaper, SpawnFn spawn)
+    : reaper_(reaper), spawn_(spawn ? std::move(spawn) : SpawnFn(spawn_detached)) {}
 
 ProcessManager::~ProcessManager() { shutdown(); }
 
@@ -324,7 +325,17 @@ RpcResult<std::shared_ptr<Subscription>> ProcessManager::start(const StartSpec& 
     ++active_pumps_;
   }
   ++started_;
-  std::thread([this, p] { pump(p); }).detach();
+  if (!spawn_([this, p] { pump(p); })) {
+    // No thread (the sandbox used up its pids): the process goes, through
+    // the same end as any other, so a Connect that found it meanwhile gets
+    // its end event; this request gets the error.
+    ::syscall(SYS_pidfd_send_signal, p->pidfd.get(), SIGKILL, nullptr, 0);
+    std::optional<int> st = reaper_.wait(pid, std::chrono::seconds(10));
+    finish(p, st.value_or(SIGKILL), false);
+    return rpc_error(Code::kResourceExhausted, "start process " + spec.exe +
+                                                   ": no thread for its output (the sandbox is out of processes "
+                                                   "or threads, pids limit), so it was killed; retry after some exit");
+  }
   return sub;
 }
 

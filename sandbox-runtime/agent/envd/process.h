@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "agent/envd/rpc.h"
+#include "agent/envd/spawn.h"
 #include "agent/envd/users.h"
 #include "agent/reaper.h"
 
@@ -109,13 +110,15 @@ struct ProcessInfo {
 
 class ProcessManager {
  public:
-  explicit ProcessManager(agent::Reaper& reaper);
+  // spawn starts the pump threads (empty: spawn_detached).
+  explicit ProcessManager(agent::Reaper& reaper, SpawnFn spawn = {});
   ~ProcessManager();
   ProcessManager(const ProcessManager&) = delete;
   ProcessManager& operator=(const ProcessManager&) = delete;
 
   // Spawns the process and returns the subscription of the caller, which
-  // sees every byte of output from the first one.
+  // sees every byte of output from the first one. resource_exhausted when
+  // no pump thread can be started (the process is killed and reaped first).
   RpcResult<std::shared_ptr<Subscription>> start(const StartSpec& spec);
   // Attaches to a running process by pid or tag (pid 0: use tag); an exited
   // one in the cache yields a subscription holding just its end event.
@@ -137,6 +140,7 @@ class ProcessManager {
   void finish(const std::shared_ptr<Proc>& p, int status, bool timed_out);
 
   agent::Reaper& reaper_;
+  SpawnFn spawn_;
   std::mutex mu_;
   std::map<pid_t, std::shared_ptr<Proc>> running_;   // GUARDED_BY(mu_)
   struct Exited {

@@ -1,4 +1,4 @@
-// envd server: listener, connection threads, routing, auth and the Connect
+// envd server: listener, connection workers, routing, auth and the Connect
 // handlers of process.Process and filesystem.Filesystem.
 #include "agent/envd/server.h"
 
@@ -15,8 +15,10 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
+#include <system_error>
 #include <thread>
 
 #include "agent/envd/files.h"
@@ -35,7 +37,9 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 namespace {
 
 constexpr size_t kMaxUnaryBody = 16 << 20;
-constexpr size_t kMaxWatchers = 128;
+// The longest Connect-Timeout-Ms honoured (30 days, longer than any
+// sandbox lives); larger values are clamped to it.
+constexpr long long kMaxCallTimeoutMs = 30ll * 24 * 3600 * 1000;
 constexpr const char* kDefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 // A server-streaming response: 200 and the envelope stream, started lazily
@@ -94,15 +98,36 @@ RpcResult<std::pair<bool, std::string>> process_input(const json& msg) {
   return std::make_pair(pty, std::move(*bytes));
 }
 
+// A connection no thread can serve: a canned 503 written without blocking
+// (the socket buffer of a new connection has room), then a close. Written
+// before the request is read: the reply still reaches a client whose request
+// is not sent yet; one already sent may be lost to the reset close sends.
+void refuse_connection(UniqueFd fd) {
+  static const std::string kBody =
+      error_json(rpc_error(Code::kUnavailable, "envd has no thread for this connection: the sandbox is out of "
+                                               "processes or threads (pids limit); retry after some exit"))
+          .dump();
+  std::string r = "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                  "Connection: close\r\nContent-Length: " + std::to_string(kBody.size()) + "\r\n\r\n" + kBody;
+  [[maybe_unused]] ssize_t n = ::send(fd.get(), r.data(), r.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+  ::shutdown(fd.get(), SHUT_WR);
+}
+
 }  // namespace
 
 struct Server::Impl {
   Impl(EnvdConfig c, agent::Reaper& r)
-      : cfg(std::move(c)), users(cfg.passwd_path, cfg.group_path), procs(r) {}
+      : cfg(std::move(c)),
+        spawn(cfg.spawn ? cfg.spawn : SpawnFn(spawn_detached)),
+        users(cfg.passwd_path, cfg.group_path),
+        procs(r, spawn),
+        hub(cfg.watch, &users) {}
 
   EnvdConfig cfg;
+  SpawnFn spawn;
   UserDb users;
   ProcessManager procs;
+  WatchHub hub;  // before watchers: outlives them
   UniqueFd listener;
   uint16_t bound_port = 0;
   std::thread acceptor;
@@ -110,13 +135,20 @@ struct Server::Impl {
 
   std::mutex mu;
   std::condition_variable conns_done;
-  std::set<Conn*> conns;       // GUARDED_BY(mu)
-  size_t active_threads = 0;   // GUARDED_BY(mu)
-  uint64_t rejected = 0;       // GUARDED_BY(mu)
-  std::map<std::string, std::unique_ptr<DirWatcher>> watchers;  // GUARDED_BY(watch_mu)
+  std::condition_variable work;  // a connection was queued for an idle worker, or stopping
+  std::set<Conn*> conns;         // GUARDED_BY(mu)
+  size_t busy = 0;               // GUARDED_BY(mu): connections being served or queued
+  size_t workers = 0;            // GUARDED_BY(mu): worker threads alive
+  size_t idle = 0;               // GUARDED_BY(mu): workers waiting for a connection
+  std::deque<UniqueFd> queued;   // GUARDED_BY(mu): accepted, for idle workers (size <= idle)
+  uint64_t rejected = 0;         // GUARDED_BY(mu)
+  uint64_t refused_threads = 0;  // GUARDED_BY(mu)
+  std::map<std::string, std::shared_ptr<Watcher>> watchers;  // GUARDED_BY(watch_mu)
   std::mutex watch_mu;
 
   void accept_loop();
+  bool start_worker(UniqueFd* first);
+  void worker(UniqueFd first);
   void serve(UniqueFd fd);
   void handle(Conn& c, const Request& r);
   void handle_rpc(Conn& c, const Request& r, const std::string& service, const std::string& method);
@@ -168,9 +200,22 @@ Status Server::listen(const std::string& address, uint16_t port) {
 
 uint16_t Server::port() const { return impl_->bound_port; }
 
-void Server::start() {
-  assert(impl_->listener.valid());
-  impl_->acceptor = std::thread([this] { impl_->accept_loop(); });
+Status Server::start() {
+  Impl& m = *impl_;
+  assert(m.listener.valid());
+  if (Status s = m.hub.start(); !s) LOG_ERROR("envd: " << s.error().message() << "; directory watchers are refused");
+  // The reserve: workers that exist before any sandbox process does, so
+  // envd answers even when the sandbox has used up its threads.
+  for (size_t i = 0; i < kReserveWorkers; ++i) {
+    UniqueFd none;
+    if (!m.start_worker(&none)) LOG_WARN("envd: could not start reserve worker " << i);
+  }
+  try {
+    m.acceptor = std::thread([&m] { m.accept_loop(); });
+  } catch (const std::system_error& e) {
+    return internal_error(std::string("envd accept thread: ") + e.what());
+  }
+  return Status::Ok();
 }
 
 void Server::stop() {
@@ -181,10 +226,12 @@ void Server::stop() {
   {
     std::lock_guard<std::mutex> g(m.mu);
     for (Conn* c : m.conns) c->interrupt();
+    m.work.notify_all();
   }
   m.procs.shutdown();
+  m.hub.stop();
   std::unique_lock<std::mutex> l(m.mu);
-  m.conns_done.wait(l, [&] { return m.active_threads == 0; });
+  m.conns_done.wait(l, [&] { return m.workers == 0; });
   m.listener.reset();
 }
 
@@ -194,9 +241,56 @@ ServerStats Server::stats() {
     std::lock_guard<std::mutex> g(impl_->mu);
     s.connections = impl_->conns.size();
     s.rejected_connections = impl_->rejected;
+    s.workers = impl_->workers;
+    s.idle_workers = impl_->idle;
+    s.refused_threads = impl_->refused_threads;
   }
   s.processes = impl_->procs.stats();
+  s.watch = impl_->hub.stats();
   return s;
+}
+
+// A new worker serving *first (if valid) and then waiting for more. False:
+// no thread; *first is still the caller's.
+bool Server::Impl::start_worker(UniqueFd* first) {
+  {
+    std::lock_guard<std::mutex> g(mu);
+    ++workers;
+  }
+  // Shared, so the connection comes back to the caller if the thread is
+  // refused (std::function needs a copyable callable).
+  auto slot = std::make_shared<UniqueFd>(std::move(*first));
+  bool ok = spawn([this, slot] { worker(std::move(*slot)); });
+  if (ok) return true;
+  *first = std::move(*slot);
+  std::lock_guard<std::mutex> g(mu);
+  --workers;
+  conns_done.notify_all();
+  return false;
+}
+
+void Server::Impl::worker(UniqueFd first) {
+  UniqueFd fd = std::move(first);
+  std::unique_lock<std::mutex> l(mu);
+  for (;;) {
+    if (fd) {
+      l.unlock();
+      serve(std::move(fd));
+      l.lock();
+      --busy;
+    }
+    if (queued.empty()) {
+      if (stopping || idle >= kMaxIdleWorkers) break;
+      ++idle;
+      work.wait(l, [&] { return stopping || !queued.empty(); });
+      --idle;
+    }
+    if (queued.empty()) break;  // stopping
+    fd = std::move(queued.front());
+    queued.pop_front();
+  }
+  --workers;
+  conns_done.notify_all();
 }
 
 void Server::Impl::accept_loop() {
@@ -215,13 +309,30 @@ void Server::Impl::accept_loop() {
       return;
     }
     UniqueFd cfd(fd);
-    std::lock_guard<std::mutex> g(mu);
-    if (active_threads >= cfg.max_connections) {
-      ++rejected;
-      continue;  // closed: the client retries
+    {
+      std::lock_guard<std::mutex> g(mu);
+      if (busy >= cfg.max_connections) {
+        ++rejected;
+        continue;  // closed: the client retries
+      }
+      ++busy;
+      if (idle > queued.size()) {
+        queued.push_back(std::move(cfd));
+        work.notify_one();
+        continue;
+      }
     }
-    ++active_threads;
-    std::thread([this, f = std::move(cfd)]() mutable { serve(std::move(f)); }).detach();
+    if (start_worker(&cfd)) continue;
+    uint64_t refusals;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      --busy;
+      refusals = ++refused_threads;
+    }
+    if (refusals == 1 || refusals % 1000 == 0)  // once, not once per retry of a client
+      LOG_WARN("envd: no thread for a connection (the sandbox is out of processes or threads); answered 503 ("
+               << refusals << " so far)");
+    refuse_connection(std::move(cfd));
   }
 }
 
@@ -251,8 +362,6 @@ void Server::Impl::serve(UniqueFd fd) {
   if (!c.body_done() && !stopping) c.linger(std::chrono::seconds(5));
   std::lock_guard<std::mutex> g(mu);
   conns.erase(&c);
-  --active_threads;
-  conns_done.notify_all();
 }
 
 void Server::Impl::handle(Conn& c, const Request& r) {
@@ -329,7 +438,9 @@ void Server::Impl::handle_rpc(Conn& c, const Request& r, const std::string& serv
   if (const std::string* t = r.header("connect-timeout-ms")) {
     char* end = nullptr;
     long long v = std::strtoll(t->c_str(), &end, 10);
-    if (!t->empty() && !*end && v > 0) ctx.timeout = std::chrono::milliseconds(v);
+    // Clamped: a client's 10^16 must not overflow the deadline arithmetic
+    // (Clock::now() + timeout) into the past, which would end the call at once.
+    if (!t->empty() && !*end && v > 0) ctx.timeout = std::chrono::milliseconds(std::min<long long>(v, kMaxCallTimeoutMs));
   }
   if (const std::string* k = r.header("keepalive-ping-interval")) {
     char* end = nullptr;
@@ -671,7 +782,7 @@ std::optional<RpcError> Server::Impl::input_message(std::string_view payload, st
 void Server::Impl::watch_dir(Conn& c, const json& req, const CallContext& ctx) {
   Stream s(c);
   std::string path = resolve_path(ctx.user.home, get_string(req, "path"));
-  auto w = DirWatcher::create(path, get_bool(req, "recursive"), get_bool(req, "includeEntry", "include_entry"), &users);
+  auto w = hub.watch(path, get_bool(req, "recursive"), get_bool(req, "includeEntry", "include_entry"));
   if (!w) return s.finish(w.error());
   if (!s.send(json{{"start", json::object()}})) return;
   std::optional<Clock::time_point> deadline;
@@ -681,14 +792,16 @@ void Server::Impl::watch_dir(Conn& c, const json& req, const CallContext& ctx) {
     auto wake = next_keepalive;
     if (deadline && *deadline < wake) wake = *deadline;
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(wake - Clock::now()).count();
-    struct pollfd pf[2] = {{(*w)->fd(), POLLIN, 0}, {c.fd(), POLLRDHUP, 0}};
+    // The client's socket too, so a client that goes away from a quiet
+    // stream releases its watches now, not at the next keepalive write.
+    struct pollfd pf[2] = {{(*w)->event_fd(), POLLIN, 0}, {c.fd(), POLLRDHUP, 0}};
     int r = ::poll(pf, 2, ms < 0 ? 0 : static_cast<int>(std::min<long long>(ms, 3600000)));
     if (r < 0 && errno != EINTR) return s.finish(rpc_errno("poll watcher of", path, errno));
     if (pf[1].revents & (POLLRDHUP | POLLHUP | POLLERR)) return;  // client gone
     if (stopping) return s.finish(rpc_error(Code::kUnavailable, "envd is shutting down"));
     if (pf[0].revents & POLLIN) {
       std::vector<json> evs;
-      auto st = (*w)->read(&evs, 4096);
+      auto st = (*w)->take(&evs, 4096);
       if (!st) return s.finish(st.error());
       for (auto& e : evs)
         if (!s.send(json{{"filesystem", e}})) return;
@@ -724,11 +837,10 @@ RpcResult<json> Server::Impl::unary_fs(const std::string& method, const json& re
   }
   if (method == "CreateWatcher") {
     std::string path = resolve_path(home, get_string(req, "path"));
-    auto w = DirWatcher::create(path, get_bool(req, "recursive"), get_bool(req, "includeEntry", "include_entry"), &users);
+    // The hub bounds watchers per sandbox, streams included.
+    auto w = hub.watch(path, get_bool(req, "recursive"), get_bool(req, "includeEntry", "include_entry"));
     if (!w) return w.error();
     std::lock_guard<std::mutex> g(watch_mu);
-    if (watchers.size() >= kMaxWatchers)
-      return rpc_error(Code::kResourceExhausted, "too many watchers (" + std::to_string(kMaxWatchers) + "); remove some");
     std::string id = sys::random_hex(16);
     watchers[id] = std::move(*w);
     return json{{"watcherId", id}};
@@ -743,7 +855,7 @@ RpcResult<json> Server::Impl::unary_fs(const std::string& method, const json& re
       return json::object();
     }
     std::vector<json> evs;
-    auto st = it->second->read(&evs, 65536);
+    auto st = it->second->take(&evs, 65536);
     if (!st) return st.error();
     json out = json::object();
     if (!evs.empty()) out["events"] = evs;
