@@ -407,6 +407,15 @@ std::vector<std::pair<std::string, std::string>> model_proxy_env() {
           {"ANTHROPIC_API_KEY", "sandgate-channel"}};
 }
 
+Result<std::vector<SandboxRow>> SandboxService::list(storage::SandboxQuery q) {
+  if (q.template_id && !q.template_id->empty()) {
+    Result<std::optional<storage::TemplateRow>> t = store_.find_template(q.tenant_id, *q.template_id);
+    if (!t) return t.error();
+    if (*t) q.template_id = (*t)->id;  // else: no template by that name or id, and no sandbox of it
+  }
+  return store_.list_sandboxes(q);
+}
+
 Status SandboxService::kill(const std::string& tenant_id, const std::string& id) {
   Result<SandboxRow> row = get(tenant_id, id);
   if (!row) return row.error();

@@ -97,7 +97,9 @@ class SandboxService {
   // A running or paused sandbox of the tenant; kNotFound otherwise (also
   // for other tenants' ids).
   Result<storage::SandboxRow> get(const std::string& tenant_id, const std::string& id);
-  Result<std::vector<storage::SandboxRow>> list(const storage::SandboxQuery& q) { return store_.list_sandboxes(q); }
+  // The tenant's sandboxes; a template filter may name the template by id
+  // or by name, as in create.
+  Result<std::vector<storage::SandboxRow>> list(storage::SandboxQuery q);
   Status kill(const std::string& tenant_id, const std::string& id);
   // kConflict when already paused.
   Status pause(const std::string& tenant_id, const std::string& id);

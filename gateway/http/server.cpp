@@ -416,8 +416,32 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   bool keep = client_keep_alive && framed && !stopping && !answered_early;
   res.keep_alive(keep);
   bhttp::serializer<false, bhttp::buffer_body> rs(res);
+  // A client that goes away while the response is quiet (a watch stream
+  // with no events) is noticed at once: its stream into the sandbox is
+  // closed, so envd ends the call and frees what it held. Readable data
+  // (a pipelined request, a TLS alert) just ends the watch.
+  struct Gone {
+    bool done = false;
+  };
+  auto gone = std::make_shared<Gone>();
+  int client_fd = tcp_layer.socket().native_handle();
+  tcp_layer.socket().async_wait(asio::socket_base::wait_read,
+                                [gone, client_fd, &up](const boost::system::error_code& wec) {
+                                  if (wec || gone->done) return;  // up may be gone: touch nothing else
+                                  char c;
+                                  ssize_t n = ::recv(client_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+                                  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+                                    boost::system::error_code ignored;
+                                    up.shutdown(asio::socket_base::shutdown_both, ignored);
+                                  }
+                                });
   ec = co_await relay::relay_body(up, ubuf, resp, rs, client, [] {},
                                   [&] { tcp_layer.expires_after(cfg.stalled_write_timeout); });
+  gone->done = true;
+  {
+    boost::system::error_code ignored;
+    tcp_layer.socket().cancel(ignored);  // the wait above, if still pending
+  }
   if (ec) {
     LOG_DEBUG("relay response from sandbox " << target.sandbox_id << ": " << ec.message());
     co_return false;

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/mount.h>
@@ -204,14 +205,18 @@ TEST_CASE("a second instance on the same data directory or cgroup parent refuses
   std::string id = create(a);
   // The same data directory, another cgroup parent and port.
   CliResult b = run_sandgate({"serve", "--listen", "127.0.0.1:0", "--data-dir", a.data_dir(), "--templates-dir",
-                              test_templates_dir(), "--cgroup-parent", "sgtest-" + sys::random_hex(6)});
+                              test_templates_dir(), "--cgroup-parent", "sgtest-" + sys::random_hex(6)},
+                            std::chrono::seconds(60));
   CHECK(b.exit_code != 0);
+  CHECK(b.exit_code != kTimedOut);
   CHECK_MESSAGE(b.err.find("is in use by another sandgate") != std::string::npos, b.err);
   CHECK(b.err.find("pid " + std::to_string(a.pid())) != std::string::npos);
   // Another data directory, the first one's cgroup parent.
   CliResult c = run_sandgate({"serve", "--listen", "127.0.0.1:0", "--data-dir", dir.sub("other"), "--templates-dir",
-                              test_templates_dir(), "--cgroup-parent", a.cgroup_parent()});
+                              test_templates_dir(), "--cgroup-parent", a.cgroup_parent()},
+                            std::chrono::seconds(60));
   CHECK(c.exit_code != 0);
+  CHECK(c.exit_code != kTimedOut);
   CHECK_MESSAGE(c.err.find("cgroup parent") != std::string::npos, c.err);
   // The first instance's sandbox is untouched and served.
   CHECK(state_of(a.data_dir(), id).state == "running");
@@ -570,8 +575,10 @@ TEST_CASE("an emptied database in a used data directory: sandgate refuses to sta
   ::unlink((data + "/sandgate.db-wal").c_str());
   ::unlink((data + "/sandgate.db-shm").c_str());
   CliResult r = run_sandgate({"serve", "--listen", "127.0.0.1:0", "--data-dir", data, "--templates-dir",
-                              test_templates_dir(), "--cgroup-parent", "sgtest-" + sys::random_hex(6)});
+                              test_templates_dir(), "--cgroup-parent", "sgtest-" + sys::random_hex(6)},
+                            std::chrono::seconds(60));
   CHECK(r.exit_code != 0);
+  CHECK(r.exit_code != kTimedOut);
   CHECK_MESSAGE(r.err.find("is empty, but this data directory was used before") != std::string::npos, r.err);
   struct stat st;
   REQUIRE(::stat((data + "/sandgate.db").c_str(), &st) == 0);
@@ -615,4 +622,43 @@ TEST_CASE("kill works on a full data directory") {
   CHECK(eventually([&] { return state_of(s.data_dir(), id).state == "killed"; }, 15));
   CHECK(s.get("/sandboxes/" + id).status == 404);
   CHECK(s.stop() == 0);
+}
+
+TEST_CASE("a client closing a quiet relayed watch stream ends the watch in the sandbox at once") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"));
+  REQUIRE(s.started());
+  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
+  REQUIRE(c.status == 201);
+  json sb = json::parse(c.body);
+  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  int64_t agent = state_of(s.data_dir(), id).init_pid;
+  REQUIRE(agent > 0);
+  // The agent's inotify descriptors, as the host sees them.
+  auto inotify_fds = [&] {
+    int n = 0;
+    std::string fds = "/proc/" + std::to_string(agent) + "/fd";
+    if (DIR* d = ::opendir(fds.c_str())) {
+      while (dirent* e = ::readdir(d)) {
+        char target[256];
+        ssize_t l = ::readlinkat(::dirfd(d), e->d_name, target, sizeof target - 1);
+        if (l > 0 && std::string(target, static_cast<size_t>(l)) == "anon_inode:inotify") ++n;
+      }
+      ::closedir(d);
+    }
+    return n;
+  };
+  int before = inotify_fds();
+  UniqueFd fd = dial(s.port());
+  REQUIRE(fd.valid());
+  std::string env = envelope(R"({"path":"/tmp","recursive":false})");
+  REQUIRE(send_all(fd.get(), envd_head("POST", "/filesystem.Filesystem/WatchDir", id, token,
+                                       "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n") +
+                                 "Content-Length: " + std::to_string(env.size()) + "\r\n\r\n" + env));
+  std::string head = read_until(fd.get(), 10000, [](const std::string& g) { return g.find("\r\n\r\n") != std::string::npos; });
+  REQUIRE(status_of(head) == 200);
+  CHECK(eventually([&] { return inotify_fds() > before; }, 10));
+  // The client goes away while the stream is quiet.
+  fd.reset();
+  CHECK_MESSAGE(eventually([&] { return inotify_fds() == before; }, 5), "the watch outlived its client");
 }

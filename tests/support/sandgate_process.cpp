@@ -102,7 +102,7 @@ void drain(int fd, std::string& s) {
 
 }  // namespace
 
-CliResult run_sandgate(const std::vector<std::string>& args) {
+CliResult run_sandgate(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
   CliResult r;
   Spawned s = spawn(args, "");
   if (s.pid < 0) return r;
@@ -110,8 +110,23 @@ CliResult run_sandgate(const std::vector<std::string>& args) {
   pollfd fds[2] = {{s.out_fd, POLLIN, 0}, {s.err_fd, POLLIN, 0}};
   int open_n = 2;
   char buf[4096];
+  uint64_t deadline = timeout.count() > 0 ? sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull : 0;
   while (open_n > 0) {
-    if (::poll(fds, 2, -1) < 0 && errno == EINTR) continue;
+    int wait_ms = -1;
+    if (deadline) {
+      uint64_t now = sys::monotonic_ns();
+      if (now >= deadline) {
+        // Still running: ended, and reported as timed out.
+        ::kill(s.pid, SIGKILL);
+        for (pollfd& f : fds)
+          if (f.fd >= 0) ::close(f.fd);
+        ::waitpid(s.pid, nullptr, 0);
+        r.exit_code = kTimedOut;
+        return r;
+      }
+      wait_ms = static_cast<int>((deadline - now) / 1000000ull) + 1;
+    }
+    if (::poll(fds, 2, wait_ms) < 0 && errno == EINTR) continue;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ssize_t n = ::read(fds[i].fd, buf, sizeof buf);

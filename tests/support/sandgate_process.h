@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -29,8 +30,11 @@ struct CliResult {
   std::string out;
   std::string err;
 };
-// Runs `sandgate ARGS...` to completion.
-CliResult run_sandgate(const std::vector<std::string>& args);
+// Runs `sandgate ARGS...` to completion, or until timeout (0: none), when
+// it is killed and exit_code is kTimedOut.
+inline constexpr int kTimedOut = -2;
+CliResult run_sandgate(const std::vector<std::string>& args,
+                       std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
 
 // Reads a sandbox's state and host pid straight from a server's SQLite file
 // (what the API deliberately does not expose); nullopt if there is none.
