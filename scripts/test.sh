@@ -13,6 +13,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 scripts/install-deps.sh
 (cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error)
+scripts/python-venv.sh build/debug
 cmake --preset debug -DSANDGATE_TESTS=ON >/dev/null
 cmake --build --preset debug -j"$(nproc)"
 build/debug/bin/sandgate template build --templates-dir build/debug/tests-rootfs
