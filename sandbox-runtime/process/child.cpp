@@ -4,6 +4,7 @@
 #include "process/child.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
@@ -51,6 +52,10 @@ int child_main(void* arg) {
     return fail(a, ChildStep::kSyncWait);
   }
   ::close(a.sync_fd);
+  // The parent has put us in the sandbox's cgroups: a cgroup namespace
+  // rooted there makes /proc/<pid>/cgroup read "/" inside, not the host's
+  // cgroup names.
+  if (::unshare(CLONE_NEWCGROUP) != 0) return fail(a, ChildStep::kCgroupNs);
 
   // Reset what the server's threads may have changed and exec keeps: the
   // signal mask and ignored signals.
@@ -65,6 +70,7 @@ int child_main(void* arg) {
   struct rlimit nofile = {a.nofile_soft, a.nofile_hard};
   if (::setrlimit(RLIMIT_NOFILE, &nofile) != 0) return fail(a, ChildStep::kRlimit);
   if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) return fail(a, ChildStep::kMakePrivate);
+  if (::chdir(a.state_dir) != 0) return fail(a, ChildStep::kChdirState);
   if (a.disk_node) {
     // In this namespace only (/ is private now): it goes when the sandbox does.
     if (::mount(a.disk_node, a.disk_dir, "ext4", MS_NODEV, "discard") != 0) return fail(a, ChildStep::kMountDisk);
@@ -73,8 +79,7 @@ int child_main(void* arg) {
     if (a.layer_owner >= 0 && ::chown(a.disk_upper, a.layer_owner, a.layer_owner) != 0)
       return fail(a, ChildStep::kMkdirLayer);
   }
-  if (a.lower_tree_fd >= 0 &&
-      ::move_mount(a.lower_tree_fd, "", AT_FDCWD, a.lower_dir, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+  if (::move_mount(a.lower_tree_fd, "", AT_FDCWD, a.lower_dir, MOVE_MOUNT_F_EMPTY_PATH) != 0)
     return fail(a, ChildStep::kAttachLower);
   if (::mount("overlay", a.merged, "overlay", 0, a.overlay_opts) != 0) return fail(a, ChildStep::kMountOverlay);
 
@@ -82,7 +87,12 @@ int child_main(void* arg) {
   int f = ::open(a.agent_dst, O_WRONLY | O_CREAT | O_CLOEXEC, 0755);
   if (f < 0) return fail(a, ChildStep::kCreateAgentFile);
   ::close(f);
-  if (::mount(a.agent_src, a.agent_dst, nullptr, MS_BIND, nullptr) != 0) return fail(a, ChildStep::kBindAgent);
+  if (a.agent_tree_fd >= 0) {
+    if (::move_mount(a.agent_tree_fd, "", AT_FDCWD, a.agent_dst, MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      return fail(a, ChildStep::kBindAgent);
+  } else if (::mount(a.agent_src, a.agent_dst, nullptr, MS_BIND, nullptr) != 0) {
+    return fail(a, ChildStep::kBindAgent);
+  }
   if (::mount(nullptr, a.agent_dst, nullptr, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, nullptr) != 0)
     return fail(a, ChildStep::kRemountAgentRo);
 
@@ -141,16 +151,21 @@ std::string describe_step(ChildStep step, const ChildArgs& a) {
   switch (step) {
     case ChildStep::kSyncWait: return "wait for the parent";
     case ChildStep::kPdeathSig: return "prctl PR_SET_PDEATHSIG";
+    case ChildStep::kCgroupNs: return "unshare CLONE_NEWCGROUP";
+    case ChildStep::kChdirState: return "chdir into " + s(a.state_dir);
     case ChildStep::kHostname: return "sethostname " + s(a.hostname);
     case ChildStep::kMakePrivate: return "make / rprivate";
     case ChildStep::kRlimit: return "setrlimit RLIMIT_NOFILE";
-    case ChildStep::kMountDisk: return "mount the writable layer " + s(a.disk_node) + " on " + s(a.disk_dir);
+    case ChildStep::kMountDisk:
+      return "mount the writable layer " + s(a.state_dir) + "/" + s(a.disk_node) + " on " + s(a.disk_dir);
     case ChildStep::kMkdirLayer: return "mkdir " + s(a.disk_upper) + " and " + s(a.disk_work);
-    case ChildStep::kAttachLower: return "attach the idmapped template on " + s(a.lower_dir);
+    case ChildStep::kAttachLower: return "attach the template on " + s(a.lower_dir);
     case ChildStep::kMountOverlay: return "mount overlay on " + s(a.merged) + " (" + s(a.overlay_opts) + ")";
     case ChildStep::kMkdirSandgate: return "mkdir " + s(a.sandgate_dir);
     case ChildStep::kCreateAgentFile: return "create mount point " + s(a.agent_dst);
-    case ChildStep::kBindAgent: return "bind " + s(a.agent_src) + " on " + s(a.agent_dst);
+    case ChildStep::kBindAgent:
+      return (a.agent_tree_fd >= 0 ? std::string("attach the agent's copy") : "bind " + s(a.agent_src)) + " on " +
+             s(a.agent_dst);
     case ChildStep::kRemountAgentRo: return "remount read-only " + s(a.agent_dst);
     case ChildStep::kMountProc: return "mount proc on " + s(a.proc_dir);
     case ChildStep::kMountDev: return "mount tmpfs on " + s(a.dev_dir);

@@ -16,9 +16,11 @@ namespace sg::process {
 enum class ChildStep : int32_t {
   kSyncWait = 1,
   kPdeathSig,
+  kCgroupNs,
   kHostname,
   kMakePrivate,
   kRlimit,
+  kChdirState,
   kMountDisk,
   kMkdirLayer,
   kAttachLower,
@@ -73,23 +75,33 @@ struct ChildArgs {
   const char* hostname = nullptr;
   size_t hostname_len = 0;
   const char* merged = nullptr;
+  // The sandbox's state directory, the child's working directory from the
+  // first mount on: the overlay's options and the disk's source are
+  // relative to it, because the kernel shows them in the sandbox's
+  // /proc/self/mountinfo as given, and host paths must not show there.
+  const char* state_dir = nullptr;
   // The size-limited writable layer (process/disk.h), mounted here before
   // the overlay; disk_node null: the layer is a plain host directory.
-  const char* disk_node = nullptr;
+  const char* disk_node = nullptr;   // relative to state_dir
   const char* disk_dir = nullptr;
   const char* disk_upper = nullptr;  // disk_dir/upper and disk_dir/work,
   const char* disk_work = nullptr;   // named in overlay_opts
-  // User namespace mode (process/userns.h): the idmapped template tree,
-  // attached on lower_dir before the overlay (named in overlay_opts); the
-  // disk's upper and work directories are given to layer_owner (the
-  // sandbox's root); userns_fd becomes fd 5 for the agent to join.
+  // The template: a detached tree of it (idmapped in user namespace mode,
+  // process/userns.h), attached on lower_dir before the overlay (named in
+  // overlay_opts). In user namespace mode the disk's upper and work
+  // directories are given to layer_owner (the sandbox's root) and
+  // userns_fd becomes fd 5 for the agent to join.
   int lower_tree_fd = -1;
   const char* lower_dir = nullptr;
   int layer_owner = -1;
   int userns_fd = -1;
   const char* overlay_opts = nullptr;
   const char* sandgate_dir = nullptr;  // merged/.sandgate
-  const char* agent_src = nullptr;     // host path of the agent binary
+  // The agent: a detached clone of its private tmpfs copy
+  // (process/agent_tree.h), moved onto agent_dst; where the kernel cannot
+  // make one (-1), agent_src, the host file, is bound there instead.
+  int agent_tree_fd = -1;
+  const char* agent_src = nullptr;
   const char* agent_dst = nullptr;     // merged/.sandgate/sandgate-agent
   const char* proc_dir = nullptr;
   const char* dev_dir = nullptr;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <linux/loop.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace sg::process {
 namespace {
 
 constexpr int kAttachTries = 16;
+constexpr const char* kImageName = "disk.img";
 
 bool find_mkfs() {
   const char* env = std::getenv("PATH");
@@ -137,15 +139,22 @@ Status sparse_copy(const std::string& from, const std::string& to, uint64_t size
 }  // namespace
 
 Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb) {
-  if (size_mb == 0 || size_mb > (1ull << 24)) return invalid_error("disk size " + std::to_string(size_mb) + " MiB");
+  if (size_mb == 0 || size_mb > kMaxWritableDiskMb)
+    return invalid_error("disk size " + std::to_string(size_mb) + " MiB");
   WritableDisk d;
-  d.image = dir + "/disk.img";
+  d.image = writable_disk_image(dir);
   d.node = dir + "/disk.dev";
   Result<std::string> proto = prototype_image(cache_dir, size_mb);
   if (!proto) return proto.error();
   if (Status s = sparse_copy(*proto, d.image, size_mb << 20); !s) return s.error().with_context("make the writable layer");
 
-  UniqueFd img(::open(d.image.c_str(), O_RDWR | O_CLOEXEC));
+  // Every reader of /sys/block/loopN/loop/backing_file, sandboxes
+  // included, sees the backing file's path as d_path makes it, which stops
+  // at the root of a detached mount: opened through a detached clone of
+  // dir, it reads "/disk.img" rather than the host's state path.
+  UniqueFd dir_tree(::open_tree(AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  if (!dir_tree) return sys::errno_error("open_tree", dir);
+  UniqueFd img(::openat(dir_tree.get(), kImageName, O_RDWR | O_CLOEXEC));
   if (!img) return sys::errno_error("open", d.image);
   UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
   if (!ctl) return sys::errno_error("open", "/dev/loop-control");
@@ -171,6 +180,8 @@ Result<WritableDisk> make_writable_disk(const std::string& dir, const std::strin
   return internal_error("attach " + d.image + ": no free loop device after " + std::to_string(kAttachTries) +
                         " tries");
 }
+
+std::string writable_disk_image(const std::string& dir) { return dir + "/" + kImageName; }
 
 uint64_t writable_disk_used_bytes(const std::string& image) {
   struct stat st {};

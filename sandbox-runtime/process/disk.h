@@ -42,6 +42,12 @@ struct WritableDisk {
 // ext4 does not mind: each is mounted in its own mount namespace only.
 Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb);
 
+// Sizes make_writable_disk accepts: 1 MiB to this.
+inline constexpr uint64_t kMaxWritableDiskMb = 1ull << 24;
+
+// The image make_writable_disk(dir, ...) makes: dir/disk.img.
+std::string writable_disk_image(const std::string& dir);
+
 // Host bytes the image holds (allocated blocks): the writable layer's use.
 uint64_t writable_disk_used_bytes(const std::string& image);
 

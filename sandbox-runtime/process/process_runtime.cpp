@@ -13,6 +13,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -36,9 +37,11 @@
 
 #include "channel/control_message.h"
 #include "channel/frame.h"
+#include "process/agent_tree.h"
 #include "process/cgroup.h"
 #include "process/child.h"
 #include "process/disk.h"
+#include "process/disk_space.h"
 #include "process/host_channel.h"
 #include "process/userns.h"
 #include "sys/log.h"
@@ -232,6 +235,8 @@ class ProcessSandbox final : public runtime::Sandbox {
       uid_slots_.reset();
     }
     if (Status s = sys::remove_tree(state_dir_); !s) return s.error().with_context("kill sandbox " + id_);
+    // Its disk image is gone: what it could have grown into is free again.
+    disk_reservation_.reset();
     killed_ = true;
     return Status::Ok();
   }
@@ -257,6 +262,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   std::string id_;
   std::string state_dir_;
   std::string disk_image_;   // the size-limited writable layer's image; "" when unlimited
+  DiskSpace::Reservation disk_reservation_;  // its share of the state root's filesystem
   std::shared_ptr<UidSlots> uid_slots_;  // set when the sandbox holds uid_slot_
   uint32_t uid_slot_ = 0;
   Cgroup cgroup_;            // GUARDED_BY(mu_)
@@ -274,15 +280,14 @@ Result<UniqueFd> high_fd(UniqueFd fd, const char* what) {
   return UniqueFd(n);
 }
 
-bool safe_overlay_path(const std::string& p) { return p.find_first_of(",:\\") == std::string::npos; }
-
 class ProcessRuntime final : public runtime::Runtime {
  public:
   explicit ProcessRuntime(runtime::RuntimeConfig cfg)
       : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()),
         disk_(cfg_.disk_limits == runtime::DiskLimits::kOff ? Status::Ok() : writable_disk_available()),
         userns_(cfg_.user_namespaces == runtime::UserNamespaces::kOff ? Status::Ok() : user_namespaces_available()),
-        uid_slots_(std::make_shared<UidSlots>(cfg_.first_sandbox_uid, cfg_.sandbox_uid_slots)) {
+        uid_slots_(std::make_shared<UidSlots>(cfg_.first_sandbox_uid, cfg_.sandbox_uid_slots)),
+        disk_space_(DiskSpace::make(cfg_.state_root)) {
     if (cfg_.user_namespaces == runtime::UserNamespaces::kAuto && !userns_)
       LOG_WARN("sandbox root is host root (no user namespace): " << userns_.error().message()
                                                                 << " (--user-namespaces=on requires one)");
@@ -351,14 +356,25 @@ class ProcessRuntime final : public runtime::Runtime {
     char real_state[PATH_MAX];
     if (!::realpath(cfg_.state_root.c_str(), real_state)) return sys::errno_error("realpath", cfg_.state_root);
     std::string dir = std::string(real_state) + "/" + spec.id;
-    if (!safe_overlay_path(rootfs) || !safe_overlay_path(dir))
-      return invalid_error("rootfs or state path contains ',', ':' or '\\', which overlayfs options cannot carry");
+    // The writable layer: a size-limited filesystem of its own that the
+    // child mounts on disk_dir (disk.h), or plain directories in dir. Its
+    // full size is reserved on the state root's filesystem first
+    // (disk_space.h), so a refused create changes nothing.
+    const bool limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
+                            (disk_ || cfg_.disk_limits == runtime::DiskLimits::kOn);
+    if (limit_disk && !disk_) return disk_.error();
+    if (limit_disk && spec.disk_mb > kMaxWritableDiskMb)
+      return invalid_error("disk size " + std::to_string(spec.disk_mb) + " MiB");
+    Result<DiskSpace::Reservation> reservation =
+        disk_space_->reserve(limit_disk ? spec.disk_mb << 20 : 0, writable_disk_image(dir));
+    if (!reservation) return reservation.error();
     if (::mkdir(dir.c_str(), 0700) != 0) {
       if (errno == EEXIST) return conflict_error("state directory " + dir + " already exists");
       return sys::errno_error("mkdir", dir);
     }
     created_dir = true;
     sb.state_dir_ = dir;
+    sb.disk_reservation_ = std::move(*reservation);
     // The user namespace: a uid range, and the template through an
     // idmapped mount so its files are owned by the range (userns.h).
     Result<std::optional<SandboxUserns>> userns = user_namespace_for(sb, rootfs);
@@ -366,17 +382,24 @@ class ProcessRuntime final : public runtime::Runtime {
     const std::optional<UidSlots::Slot> slot = *userns ? std::optional((*userns)->slot) : std::nullopt;
     const int layer_owner = slot ? static_cast<int>(slot->uid_base) : -1;
     std::string lower_dir = dir + "/lower";
-    if (slot && ::mkdir(lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", lower_dir);
+    if (::mkdir(lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", lower_dir);
+    // The child attaches the template on lower_dir, so the overlay's
+    // options name "lower", not the template's host path.
+    UniqueFd plain_lower;
+    if (!slot) {
+      UniqueFd t(::open_tree(AT_FDCWD, rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+      if (!t) return sys::errno_error("open_tree", rootfs);
+      Result<UniqueFd> hi = high_fd(std::move(t), "template tree");
+      if (!hi) return hi.error();
+      plain_lower = std::move(*hi);
+    }
+    Result<UniqueFd> agent_tree = agent_clone();
+    if (!agent_tree) return agent_tree.error();
 
-    // The writable layer: a size-limited filesystem of its own that the
-    // child mounts on disk_dir (disk.h), or plain directories here.
-    const bool limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
-                            (disk_ || cfg_.disk_limits == runtime::DiskLimits::kOn);
     std::string merged = dir + "/merged", disk_dir = dir + "/disk";
     std::string upper = (limit_disk ? disk_dir : dir) + "/upper", work = (limit_disk ? disk_dir : dir) + "/work";
     std::optional<WritableDisk> disk;  // its loop descriptor lives until the child has mounted it
     if (limit_disk) {
-      if (!disk_) return disk_.error();
       Result<WritableDisk> d = make_writable_disk(dir, std::string(real_state) + "/.disk-images", spec.disk_mb);
       if (!d) return d.error();
       disk = std::move(*d);
@@ -426,7 +449,9 @@ class ProcessRuntime final : public runtime::Runtime {
       if (!*r) return r->error();
 
     // Strings, argv and envp: all built here, before clone.
-    std::string overlay_opts = "lowerdir=" + (slot ? lower_dir : rootfs) + ",upperdir=" + upper + ",workdir=" + work;
+    // Relative to dir, the child's working directory (child.h, state_dir).
+    std::string overlay_opts = limit_disk ? "lowerdir=lower,upperdir=disk/upper,workdir=disk/work"
+                                          : "lowerdir=lower,upperdir=upper,workdir=work";
     std::string devpts_opts = "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(slot ? slot->uid_base + 5 : 5);
     std::string sandgate_dir = merged + "/.sandgate";
     std::string agent_dst = sandgate_dir + "/sandgate-agent";
@@ -481,23 +506,27 @@ class ProcessRuntime final : public runtime::Runtime {
     a.hostname = spec.id.c_str();
     a.hostname_len = spec.id.size();
     a.merged = merged.c_str();
+    a.state_dir = dir.c_str();
+    std::string disk_node;
     if (disk) {
-      a.disk_node = disk->node.c_str();
+      disk_node = disk->node.substr(dir.size() + 1);
+      a.disk_node = disk_node.c_str();
       a.disk_dir = disk_dir.c_str();
       a.disk_upper = upper.c_str();
       a.disk_work = work.c_str();
     }
     a.overlay_opts = overlay_opts.c_str();
     a.sandgate_dir = sandgate_dir.c_str();
+    a.agent_tree_fd = agent_tree->get();
     a.agent_src = cfg_.agent_path.c_str();
     a.agent_dst = agent_dst.c_str();
     a.proc_dir = proc_dir.c_str();
     a.dev_dir = dev_dir.c_str();
     a.devpts_dir = devpts.c_str();
     a.devpts_opts = devpts_opts.c_str();
+    a.lower_tree_fd = slot ? (*userns)->tree.get() : plain_lower.get();
+    a.lower_dir = lower_dir.c_str();
     if (slot) {
-      a.lower_tree_fd = (*userns)->tree.get();
-      a.lower_dir = lower_dir.c_str();
       a.layer_owner = layer_owner;
       a.userns_fd = (*userns)->ns.get();
     }
@@ -608,12 +637,37 @@ class ProcessRuntime final : public runtime::Runtime {
     return std::optional<SandboxUserns>(std::move(u));
   }
 
+  // A clone of the agent's private copy for one sandbox (agent_tree.h),
+  // the copy made at the first create (an agent binary replaced on disk
+  // later reaches new sandboxes after a restart); an empty descriptor
+  // where the kernel cannot make one, and the child binds the host file.
+  Result<UniqueFd> agent_clone() {
+    std::lock_guard<std::mutex> l(agent_mu_);
+    if (!agent_tree_tried_) {
+      Result<UniqueFd> t = make_agent_tree(cfg_.agent_path);
+      if (!t && t.error().kind() != ErrorKind::kUnavailable) return t.error();
+      if (t) {
+        agent_tree_ = std::move(*t);
+      } else {
+        LOG_WARN("sandboxes' /proc/self/mountinfo will show the agent's host path (" << cfg_.agent_path
+                                                                                      << "): " << t.error().message());
+      }
+      agent_tree_tried_ = true;
+    }
+    if (!agent_tree_) return UniqueFd();
+    return clone_agent(agent_tree_.get());
+  }
+
   runtime::RuntimeConfig cfg_;
   Result<CgroupLayout> layout_;
   Status disk_;  // whether size-limited writable layers can be made here
   Status userns_;  // whether sandboxes can have user namespaces here
   std::shared_ptr<UidSlots> uid_slots_;
   std::atomic<bool> idmap_warned_{false};
+  std::shared_ptr<DiskSpace> disk_space_;
+  std::mutex agent_mu_;
+  bool agent_tree_tried_ = false;  // GUARDED_BY(agent_mu_)
+  UniqueFd agent_tree_;            // GUARDED_BY(agent_mu_)
   Spawner spawner_;
 };
 

@@ -1,5 +1,5 @@
 // The process backend: each sandbox is a process tree in its own PID, mount,
-// UTS, IPC and network namespaces, on an overlay of the template rootfs,
+// UTS, IPC, network and cgroup namespaces, on an overlay of the template rootfs,
 // limited by cgroups, with sandgate-agent as its PID 1. Used where /dev/kvm
 // is missing. docs/process-backend.md describes the namespaces, mounts,
 // cgroups, user namespace, seccomp filter, disk limit, lifecycle and the

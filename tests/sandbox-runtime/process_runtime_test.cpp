@@ -10,8 +10,12 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -29,8 +33,10 @@
 #include "channel/frame.h"
 #include "process/cgroup.h"
 #include "process/disk.h"
+#include "process/disk_space.h"
 #include "process/userns.h"
 #include "process/process_runtime.h"
+#include "agent/envd/rpc.h"
 #include "agent/harden.h"
 #include "sys/sys.h"
 #include "test_rootfs.h"
@@ -1007,14 +1013,35 @@ TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the templa
 
 namespace {
 
-// Loop devices whose backing file lies under dir (sysfs names it).
-int loop_devices_under(const std::string& dir) {
-  int n = 0;
-  for (int i = 0; i < 4096; ++i) {
-    auto b = sys::read_file("/sys/block/loop" + std::to_string(i) + "/loop/backing_file", 4096);
-    if (b && b->find(dir) != std::string::npos) ++n;
-  }
-  return n;
+// A sandbox's loop device and the image it holds, taken while it lives
+// (sysfs no longer names the image's host path: issue 17 item 17).
+struct SandboxLoop {
+  dev_t loop = 0;
+  struct stat image {};
+};
+
+SandboxLoop sandbox_loop(Env& env, const std::string& id) {
+  SandboxLoop l;
+  struct stat node {};
+  REQUIRE(::stat((env.cfg.state_root + "/" + id + "/disk.dev").c_str(), &node) == 0);
+  REQUIRE(S_ISBLK(node.st_mode));
+  l.loop = node.st_rdev;
+  REQUIRE(::stat((env.cfg.state_root + "/" + id + "/disk.img").c_str(), &l.image) == 0);
+  return l;
+}
+
+// Whether the loop device still has the image attached: asked through a
+// node of our own (LOOP_GET_STATUS64 names the backing file's device and
+// inode), so another sandgate's device that took the number does not count.
+bool loop_attached(const std::string& dir, const SandboxLoop& l) {
+  std::string node = dir + "/probe-loop-" + sys::random_hex(4);
+  REQUIRE(::mknod(node.c_str(), S_IFBLK | 0600, l.loop) == 0);
+  UniqueFd fd(::open(node.c_str(), O_RDONLY | O_CLOEXEC));
+  ::unlink(node.c_str());
+  if (!fd) return false;
+  struct loop_info64 info {};
+  if (::ioctl(fd.get(), LOOP_GET_STATUS64, &info) != 0) return false;
+  return info.lo_device == l.image.st_dev && info.lo_inode == l.image.st_ino;
 }
 
 }  // namespace
@@ -1035,7 +1062,10 @@ TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with EN
   auto b = env.rt->create(spec_b);
   REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
   const std::string root = "cm9vdDo=";
-  CHECK(loop_devices_under(env.cfg.state_root) == 2);
+  const SandboxLoop loop_a = sandbox_loop(env, id_a), loop_b = sandbox_loop(env, id_b);
+  CHECK(loop_a.loop != loop_b.loop);
+  CHECK(loop_attached(env.cfg.state_root, loop_a));
+  CHECK(loop_attached(env.cfg.state_root, loop_b));
   // The sandbox sees its disk's size; writing past it fails with ENOSPC
   // (dd's message), root or not: no blocks are reserved for root.
   std::string r = envd_run(**a, spec_a.envd_access_token,
@@ -1095,7 +1125,7 @@ TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with EN
   REQUIRE((*b)->kill());
   bool gone = false;
   for (uint64_t end = sys::monotonic_ns() + 10'000'000'000ull; !gone && sys::monotonic_ns() < end;) {
-    gone = loop_devices_under(env.cfg.state_root) == 0;
+    gone = !loop_attached(env.cfg.state_root, loop_a) && !loop_attached(env.cfg.state_root, loop_b);
     if (!gone) std::this_thread::yield();
   }
   CHECK(gone);
@@ -1178,4 +1208,272 @@ TEST_CASE("process runtime: a fork bomb, a memory bomb and a descriptor flood ar
   check_gone(env, id_a, pid_a);
   REQUIRE((*b)->kill());
   check_gone(env, id_b, pid_b);
+}
+
+// The fork bomb again, as the unprivileged sandbox user (issue 17 item 6),
+// and one that keeps the sandbox's pids limit full for 20 s (it retakes
+// every pid that frees), which the agent shares: before the fix envd's
+// next connection threw std::system_error from std::thread and PID 1 died
+// with the sandbox. Now a reserve worker serves it and a Start gets a clean
+// error.
+TEST_CASE("process runtime: a fork bomb as user 'user' leaves the agent and envd answering (issue 17 item 6)") {
+  Env env;
+  std::string id = new_id();
+  auto spec = env.spec(id);  // pids 64
+  auto sb = env.rt->create(spec);
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  const std::string user = "dXNlcjo=";  // "user:"
+  std::string r = envd_run(**sb, spec.envd_access_token,
+                           "python3 -c '\n"
+                           "import os, time\n"
+                           "end = time.time() + 20\n"
+                           "while time.time() < end:\n"
+                           "  try:\n"
+                           "    if os.fork() == 0:\n"
+                           "      time.sleep(max(0, end - time.time())); os._exit(0)\n"
+                           "  except OSError:\n"
+                           "    time.sleep(0.002)' </dev/null >/dev/null 2>&1 &\n"
+                           "exit 0",
+                           user);
+  CHECK_MESSAGE(r.find("exit status 0") != std::string::npos, printable(r.substr(0, 1500)));
+  bool full = false;
+  for (uint64_t end = sys::monotonic_ns() + 15'000'000'000ull; !full && sys::monotonic_ns() < end;) {
+    full = control(**sb, {{"type", "status"}})["processes"].get<int>() >= 50;
+    if (!full) ::poll(nullptr, 0, 20);  // a bounded re-check interval, not a synchronisation
+  }
+  REQUIRE(full);
+  // While the bomb holds the pids: the agent answers, and so does envd, a
+  // Start with a complete response (an error, or the process if it got a pid).
+  CHECK(control(**sb, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  for (int i = 0; i < 3; ++i) {
+    r = envd_run(**sb, spec.envd_access_token, "true", user);
+    CHECK_MESSAGE(r.rfind("HTTP/1.1 200", 0) == 0, printable(r.substr(0, 1500)));
+    CHECK_MESSAGE((r.find("\"error\"") != std::string::npos || r.find("exit status 0") != std::string::npos),
+                  printable(r.substr(0, 1500)));
+  }
+  CHECK(control(**sb, {{"type", "ping"}, {"id", 2}})["id"] == 2);
+  // Once the bomb is over, processes start again.
+  bool drained = false;
+  for (uint64_t end = sys::monotonic_ns() + 60'000'000'000ull; !drained && sys::monotonic_ns() < end;) {
+    drained = control(**sb, {{"type", "status"}})["processes"].get<int>() < 10;
+    if (!drained) ::poll(nullptr, 0, 100);  // a bounded re-check interval, not a synchronisation
+  }
+  CHECK(drained);
+  r = envd_run(**sb, spec.envd_access_token, "echo ok", user);
+  CHECK_MESSAGE(r.find("exit status 0") != std::string::npos, printable(r.substr(0, 1500)));
+  int pid = (*sb)->init_pid();
+  REQUIRE((*sb)->kill());
+  check_gone(env, id, pid);
+}
+
+// ---- What a sandbox can learn of the host (issue 17 item 17) ----
+
+namespace {
+
+// The decoded stdout of an envd_run response (its events' base64 chunks).
+std::string envd_stdout(const std::string& resp) {
+  std::string out;
+  const std::string key = "\"stdout\":\"";
+  for (size_t at = resp.find(key); at != std::string::npos; at = resp.find(key, at)) {
+    at += key.size();
+    size_t end = resp.find('"', at);
+    if (end == std::string::npos) break;
+    out += envd::base64_decode(resp.substr(at, end - at)).value_or("<bad base64>");
+    at = end;
+  }
+  return out;
+}
+
+std::string real_path(const std::string& p) {
+  char buf[PATH_MAX];
+  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+}  // namespace
+
+// Before the fix a sandbox's /proc/self/mountinfo named the template
+// (overlay lowerdir=...), the state root (upperdir=, workdir=) and the
+// agent's host path (its bind mount's root); /proc/1/cgroup named the
+// cgroup parent and the sandbox's id; /sys/block/loopN/loop/backing_file
+// named every sandbox's disk image. With and without a user namespace
+// (the template reaches the overlay differently), with a size-limited disk.
+TEST_CASE("process runtime: a sandbox's mountinfo, cgroups and loop devices show no host path or cgroup name (issue 17 item 17)") {
+  for (auto userns : {runtime::UserNamespaces::kAuto, runtime::UserNamespaces::kOff}) {
+    CAPTURE(static_cast<int>(userns));
+    Env env;
+    env.cfg.user_namespaces = userns;
+    env.rt = process::make_process_runtime(env.cfg);
+    std::string id = new_id();
+    auto spec = env.spec(id);
+    const bool disk = static_cast<bool>(process::writable_disk_available());
+    if (disk) spec.disk_mb = 64;
+    auto sb = env.rt->create(spec);
+    REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+    std::string r = envd_run(**sb, spec.envd_access_token,
+                             "exec 2>&1\n"
+                             "echo '== mountinfo'; cat /proc/self/mountinfo /proc/1/mountinfo || exit 2\n"
+                             "echo '== cgroup'; cat /proc/self/cgroup /proc/1/cgroup || exit 3\n"
+                             "echo '== loop'\n"
+                             "for f in /sys/block/loop*/loop/backing_file; do [ -e \"$f\" ] && echo \"$f $(cat $f)\"; done\n"
+                             "exit 42\n",
+                             "cm9vdDo=");
+    REQUIRE_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
+    const std::string out = envd_stdout(r);
+    const size_t m = out.find("== mountinfo\n"), c = out.find("== cgroup\n"), l = out.find("== loop\n");
+    REQUIRE_MESSAGE((m != std::string::npos && c != std::string::npos && l != std::string::npos && m < c && c < l),
+                    out);
+    const std::string mountinfo = out.substr(m, c - m), cgroups = out.substr(c, l - c), loops = out.substr(l);
+    // What was read is what the checks below are about: the root overlay,
+    // the agent's mount (from its tmpfs copy) and a cgroup line per
+    // hierarchy, each at the namespace's root.
+    CHECK_MESSAGE(mountinfo.find(" / / ") != std::string::npos, mountinfo);
+    CHECK_MESSAGE(mountinfo.find("lowerdir=lower,upperdir=") != std::string::npos, mountinfo);
+    CHECK_MESSAGE(mountinfo.find(" /sandgate-agent /.sandgate/sandgate-agent ") != std::string::npos, mountinfo);
+    size_t lines = 0;
+    for (size_t at = cgroups.find('\n') + 1; at < cgroups.size();) {
+      size_t end = cgroups.find('\n', at);
+      std::string line = cgroups.substr(at, end - at);
+      CHECK_MESSAGE((line.size() >= 2 && line.compare(line.size() - 2, 2, ":/") == 0), line);
+      ++lines;
+      at = end + 1;
+    }
+    CHECK(lines >= 2);
+    if (disk) CHECK_MESSAGE(loops.find(" /disk.img\n") != std::string::npos, loops);
+    // Nothing of the host's layout or names.
+    const std::string agent_dir = real_path(env.cfg.agent_path).substr(0, real_path(env.cfg.agent_path).rfind('/'));
+    for (const std::string& host : {env.cfg.state_root, real_path(env.cfg.state_root), env.rootfs,
+                                    real_path(env.rootfs), agent_dir, env.tag, id}) {
+      CAPTURE(host);
+      CHECK_MESSAGE(mountinfo.find(host) == std::string::npos, mountinfo);
+      CHECK_MESSAGE(cgroups.find(host) == std::string::npos, cgroups);
+      CHECK_MESSAGE(loops.find(host) == std::string::npos, loops);
+    }
+    int pid = (*sb)->init_pid();
+    REQUIRE((*sb)->kill());
+    check_gone(env, id, pid);
+  }
+}
+
+// ---- Disk space admission (issue 17 item 5) ----
+
+TEST_CASE("process runtime: admit_disk keeps the margin and the promised space free") {
+  const uint64_t mib = 1 << 20, margin = process::kDiskFreeMargin;
+  CHECK(process::admit_disk(margin + 100 * mib, 0, 100 * mib));
+  CHECK(process::admit_disk(margin + 100 * mib, 40 * mib, 60 * mib));
+  CHECK(process::admit_disk(margin, 0, 0));
+  for (auto [free, promised, need] : {std::tuple{margin + 100 * mib, uint64_t{0}, 100 * mib + 1},
+                                      std::tuple{margin + 100 * mib, 40 * mib + 1, 60 * mib},
+                                      std::tuple{margin - 1, uint64_t{0}, uint64_t{0}},
+                                      std::tuple{uint64_t{0}, 10 * mib, uint64_t{0}}}) {
+    CAPTURE(free);
+    CAPTURE(promised);
+    CAPTURE(need);
+    Status s = process::admit_disk(free, promised, need);
+    REQUIRE_FALSE(s);
+    CHECK(s.error().kind() == ErrorKind::kQuota);
+  }
+  Status s = process::admit_disk(margin + 100 * mib, 70 * mib, 40 * mib);
+  REQUIRE_FALSE(s);
+  MESSAGE(s.error().message());
+  for (const char* part : {"a 40 MiB sandbox disk does not fit", "356 MiB free", "70 MiB of it promised",
+                           "256 MiB kept free", "30 MiB available", "kill sandboxes"})
+    CHECK_MESSAGE(s.error().message().find(part) != std::string::npos, part);
+}
+
+namespace {
+
+// A tmpfs of size_mb on the Env's state root for the test's length, and a
+// runtime on it.
+struct SmallStateRoot {
+  std::string dir;
+  SmallStateRoot(Env& env, uint64_t size_mb) : dir(env.cfg.state_root) {
+    REQUIRE(sys::make_dirs(dir, 0700));
+    std::string opts = "size=" + std::to_string(size_mb) + "m,mode=0700";
+    // Not nodev: the runtime opens its loop device through a node there.
+    REQUIRE_MESSAGE(::mount("tmpfs", dir.c_str(), "tmpfs", MS_NOSUID, opts.c_str()) == 0, std::strerror(errno));
+    env.rt = process::make_process_runtime(env.cfg);
+  }
+  void resize(uint64_t size_mb) {
+    std::string opts = "size=" + std::to_string(size_mb) + "m";
+    REQUIRE(::mount(nullptr, dir.c_str(), nullptr, MS_REMOUNT | MS_NOSUID, opts.c_str()) == 0);
+  }
+  // Detached, so a failed test's live sandboxes do not keep it: Env's
+  // cleanup_stale ends them afterwards.
+  ~SmallStateRoot() { ::umount2(dir.c_str(), MNT_DETACH); }
+};
+
+uint64_t free_mb(const std::string& dir) {
+  struct statvfs v {};
+  REQUIRE(::statvfs(dir.c_str(), &v) == 0);
+  return static_cast<uint64_t>(v.f_bavail) * v.f_frsize >> 20;
+}
+
+}  // namespace
+
+// Before the fix every create succeeded: the images are sparse, so N
+// sandboxes each inside its limit could together fill the data directory.
+TEST_CASE("process runtime: sandbox disks are reserved against the state root's free space; a refused create changes nothing; kill gives the space back (issue 17 item 5)") {
+  if (!process::writable_disk_available()) {
+    MESSAGE("skipped: " << process::writable_disk_available().error().message());
+    return;
+  }
+  Env env;
+  // The margin and 100 MiB: two 40 MiB disks fit, a third does not (with
+  // some 20 MiB to spare either way for the images' metadata and logs).
+  const uint64_t margin_mb = process::kDiskFreeMargin >> 20;
+  SmallStateRoot small(env, margin_mb + 100);
+  std::vector<std::string> ids = {new_id(), new_id(), new_id(), new_id()};
+  std::vector<runtime::SandboxSpec> specs;
+  for (const std::string& id : ids) {
+    specs.push_back(env.spec(id));
+    specs.back().disk_mb = 40;
+  }
+  auto a = env.rt->create(specs[0]);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = env.rt->create(specs[1]);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  // The tmpfs itself still has room for the third image: only the
+  // reservation refuses it.
+  CHECK(free_mb(small.dir) > margin_mb + 40);
+  auto c = env.rt->create(specs[2]);
+  REQUIRE_FALSE(c);
+  MESSAGE(c.error().message());
+  CHECK(c.error().kind() == ErrorKind::kQuota);
+  CHECK(c.error().message().find("create sandbox " + ids[2] + ": a 40 MiB sandbox disk does not fit") == 0);
+  CHECK(c.error().message().find("kept free") != std::string::npos);
+  check_gone(env, ids[2], -1);
+  // The sandboxes admitted work on.
+  CHECK(control(**a, {{"type", "ping"}, {"id", 1}})["id"] == 1);
+  // A kill gives its reservation back.
+  int pid_a = (*a)->init_pid();
+  REQUIRE((*a)->kill());
+  check_gone(env, ids[0], pid_a);
+  auto d = env.rt->create(specs[3]);
+  REQUIRE_MESSAGE(d, (d ? "" : d.error().message()));
+  int pid_b = (*b)->init_pid(), pid_d = (*d)->init_pid();
+  REQUIRE((*b)->kill());
+  REQUIRE((*d)->kill());
+  check_gone(env, ids[1], pid_b);
+  check_gone(env, ids[3], pid_d);
+}
+
+TEST_CASE("process runtime: an unlimited writable layer is refused while the state root's filesystem has less than the margin free (issue 17 item 5)") {
+  Env env;
+  env.cfg.disk_limits = runtime::DiskLimits::kOff;
+  const uint64_t margin_mb = process::kDiskFreeMargin >> 20;
+  SmallStateRoot small(env, margin_mb - 16);
+  std::string id = new_id();
+  auto sb = env.rt->create(env.spec(id));
+  REQUIRE_FALSE(sb);
+  MESSAGE(sb.error().message());
+  CHECK(sb.error().kind() == ErrorKind::kQuota);
+  CHECK(sb.error().message().find("no size limit") != std::string::npos);
+  check_gone(env, id, -1);
+  // With the margin free the same create succeeds.
+  small.resize(margin_mb + 64);
+  sb = env.rt->create(env.spec(id));
+  REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+  int pid = (*sb)->init_pid();
+  REQUIRE((*sb)->kill());
+  check_gone(env, id, pid);
 }
