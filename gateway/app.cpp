@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -165,6 +166,32 @@ std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& r
   return http::json_body(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+// Every sandbox's envd holds one inotify instance while it has directory
+// watchers, and its watches, all charged to host root (who creates the
+// sandboxes' user namespaces): the host's per-user quotas bound how many
+// sandboxes can watch at once. Raised where they are below what a host of
+// sandboxes needs; where /proc/sys cannot be written (a container), said
+// once with the numbers.
+void ensure_inotify_quota() {
+  struct Knob {
+    const char* path;
+    long want;
+    const char* what;
+  };
+  for (const Knob& k : {Knob{"/proc/sys/fs/inotify/max_user_instances", 8192, "sandboxes watching directories at once"},
+                        Knob{"/proc/sys/fs/inotify/max_user_watches", 1048576, "watched directories in all"}}) {
+    Result<std::string> cur = sys::read_file(k.path, 64);
+    if (!cur) continue;
+    long have = std::strtol(cur->c_str(), nullptr, 10);
+    if (have >= k.want) continue;
+    if (Status w = sys::write_file(k.path, std::to_string(k.want)); w)
+      LOG_INFO(k.path << " raised from " << have << " to " << k.want);
+    else
+      LOG_WARN(k.path << " is " << have << " and cannot be raised (" << w.error().message() << "): at most about "
+                      << have << " " << k.what << "; raise it on the host (sysctl)");
+  }
+}
+
 }  // namespace
 
 std::string cgroup_lock_name(const std::string& parent) {
@@ -234,6 +261,8 @@ int serve(const AppConfig& cfg_in) {
         LOG_WARN("raise the open-file limit from " << was << ": " << std::strerror(errno));
     }
   }
+
+  ensure_inotify_quota();
 
   // Signals are taken synchronously by this thread; block them before any
   // other thread starts so none of those gets them.

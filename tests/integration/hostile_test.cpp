@@ -662,3 +662,16 @@ TEST_CASE("a client closing a quiet relayed watch stream ends the watch in the s
   fd.reset();
   CHECK_MESSAGE(eventually([&] { return inotify_fds() == before; }, 5), "the watch outlived its client");
 }
+
+TEST_CASE("the host's inotify quotas are raised at start, or the log says they cannot be") {
+  TempDir dir;
+  SandgateProcess s(dir.sub("data"));
+  REQUIRE(s.started());
+  for (auto [path, want] : {std::pair<std::string, long>{"/proc/sys/fs/inotify/max_user_instances", 8192},
+                            std::pair<std::string, long>{"/proc/sys/fs/inotify/max_user_watches", 1048576}}) {
+    auto v = sys::read_file(path, 64);
+    REQUIRE(v.ok());
+    long have = std::strtol(v->c_str(), nullptr, 10);
+    CHECK_MESSAGE((have >= want || s.log().find(path + " is ") != std::string::npos), path << " = " << have);
+  }
+}
