@@ -438,7 +438,7 @@ void Server::Impl::handle_rpc(Conn& c, const Request& r, const std::string& serv
   if (const std::string* t = r.header("connect-timeout-ms")) {
     char* end = nullptr;
     long long v = std::strtoll(t->c_str(), &end, 10);
-    // Clamped: a client's 10^16 must not overflow the deadline arithmetic
+    // Clamped: a client's 10^13 ms (10^19 ns, past int64) must not overflow the deadline arithmetic
     // (Clock::now() + timeout) into the past, which would end the call at once.
     if (!t->empty() && !*end && v > 0) ctx.timeout = std::chrono::milliseconds(std::min<long long>(v, kMaxCallTimeoutMs));
   }
