@@ -30,12 +30,7 @@ int status_for(const Error& e) {
 HttpResponse error_response(const Error& e) {
   // An internal error's message names internals (SQL statements, host
   // paths, syscalls): it goes to the log under a reference the client gets.
-  if (e.kind() == ErrorKind::kInternal) {
-    std::string ref = sys::random_hex(6);
-    LOG_ERROR("internal error " << ref << ": " << e.message());
-    return http::json_error(500, "internal error (reference " + ref + "); the server's log has the details");
-  }
-  HttpResponse r = http::json_error(status_for(e), e.message());
+  HttpResponse r = http::json_error(status_for(e), http::client_message(e));
   if (e.kind() == ErrorKind::kQuota) r.header("Retry-After", "1");
   if (e.kind() == ErrorKind::kUnavailable) r.header("Retry-After", "5");
   return r;

@@ -520,7 +520,7 @@ asio::awaitable<void> Conn::run_proxy(std::shared_ptr<Stream> s) {
       start_discard(*s);
       co_return;
     }
-    fail(fd.error().kind() == ErrorKind::kNotFound ? "The sandbox was not found" : fd.error().message());
+    fail(fd.error().kind() == ErrorKind::kNotFound ? "The sandbox was not found" : client_message(fd.error()));
     co_return;
   }
   boost::system::error_code ec;

@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sys/log.h"
+#include "sys/sys.h"
+
 namespace sg::http {
 
 HttpResponse json_error(int status, std::string_view message) {
@@ -69,6 +72,13 @@ bool parse_query(std::string_view query, std::vector<std::pair<std::string, std:
   return true;
 }
 
+
+std::string client_message(const Error& e) {
+  if (e.kind() != ErrorKind::kInternal) return e.message();
+  std::string ref = sys::random_hex(6);
+  LOG_ERROR("internal error " << ref << ": " << e.message());
+  return "internal error (reference " + ref + "); the server's log has the details";
+}
 
 namespace {
 

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "sys/status.h"
+
 namespace sg::http {
 
 struct HttpRequest {
@@ -59,6 +61,12 @@ HttpResponse no_content(int status = 204);
 // 400 after which the connection is closed, or "" when the framing is sound.
 // version: 10 or 11.
 std::string framing_error(const HttpRequest& head, unsigned version);
+
+// What a client may read of an error: its message, except for kInternal,
+// whose message names internals (SQL, host paths, syscalls): that one is
+// logged under a fresh reference and the client gets "internal error
+// (reference R)...".
+std::string client_message(const Error& e);
 
 // Percent-decodes s once ('+' is kept as '+' unless plus_as_space).
 // Returns false on a malformed escape.

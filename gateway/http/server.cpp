@@ -354,7 +354,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   if (!fd) {
     if (fd.error().kind() == ErrorKind::kUnauthorized) co_return co_await answer(json_error(401, fd.error().message()));
     if (fd.error().kind() == ErrorKind::kNotFound) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "The sandbox was not found"));
-    co_return co_await answer(sandbox_unavailable(target.sandbox_id, fd.error().message()));
+    co_return co_await answer(sandbox_unavailable(target.sandbox_id, client_message(fd.error())));
   }
   asio::local::stream_protocol::socket up(conn_exec);
   up.assign(asio::local::stream_protocol(), fd->release(), ec);

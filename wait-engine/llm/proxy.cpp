@@ -588,7 +588,7 @@ http::StreamHooks ModelProxy::hooks(size_t body_limit) {
     if (!c) {
       ErrorKind k = c.error().kind();
       int status = k == ErrorKind::kUnauthorized ? 401 : k == ErrorKind::kNotFound ? 404 : k == ErrorKind::kInvalid ? 400 : 503;
-      a.refusal = provider_error(p, status, c.error().message());
+      a.refusal = provider_error(p, status, http::client_message(c.error()));
       return a;
     }
     a.share = c->tenant_id;
@@ -659,7 +659,7 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   if (!caller) {
     ErrorKind k = caller.error().kind();
     int status = k == ErrorKind::kUnauthorized ? 401 : k == ErrorKind::kNotFound ? 404 : k == ErrorKind::kInvalid ? 400 : 500;
-    co_await out.respond(provider_error(prov, status, caller.error().message()));
+    co_await out.respond(provider_error(prov, status, http::client_message(caller.error())));
     m.count(prov, "refused", status, {});
     co_return;
   }
@@ -692,7 +692,7 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   rec.stream = stream;
 
   if (!up) {
-    co_await refuse(500, "upstream configuration: " + up.error().message());
+    co_await refuse(500, "upstream configuration: " + http::client_message(up.error()));
     co_return;
   }
   if (!*up) {
