@@ -591,7 +591,7 @@ TEST_CASE("kill works on a full data directory") {
   REQUIRE(sys::make_dirs(data, 0700).ok());
   // A small data directory of its own: the sandbox's writable layer fills
   // it, and with it the database's filesystem.
-  REQUIRE(::mount("tmpfs", data.c_str(), "tmpfs", 0, "size=96m,mode=0700") == 0);
+  REQUIRE(::mount("tmpfs", data.c_str(), "tmpfs", 0, "size=400m,mode=0700") == 0);
   struct Unmount {
     std::string p;
     ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
@@ -604,7 +604,7 @@ TEST_CASE("kill works on a full data directory") {
   std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
   UniqueFd fd = dial(s.port());
   REQUIRE(fd.valid());
-  REQUIRE(send_all(fd.get(), start_request(id, token, "head -c 200000000 /dev/zero > /home/user/fill; df /home/user | tail -1")));
+  REQUIRE(send_all(fd.get(), start_request(id, token, "head -c 600000000 /dev/zero > /home/user/fill; df /home/user | tail -1")));
   std::string body;
   std::string raw = read_until(fd.get(), 60000, [&](const std::string& g) { return one_response(g, &body) != 0; });
   REQUIRE_MESSAGE(one_response(raw, &body) > 0, raw.substr(0, 300));
