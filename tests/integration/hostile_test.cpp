@@ -41,6 +41,17 @@ std::string create(const SandgateProcess& s, const std::string& body = R"({"temp
   return json::parse(r.body)["sandboxID"].get<std::string>();
 }
 
+// A new sandbox's id and envd access token.
+struct Made {
+  std::string id, token;
+};
+Made make_sandbox(const SandgateProcess& s, const std::string& body = R"({"templateID":"base"})") {
+  Response c = s.post("/v2/sandboxes", body);
+  REQUIRE_MESSAGE(c.status == 201, c.status << " " << c.body);
+  json sb = json::parse(c.body);
+  return {sb["sandboxID"].get<std::string>(), sb["envdAccessToken"].get<std::string>()};
+}
+
 // Polls cond until true or the deadline (the server's periodic sweep has
 // no event a test can wait on from outside).
 template <typename F>
@@ -368,10 +379,7 @@ TEST_CASE("a relayed streaming response ends once: a keep-alive connection carri
   TempDir dir;
   SandgateProcess s(dir.sub("data"));
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
-  REQUIRE(c.status == 201);
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s);
   UniqueFd fd = dial(s.port());
   REQUIRE(fd.valid());
   REQUIRE(send_all(fd.get(), start_request(id, token, "echo streamed")));
@@ -398,10 +406,7 @@ TEST_CASE("an upload past the sandbox's disk gets envd's 507, not a dropped conn
   TempDir dir;
   SandgateProcess s(dir.sub("data"), {"--disk-limit", "on", "--sandbox-disk-mb", "16"});
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
-  REQUIRE_MESSAGE(c.status == 201, c.body);
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s);
   UniqueFd fd = dial(s.port());
   REQUIRE(fd.valid());
   const size_t total = 64u << 20;  // 64 MiB into a 16 MiB disk
@@ -451,10 +456,7 @@ TEST_CASE("Connect-Timeout-Ms of 10^13 (past int64 nanoseconds) is clamped: the 
   TempDir dir;
   SandgateProcess s(dir.sub("data"));
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
-  REQUIRE(c.status == 201);
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s);
   UniqueFd fd = dial(s.port());
   REQUIRE(fd.valid());
   REQUIRE(send_all(fd.get(), start_request(id, token, "sleep 0.3; echo finished",
@@ -486,10 +488,7 @@ TEST_CASE("a paused sandbox wakes only for traffic that would be served; autoRes
   TempDir dir;
   SandgateProcess s(dir.sub("data"));
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
-  REQUIRE(c.status == 201);
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s);
   REQUIRE(s.post("/sandboxes/" + id + "/pause", "{}").status == 204);
   HttpClient h = s.client();
   auto envd = [&](const std::string& tok) {
@@ -598,10 +597,7 @@ TEST_CASE("kill works on a full data directory") {
   } unmount{data};
   SandgateProcess s(data, {"--disk-limit", "off", "--sandbox-disk-mb", "16"});
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base","timeout":600})");
-  REQUIRE_MESSAGE(c.status == 201, c.body << "\n" << s.log());
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s, R"({"templateID":"base","timeout":600})");
   UniqueFd fd = dial(s.port());
   REQUIRE(fd.valid());
   REQUIRE(send_all(fd.get(), start_request(id, token, "head -c 600000000 /dev/zero > /home/user/fill; df /home/user | tail -1")));
@@ -628,10 +624,7 @@ TEST_CASE("a client closing a quiet relayed watch stream ends the watch in the s
   TempDir dir;
   SandgateProcess s(dir.sub("data"));
   REQUIRE(s.started());
-  Response c = s.post("/v2/sandboxes", R"({"templateID":"base"})");
-  REQUIRE(c.status == 201);
-  json sb = json::parse(c.body);
-  std::string id = sb["sandboxID"], token = sb["envdAccessToken"];
+  auto [id, token] = make_sandbox(s);
   int64_t agent = state_of(s.data_dir(), id).init_pid;
   REQUIRE(agent > 0);
   // The agent's inotify descriptors, as the host sees them.
