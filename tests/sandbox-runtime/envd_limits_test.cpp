@@ -2,6 +2,7 @@
 // sharing one inotify instance (item 4), and an agent that answers on when
 // no thread can be created (item 6).
 #include <doctest/doctest.h>
+#include "support/skip.h"
 
 #include <dirent.h>
 #include <poll.h>
@@ -257,10 +258,9 @@ TEST_CASE("issue 17 item 6: with thread creation refused, envd answers on from i
 // runs in a forked child as an unprivileged uid; before the fix its first
 // connection threw std::system_error out of the accept thread and ended the
 // process (here the child; in a sandbox PID 1).
-TEST_CASE("issue 17 item 6: envd in a process out of threads (RLIMIT_NPROC) answers on and does not die") {
+TEST_CASE("issue 17 item 6: envd in a process out of threads (RLIMIT_NPROC) answers on and does not die" * doctest::test_suite("own-entry")) {
   if (geteuid() != 0) {
-    MESSAGE("skipped: needs root to switch to a fresh uid");
-    return;
+    sg::test::skip_case("needs root to switch to a fresh uid");
   }
   pid_t pid = fork();
   REQUIRE(pid >= 0);

@@ -3,6 +3,7 @@
 // Each test uses its own state dir and cgroup parent ("sgtest-<random>") and
 // checks that nothing is left behind: no process, cgroup, mount or directory.
 #include <doctest/doctest.h>
+#include "support/skip.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -949,10 +950,9 @@ TEST_CASE("process runtime: root inside is hardened: no mount, mknod, module, ag
   REQUIRE((*sb)->kill());
 }
 
-TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the template's files are root's inside") {
+TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the template's files are root's inside" * doctest::test_suite("own-entry")) {
   if (Status u = process::user_namespaces_available(); !u) {
-    MESSAGE("skipped: " << u.error().message());
-    return;
+    sg::test::skip_case(u.error().message());
   }
   Env env;
   {
@@ -962,8 +962,7 @@ TEST_CASE("process runtime: sandbox root is an unprivileged host uid; the templa
     REQUIRE_MESSAGE(ns, (ns ? "" : ns.error().message()));
     auto tree = process::idmapped_tree(env.rootfs, ns->get());
     if (!tree && tree.error().kind() == ErrorKind::kUnavailable) {
-      MESSAGE("skipped: " << tree.error().message());
-      return;
+      sg::test::skip_case(tree.error().message());
     }
     REQUIRE_MESSAGE(tree, (tree ? "" : tree.error().message()));
   }
@@ -1046,10 +1045,9 @@ bool loop_attached(const std::string& dir, const SandboxLoop& l) {
 
 }  // namespace
 
-TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with ENOSPC; the host and a sibling write on") {
+TEST_CASE("process runtime: a disk fill stops at the sandbox's disk size with ENOSPC; the host and a sibling write on" * doctest::test_suite("own-entry")) {
   if (!process::writable_disk_available()) {
-    MESSAGE("skipped: " << process::writable_disk_available().error().message());
-    return;
+    sg::test::skip_case(process::writable_disk_available().error().message());
   }
   Env env;
   std::string id_a = new_id(), id_b = new_id();
@@ -1412,10 +1410,9 @@ uint64_t free_mb(const std::string& dir) {
 
 // Before the fix every create succeeded: the images are sparse, so N
 // sandboxes each inside its limit could together fill the data directory.
-TEST_CASE("process runtime: sandbox disks are reserved against the state root's free space; a refused create changes nothing; kill gives the space back (issue 17 item 5)") {
+TEST_CASE("process runtime: sandbox disks are reserved against the state root's free space; a refused create changes nothing; kill gives the space back (issue 17 item 5)" * doctest::test_suite("own-entry")) {
   if (!process::writable_disk_available()) {
-    MESSAGE("skipped: " << process::writable_disk_available().error().message());
-    return;
+    sg::test::skip_case(process::writable_disk_available().error().message());
   }
   Env env;
   // The margin and 100 MiB: two 40 MiB disks fit, a third does not (with

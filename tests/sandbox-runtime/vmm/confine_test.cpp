@@ -4,6 +4,7 @@
 #include "vm/confine.h"
 
 #include <doctest/doctest.h>
+#include "support/skip.h"
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <pthread.h>
@@ -37,10 +38,9 @@ ino_t ns_inode(const char* path) {
 
 }  // namespace
 
-TEST_CASE("vmm confinement: own namespaces and an allow list; what a VMM does still works, the rest is refused and logged") {
+TEST_CASE("vmm confinement: own namespaces and an allow list; what a VMM does still works, the rest is refused and logged" * doctest::test_suite("own-entry")) {
   if (::geteuid() != 0) {
-    MESSAGE("skipped: needs root (unshare of namespaces)");
-    return;
+    sg::test::skip_case("needs root (unshare of namespaces)");
   }
   const ino_t host_net = ns_inode("/proc/self/ns/net");
   char log_t[] = "/tmp/sg-confine-log-XXXXXX";
@@ -133,10 +133,9 @@ TEST_CASE("vmm confinement: own namespaces and an allow list; what a VMM does st
   ::unlink(log_t);
 }
 
-TEST_CASE("vmm confinement: a vCPU thread's own filter refuses files, threads, memfds and socket I/O; other threads keep them") {
+TEST_CASE("vmm confinement: a vCPU thread's own filter refuses files, threads, memfds and socket I/O; other threads keep them" * doctest::test_suite("own-entry")) {
   if (::geteuid() != 0) {
-    MESSAGE("skipped: needs root (unshare of namespaces)");
-    return;
+    sg::test::skip_case("needs root (unshare of namespaces)");
   }
   char log_t[] = "/tmp/sg-confine-vcpu-log-XXXXXX";
   int log_fd = ::mkstemp(log_t);
@@ -239,10 +238,9 @@ TEST_CASE("vmm confinement: the allow list compiles within the kernel's limit, K
   CHECK(has(snapshotting, SYS_renameat2));
 }
 
-TEST_CASE("vmm jail: an empty read-only root, its own uid, no capabilities; /snapshot writable; userfaultfds still come") {
+TEST_CASE("vmm jail: an empty read-only root, its own uid, no capabilities; /snapshot writable; userfaultfds still come" * doctest::test_suite("own-entry")) {
   if (::geteuid() != 0 || ::access("/dev/userfaultfd", R_OK | W_OK) != 0) {
-    MESSAGE("skipped: needs root and /dev/userfaultfd");
-    return;
+    sg::test::skip_case("needs root and /dev/userfaultfd");
   }
   char root_t[] = "/tmp/sg-jail-XXXXXX";
   char snap_t[] = "/tmp/sg-jail-snap-XXXXXX";
