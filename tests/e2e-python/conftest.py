@@ -24,6 +24,11 @@ from typing import List, Optional
 
 import pytest
 
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from sandgate_server import spawn_sandgate  # noqa: E402
+
 SDK_VERSION = tuple(int(p) for p in _dist_version("e2b").split(".")[:3])
 # 2.51.0 moved create and connect to /v2; before it the SDK used the v1 routes.
 SDK_USES_V1_ROUTES = SDK_VERSION < (2, 51, 0)
@@ -81,37 +86,12 @@ def start_sandgate(extra_args=(), data_dir: Optional[str] = None) -> Server:
     templates = _required_env("SANDGATE_TESTS_TEMPLATES_DIR")
     tmp = tempfile.mkdtemp(prefix="sandgate-e2e-py-")
     data = data_dir or os.path.join(tmp, "data")
-    proc = subprocess.Popen(
+    proc, url, key, lines = spawn_sandgate(
         [bin_path, "serve", "--listen", "127.0.0.1:0", "--data-dir", data,
          "--templates-dir", templates, "--cgroup-parent", "sgtest-" + secrets.token_hex(4),
          "--log-level", "warn", *extra_args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, text=True,
-    )
-    lines: List[str] = []
-    banner = threading.Event()
-    found = {}
-
-    def pump():
-        # Drains stdout for the server's whole life so the pipe never fills.
-        for line in proc.stdout:
-            lines.append(line)
-            m = re.search(r"listening on (https?://[0-9.:]+)", line)
-            if m:
-                found["url"] = m.group(1)
-            m = re.search(r'API key \(tenant "local"\): (e2b_[0-9a-f]{40})$', line.rstrip("\n"))
-            if m:
-                found["key"] = m.group(1)
-            if "url" in found and "key" in found:
-                banner.set()
-        banner.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not banner.wait(60) or "url" not in found or "key" not in found:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"sandgate did not start (exit {proc.poll()}): {''.join(lines)}")
-    return Server(url=found["url"], key=found["key"], dir=tmp, proc=proc, output=lines)
+        tmp)
+    return Server(url=url, key=key, dir=tmp, proc=proc, output=lines)
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "state_of.h"
+#include "support/eventually.h"
 #include "support/sandgate_process.h"
 #include "sys/fd.h"
 #include "sys/sys.h"
@@ -52,18 +53,6 @@ Made make_sandbox(const SandgateProcess& s, const std::string& body = R"({"templ
   return {sb["sandboxID"].get<std::string>(), sb["envdAccessToken"].get<std::string>()};
 }
 
-// Polls cond until true or the deadline (the server's periodic sweep has
-// no event a test can wait on from outside).
-template <typename F>
-bool eventually(F cond, int seconds = 20) {
-  uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(seconds) * 1000000000ull;
-  while (sys::monotonic_ns() < deadline) {
-    if (cond()) return true;
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-  }
-  return cond();
-}
 
 // A TCP connection to 127.0.0.1:port from source address `from`.
 UniqueFd dial(int port, const char* from = nullptr) {

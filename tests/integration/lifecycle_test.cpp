@@ -8,6 +8,7 @@
 
 #include "storage/store.h"
 #include "state_of.h"
+#include "support/eventually.h"
 #include "support/sandgate_process.h"
 #include "sys/sys.h"
 
@@ -45,18 +46,6 @@ bool mounted_under(const std::string& path) {
   return mi.ok() && mi->find(path) != std::string::npos;
 }
 
-// Polls cond until true or the deadline: waiting for the server's own
-// periodic sweep, which has no event to wait on from outside.
-template <typename F>
-bool eventually(F cond, int seconds = 20) {
-  uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(seconds) * 1000000000ull;
-  while (sys::monotonic_ns() < deadline) {
-    if (cond()) return true;
-    struct timespec ts = {0, 20 * 1000 * 1000};
-    nanosleep(&ts, nullptr);
-  }
-  return cond();
-}
 
 }  // namespace
 

@@ -25,6 +25,11 @@ from typing import List, Optional
 
 import pytest
 
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from sandgate_server import spawn_sandgate  # noqa: E402
+
 FUZZ_MAX_SANDBOXES = 3
 
 
@@ -87,40 +92,15 @@ def start_sandgate() -> Server:
                           r"^(e2b_[0-9a-f]{40})$")
     model_key = _only_line(sandgate_cli(data, "llm", "key", "create", "fuzz"), r"^(sk-sg-[0-9a-f]{48})$")
     cgroup_parent = "sgtest-" + secrets.token_hex(4)
-    proc = subprocess.Popen(
+    proc, url, key, lines = spawn_sandgate(
         [bin_path, "serve", "--listen", "127.0.0.1:0", "--data-dir", data,
          "--templates-dir", templates, "--cgroup-parent", cgroup_parent,
          # Rates high enough that the fuzzer meets the quota, not the
          # limiter (a 429 is documented either way).
          "--rate", "100000", "--create-rate", "100000", "--llm-rate", "100000",
          "--log-level", "warn"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None, text=True,
-    )
-    lines: List[str] = []
-    banner = threading.Event()
-    found = {}
-
-    def pump():
-        # Drains stdout for the server's whole life so the pipe never fills.
-        for line in proc.stdout:
-            lines.append(line)
-            m = re.search(r"listening on (https?://[0-9.:]+)", line)
-            if m:
-                found["url"] = m.group(1)
-            m = re.search(r'API key \(tenant "local"\): (e2b_[0-9a-f]{40})$', line.rstrip("\n"))
-            if m:
-                found["key"] = m.group(1)
-            if "url" in found and "key" in found:
-                banner.set()
-        banner.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    if not banner.wait(60) or "url" not in found or "key" not in found:
-        proc.kill()
-        proc.wait()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise RuntimeError(f"sandgate did not start (exit {proc.poll()}): {''.join(lines)}")
-    return Server(url=found["url"], local_key=found["key"], fuzz_key=fuzz_key, model_key=model_key, dir=tmp,
+        tmp)
+    return Server(url=url, local_key=key, fuzz_key=fuzz_key, model_key=model_key, dir=tmp,
                   cgroup_parent=cgroup_parent, proc=proc, output=lines)
 
 
