@@ -411,6 +411,30 @@ check_heartbeat() {
   guest_answers "${2:-40}" && log "it answered: slow, not frozen"
 }
 
+# The lowest MemAvailable the heartbeat reported (the outer guest has no
+# swap: near zero, its OOM killer picks a VMM or sandgate itself).
+report_memory() {
+  local low
+  low=$(tr -d '\r' <"$work/heartbeat.log" | awk 'NF >= 2 && $2 ~ /^[0-9]+$/ { if (min == "" || $2 < min) min = $2 } END { print min }')
+  [ -n "$low" ] && log "outer guest memory: lowest MemAvailable $((low / 1024)) MiB of ${mem_mb} MiB"
+  return 0
+}
+
+# After failed tests, first (before the long console dump, so a log cut
+# short still shows it): how sandgate and the outer guest's kernel fared.
+diagnose() {
+  local lines
+  lines=$(tr -d '\r' <"$work/console.log" |
+    grep -aE 'SG-HARNESS: sandgate exited|Out of memory|oom-kill|Killed process|segfault|general protection|traps:|Kernel panic|BUG:|Call Trace|sandgate.*(error|fatal|abort)' |
+    tail -n 30 || true)
+  if [ -n "$lines" ]; then
+    log "diagnosis (console lines about sandgate's exit, OOM kills and crashes):"
+    printf '%s\n' "$lines" | sed 's/^/  ! /' >&2
+  else
+    log "diagnosis: no exit, OOM kill or crash of sandgate on the console"
+  fi
+}
+
 # A command that runs past its time: what the outer guest's threads are
 # doing (outer-init prints it on "stacks"), so that a hang shows where.
 dump_guest() {
@@ -545,6 +569,8 @@ wait "$tests_pid" && test_rc=0 || test_rc=$?
 tests_pid=
 [ "$test_rc" -eq 124 ] && log "the tests ran past $test_timeout s"
 log "tests finished with status $test_rc"
+report_memory
+[ "$test_rc" -eq 0 ] || diagnose
 # Failed tests: was it the guest that stopped? (A live one answers.)
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && kill -0 "$qemu_pid" 2>/dev/null; then
   guest_answers || froze=1
