@@ -405,10 +405,28 @@ guest_answers() {
 # clock reset, when it only was slow). While it boots (before sandgate or
 # the command starts) the guest is given 20 s and 15 s: a boot takes about
 # 8 s, and a freeze there (seen at the static-key pins) is cheap to retry.
+# A guest that answers pings (shell builtins) but writes no heartbeat (a
+# fork and exec every 5 s) through two silences in a row is wedged: part of
+# its kernel stopped (seen under QEMU's TCG with a nested KVM guest), so it
+# can no longer start a process. The first such answer asks it for the
+# kernel's backtraces (sysrq), the second counts as frozen.
+slow_since=''
 check_heartbeat() {
+  local hb
+  hb=$(stat -c %Y "$work/heartbeat.log" 2>/dev/null || echo 0)
+  [ -z "$slow_since" ] || [ "$hb" -le "$slow_since" ] || slow_since=''  # the heartbeat came back
   silent "${1:-$silence_s}" || return 0
   log "no heartbeat from the outer guest for ${1:-$silence_s} s; pinging it"
-  guest_answers "${2:-40}" && log "it answered: slow, not frozen"
+  guest_answers "${2:-40}" || return 1
+  if [ -z "$slow_since" ]; then
+    slow_since=$(date +%s)
+    log "it answered: slow, not frozen; asking for its kernel's backtraces (sysrq l, w) on the console"
+    timeout 10 sh -c 'echo sysrq >"$1"' sh "$work/ctl.in" || log "could not write to the guest's control port"
+    return 0
+  fi
+  log "it answered again but has written no heartbeat for $(($(date +%s) - hb)) s: its kernel is wedged (it cannot start a process)"
+  show_console 120
+  return 1
 }
 
 # The lowest MemAvailable the heartbeat reported (the outer guest has no
