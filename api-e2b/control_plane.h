@@ -10,12 +10,15 @@
 #include <optional>
 #include <string>
 
-#include "api-e2b/sandboxes.h"
-#include "gateway/http/message.h"
+#include "sandbox-runtime/lifecycle/sandbox_service.h"
+#include "base/http/message.h"
 #include "tenancy/rate_limiter.h"
 #include "tenancy/tenants.h"
 
 namespace sg::api {
+
+using lifecycle::MetricSample;
+using lifecycle::SandboxService;
 
 struct ControlPlaneConfig {
   std::string client_id = "sandgate";  // reported as clientID
@@ -30,9 +33,32 @@ class ControlPlane {
   // True for the paths this class serves (so the gateway can route envd
   // traffic elsewhere).
   static bool owns(const http::HttpRequest& req);
+  // Health, then authentication and the request budget, then the route
+  // table (control_plane.cpp, kRoutes): one handler per route.
   http::HttpResponse handle(const http::HttpRequest& req);
 
  private:
+  // One authenticated request on its way to a route's handler.
+  struct Call {
+    const http::HttpRequest& req;
+    const storage::TenantRow& tenant;
+    const std::string& id;  // the sandbox id ("" for the collection)
+    bool v2;
+  };
+  struct Route;
+  static const Route kRoutes[];
+
+  http::HttpResponse create(const Call& c);
+  http::HttpResponse list(const Call& c);
+  http::HttpResponse get(const Call& c);
+  http::HttpResponse kill(const Call& c);
+  http::HttpResponse connect(const Call& c);
+  http::HttpResponse resume(const Call& c);
+  http::HttpResponse pause(const Call& c);
+  http::HttpResponse update_network(const Call& c);
+  http::HttpResponse set_timeout(const Call& c);
+  http::HttpResponse metrics(const Call& c);
+
   tenancy::Tenants& tenants_;
   SandboxService& sandboxes_;
   tenancy::RateLimiter& requests_;

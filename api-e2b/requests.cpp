@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "gateway/http/message.h"
+#include "base/http/message.h"
 
 namespace sg::api {
 
@@ -108,7 +108,7 @@ Result<NetworkParams> parse_network_fields(const json& obj, const std::string& p
   // A proxy of the client's own: the gateway's egress proxy is the only way out.
   if (auto e = obj.find("egressProxy"); e != obj.end() && !e->is_null())
     return invalid_error("field '" + prefix + "egressProxy': an egress proxy of your own is not supported by this server");
-  auto pol = parse_egress_policy(p.allow_out, p.deny_out, internet, prefix);
+  auto pol = network::parse_egress_policy(p.allow_out, p.deny_out, internet, prefix);
   if (!pol) return pol.error();
   p.egress = std::move(*pol);
   p.asks_egress = !p.allow_out.empty();

@@ -14,10 +14,11 @@
 #include <utility>
 #include <vector>
 
-#include "gateway/http/message.h"
+#include "base/http/message.h"
 #include "storage/store.h"
-#include "api-e2b/egress_policy.h"
-#include "sys/status.h"
+#include "sandbox-runtime/lifecycle/params.h"
+#include "sandbox-runtime/network/egress_policy.h"
+#include "base/status.h"
 
 namespace sg::api {
 
@@ -27,30 +28,8 @@ inline constexpr int64_t kMaxTimeoutS = 24 * 3600;
 inline constexpr size_t kMaxMetadataFilters = 64;
 
 // POST /sandboxes, /v2/sandboxes.
-// A sandbox's egress as the client gave it (E2B's `network.allowOut` /
-// `denyOut` and `allow_internet_access`), parsed into the policy; the
-// lists are kept as given for GET /sandboxes/{id}.
-struct NetworkParams {
-  std::optional<bool> allow_internet;
-  std::vector<std::string> allow_out, deny_out;
-  EgressPolicy egress;
-  bool asks_egress = false;  // a non-empty allowOut: a server without egress refuses it
-};
-
-struct CreateParams {
-  std::string template_ref;
-  int64_t timeout_s = 300;
-  std::map<std::string, std::string> metadata;
-  std::map<std::string, std::string> env_vars;
-  bool on_timeout_pause = false;  // autoPause
-  // autoResume {enabled}: whether traffic to the sandbox while it is
-  // paused resumes it. Omitted: yes (sandgate's transparent resume).
-  bool auto_resume = true;
-  // network.allowPublicTraffic: false gives the sandbox a traffic access
-  // token that its user ports require.
-  bool public_traffic = true;
-  NetworkParams network;  // allow_internet_access and network.allowOut / denyOut
-};
+using lifecycle::CreateParams;
+using lifecycle::NetworkParams;
 Result<CreateParams> parse_create_request(const http::HttpRequest& req, bool v2);
 
 // PUT /sandboxes/{id}/network (the SDK's updateNetwork): {allowOut,

@@ -1,5 +1,5 @@
 // Logging backend: a line-atomic write to stderr.
-#include "sys/log.h"
+#include "base/log.h"
 
 #include <unistd.h>
 

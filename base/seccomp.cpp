@@ -1,5 +1,5 @@
 // Seccomp policy compiler and installer (seccomp.h).
-#include "sys/seccomp.h"
+#include "base/seccomp.h"
 
 #include <linux/audit.h>
 #include <linux/seccomp.h>
@@ -10,7 +10,7 @@
 #include <cstddef>
 #include <string>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::sys::seccomp {
 

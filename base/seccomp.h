@@ -18,7 +18,7 @@
 #include <optional>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::sys::seccomp {
 

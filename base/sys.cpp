@@ -1,5 +1,5 @@
 // Implementation of the syscall layer helpers.
-#include "sys/sys.h"
+#include "base/sys.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <ctime>
 
-#include "sys/fd.h"
+#include "base/fd.h"
 
 namespace sg::sys {
 

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <vector>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::sys {
 

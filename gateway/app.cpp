@@ -19,18 +19,18 @@
 #include <nlohmann/json.hpp>
 
 #include "api-e2b/control_plane.h"
-#include "api-e2b/sandboxes.h"
+#include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
 #include "gateway/model_gateway.h"
-#include "memory/offload.h"
+#include "wait-engine/memory/offload.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/store.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/rate_limiter.h"
@@ -92,7 +92,7 @@ Status register_template(storage::Store& store, const std::string& name, const s
   if (*existing) {
     t = **existing;
   } else {
-    t.id = api::new_sandbox_id();
+    t.id = lifecycle::new_sandbox_id();
     t.name = name;
     t.created_at = sys::unix_seconds();
   }
@@ -231,193 +231,135 @@ Result<std::string> ensure_base_template(const std::string& templates_dir) {
   return dir;
 }
 
-int serve(const AppConfig& cfg_in) {
-  AppConfig cfg = cfg_in;
+namespace {
+
+// The start-up steps of serve(), in its order. Each returns what serve()
+// prints (after "sandgate: ") before it exits 1.
+
+AppConfig with_defaults(const AppConfig& in) {
+  AppConfig cfg = in;
   if (cfg.templates_dir.empty()) cfg.templates_dir = cfg.data_dir + "/templates";
   if (cfg.agent_path.empty()) cfg.agent_path = exe_dir() + "/sandgate-agent";
   if (cfg.vmm_path.empty()) cfg.vmm_path = exe_dir() + "/sandgate-vmm";
   if (cfg.guest_dir.empty()) cfg.guest_dir = cfg.data_dir + "/guest";
+  return cfg;
+}
 
-  std::string metrics_token;
+Result<std::string> read_metrics_token(const AppConfig& cfg) {
   if (!cfg.metrics_token_file.empty()) {
     Result<std::string> t = tenancy::read_secret_file(cfg.metrics_token_file, "the metrics token");
-    if (!t) {
-      std::cerr << "sandgate: --metrics-token-file: " << t.error().message() << "\n";
-      return 1;
-    }
-    metrics_token = std::move(*t);
-  } else if (!cfg.local_tenant) {
+    if (!t) return Error(t.error().kind(), "--metrics-token-file: " + t.error().message());
+    return t;
+  }
+  if (!cfg.local_tenant)
     LOG_WARN("/metrics is open to anyone who reaches this port; a hosted deployment sets --metrics-token-file");
-  }
+  return std::string();
+}
 
-  // Every client connection, sandbox channel and VMM descriptor counts
-  // against the open-file limit: take all the hard limit allows.
-  {
-    rlimit rl{};
-    if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-      rlim_t was = rl.rlim_cur;
-      rl.rlim_cur = rl.rlim_max;
-      if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
-        LOG_WARN("raise the open-file limit from " << was << ": " << std::strerror(errno));
-    }
+// Process-wide settings, before any thread starts: the open-file limit
+// (every client connection, sandbox channel and VMM descriptor counts
+// against it: take all the hard limit allows), the inotify quotas, and
+// SIGINT/SIGTERM blocked so that only sigwait() in serve() takes them.
+void prepare_process(sigset_t& sigs) {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rlim_t was = rl.rlim_cur;
+    rl.rlim_cur = rl.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0)
+      LOG_WARN("raise the open-file limit from " << was << ": " << std::strerror(errno));
   }
-
   ensure_inotify_quota();
-
-  // Signals are taken synchronously by this thread; block them before any
-  // other thread starts so none of those gets them.
-  sigset_t sigs;
   sigemptyset(&sigs);
   sigaddset(&sigs, SIGINT);
   sigaddset(&sigs, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
   signal(SIGPIPE, SIG_IGN);
+}
 
-  if (Status s = sys::make_dirs(cfg.data_dir, 0700); !s) {
-    std::cerr << "sandgate: data directory: " << s.error().message() << "\n";
-    return 1;
-  }
-  // One sandgate per data directory and per cgroup parent, decided before
-  // anything in either is touched: a second instance would otherwise mark
-  // the first one's sandboxes lost and clear its cgroups. The locks are
-  // held until this process ends (the kernel drops them on any exit).
-  UniqueFd data_lock, cgroup_lock;
-  {
-    Result<UniqueFd> l = sys::lock_file(cfg.data_dir + "/sandgate.lock");
-    if (!l) {
-      std::cerr << "sandgate: data directory " << cfg.data_dir << " is in use by another sandgate ("
-                << l.error().message() << "): stop that one first, or pass another --data-dir\n";
-      return 1;
-    }
-    data_lock = std::move(*l);
-    std::string dir = "/run/sandgate/cgroup-parents";
-    Status d = sys::make_dirs(dir, 0700);
-    if (d) {
-      l = sys::lock_file(dir + "/" + cgroup_lock_name(cfg.cgroup_parent) + ".lock");
-      if (!l) {
-        std::cerr << "sandgate: cgroup parent '" << cfg.cgroup_parent << "' is in use by another sandgate ("
-                  << l.error().message() << "): stop that one first, or pass another --cgroup-parent\n";
-        return 1;
-      }
-      cgroup_lock = std::move(*l);
-    } else {
-      std::cerr << "sandgate: cannot lock the cgroup parent: " << d.error().message() << "\n";
-      return 1;
-    }
-  }
-  if (::access(cfg.agent_path.c_str(), X_OK) != 0) {
-    std::cerr << "sandgate: agent binary " << cfg.agent_path
-              << " not found or not executable: build it (cmake --build) or pass --agent PATH\n";
-    return 1;
-  }
+// One sandgate per data directory and per cgroup parent, decided before
+// anything in either is touched: a second instance would otherwise mark
+// the first one's sandboxes lost and clear its cgroups. The locks are held
+// until this process ends (the kernel drops them on any exit).
+struct InstanceLocks {
+  UniqueFd data, cgroup;
+};
+Result<InstanceLocks> lock_instance(const AppConfig& cfg) {
+  if (Status s = sys::make_dirs(cfg.data_dir, 0700); !s)
+    return Error(s.error().kind(), "data directory: " + s.error().message());
+  InstanceLocks locks;
+  Result<UniqueFd> l = sys::lock_file(cfg.data_dir + "/sandgate.lock");
+  if (!l)
+    return Error(l.error().kind(), "data directory " + cfg.data_dir + " is in use by another sandgate (" +
+                                       l.error().message() + "): stop that one first, or pass another --data-dir");
+  locks.data = std::move(*l);
+  std::string dir = "/run/sandgate/cgroup-parents";
+  if (Status d = sys::make_dirs(dir, 0700); !d)
+    return Error(d.error().kind(), "cannot lock the cgroup parent: " + d.error().message());
+  l = sys::lock_file(dir + "/" + cgroup_lock_name(cfg.cgroup_parent) + ".lock");
+  if (!l)
+    return Error(l.error().kind(), "cgroup parent '" + cfg.cgroup_parent + "' is in use by another sandgate (" +
+                                       l.error().message() + "): stop that one first, or pass another --cgroup-parent");
+  locks.cgroup = std::move(*l);
+  return locks;
+}
 
-  // Backend choice: kvm when /dev/kvm can run our microVMs and the guest
-  // image and VMM are there; otherwise the process backend. One line says
-  // which and why; --runtime=kvm or =process requires one.
-  if (cfg.runtime != "auto" && cfg.runtime != "process" && cfg.runtime != "kvm") {
-    std::cerr << "sandgate: unknown --runtime '" << cfg.runtime << "': use auto, process or kvm\n";
-    return 1;
-  }
-  bool use_kvm = false;
-  if (cfg.runtime != "process") {
-    std::string why;
-    bool ok = microvm::kvm_usable(&why);
-    if (ok) {
-      if (Status g = microvm::check_guest_dir(cfg.guest_dir); !g) {
-        ok = false;
-        why = g.error().message();
-      } else if (::access(cfg.vmm_path.c_str(), X_OK) != 0) {
-        ok = false;
-        why = "VMM binary " + cfg.vmm_path + " not found or not executable (build it, or pass --vmm PATH)";
-      }
-    }
-    if (cfg.runtime == "kvm" && !ok) {
-      std::cerr << "sandgate: --runtime=kvm: " << why << "\n";
-      return 1;
-    }
-    use_kvm = ok;
-    if (use_kvm)
-      LOG_INFO("using the kvm backend: microVMs on /dev/kvm (guest image " << cfg.guest_dir << ")");
-    else
-      LOG_INFO("KVM unavailable (" << why << "): using the process backend (namespaces + cgroups); pass --runtime=kvm to require KVM");
-  } else {
+// Backend choice: kvm when /dev/kvm can run our microVMs and the guest
+// image and VMM are there; otherwise the process backend. One line says
+// which and why; --runtime=kvm or =process requires one. True: kvm.
+Result<bool> choose_backend(const AppConfig& cfg) {
+  if (::access(cfg.agent_path.c_str(), X_OK) != 0)
+    return invalid_error("agent binary " + cfg.agent_path +
+                         " not found or not executable: build it (cmake --build) or pass --agent PATH");
+  if (cfg.runtime != "auto" && cfg.runtime != "process" && cfg.runtime != "kvm")
+    return invalid_error("unknown --runtime '" + cfg.runtime + "': use auto, process or kvm");
+  if (cfg.runtime == "process") {
     LOG_INFO("using the process backend (--runtime=process)");
+    return false;
   }
+  std::string why;
+  bool ok = microvm::kvm_usable(&why);
+  if (ok) {
+    if (Status g = microvm::check_guest_dir(cfg.guest_dir); !g) {
+      ok = false;
+      why = g.error().message();
+    } else if (::access(cfg.vmm_path.c_str(), X_OK) != 0) {
+      ok = false;
+      why = "VMM binary " + cfg.vmm_path + " not found or not executable (build it, or pass --vmm PATH)";
+    }
+  }
+  if (cfg.runtime == "kvm" && !ok) return invalid_error("--runtime=kvm: " + why);
+  if (ok)
+    LOG_INFO("using the kvm backend: microVMs on /dev/kvm (guest image " << cfg.guest_dir << ")");
+  else
+    LOG_INFO("KVM unavailable (" << why << "): using the process backend (namespaces + cgroups); pass --runtime=kvm to require KVM");
+  return ok;
+}
 
+// The database, refusing an empty one in a data directory that was used
+// before (truncated by a full disk, a bad copy: opening it would start a
+// fresh install and forget every tenant and key), with the base template.
+Result<std::unique_ptr<storage::Store>> open_store(const AppConfig& cfg) {
   Result<std::string> base = ensure_base_template(cfg.templates_dir);
-  if (!base) {
-    std::cerr << "sandgate: " << base.error().message() << "\n";
-    return 1;
-  }
+  if (!base) return base.error();
+  std::string db = cfg.data_dir + "/sandgate.db";
+  struct stat st;
+  bool used = sys::path_exists(cfg.data_dir + "/local-api-key") || sys::path_exists(cfg.data_dir + "/sandboxes") ||
+              sys::path_exists(cfg.data_dir + "/microvms");
+  if (::stat(db.c_str(), &st) == 0 && st.st_size == 0 && used)
+    return invalid_error("the database " + db +
+                         " is empty, but this data directory was used before (it has sandbox state or a local key): "
+                         "refusing to start a fresh install over it. Restore the database from a backup, or move the "
+                         "data directory away to start anew");
+  Result<std::unique_ptr<storage::Store>> store = storage::Store::open(db);
+  if (!store) return store.error();
+  ::chmod(db.c_str(), 0600);
+  if (Status s = register_template(**store, "base", *base, cfg.sandbox_disk_mb); !s)
+    return Error(s.error().kind(), "register template base: " + s.error().message());
+  return store;
+}
 
-  // An empty database file in a data directory that was used before is a
-  // damaged one (truncated by a full disk, a bad copy): opening it would
-  // start a fresh install and forget every tenant and key.
-  {
-    std::string db = cfg.data_dir + "/sandgate.db";
-    struct stat st;
-    bool used = sys::path_exists(cfg.data_dir + "/local-api-key") || sys::path_exists(cfg.data_dir + "/sandboxes") ||
-                sys::path_exists(cfg.data_dir + "/microvms");
-    if (::stat(db.c_str(), &st) == 0 && st.st_size == 0 && used) {
-      std::cerr << "sandgate: the database " << db
-                << " is empty, but this data directory was used before (it has sandbox state or a local key): "
-                   "refusing to start a fresh install over it. Restore the database from a backup, or move the "
-                   "data directory away to start anew\n";
-      return 1;
-    }
-  }
-  Result<std::unique_ptr<storage::Store>> store = storage::Store::open(cfg.data_dir + "/sandgate.db");
-  if (!store) {
-    std::cerr << "sandgate: " << store.error().message() << "\n";
-    return 1;
-  }
-  ::chmod((cfg.data_dir + "/sandgate.db").c_str(), 0600);
-  if (Status s = register_template(**store, "base", *base, cfg.sandbox_disk_mb); !s) {
-    std::cerr << "sandgate: register template base: " << s.error().message() << "\n";
-    return 1;
-  }
-
-  // Gateway services for sandbox processes (the model proxy at
-  // 127.0.0.1:49982 inside): each agent-opened stream becomes one HTTP
-  // connection the server adopts, bound to its sandbox. The server exists
-  // only later; no sandbox exists before it does.
-  // The egress proxy (127.0.0.1:49984 inside) likewise, where the server
-  // has egress: each stream is one proxy connection.
-  std::atomic<http::HttpServer*> server_ptr{nullptr};
-  std::atomic<EgressProxy*> egress_ptr{nullptr};
-  runtime::ServiceOpener open_service = [&server_ptr, &egress_ptr](const std::string& sandbox_id,
-                                                                   const std::string& service) -> Result<UniqueFd> {
-    http::HttpServer* srv = server_ptr.load();
-    EgressProxy* egress = egress_ptr.load();
-    bool known = (service == "llm" && srv) || (service == "egress" && egress);
-    if (!known) return not_found_error("no gateway service \"" + service + "\" on this host");
-    int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
-      return sys::errno_error("socketpair", "gateway service " + service);
-    UniqueFd mine(sv[0]), theirs(sv[1]);
-    if (service == "egress") {
-      egress->adopt(std::move(theirs), sandbox_id);
-      return mine;
-    }
-    if (Status s = srv->adopt(std::move(theirs), sandbox_id); !s) return s.error();
-    return mine;
-  };
-
-  runtime::RuntimeConfig rcfg;
-  rcfg.open_service = open_service;
-  rcfg.state_root = cfg.data_dir + "/sandboxes";
-  rcfg.agent_path = cfg.agent_path;
-  rcfg.cgroup_parent = cfg.cgroup_parent;
-  rcfg.disk_limits = cfg.disk_limit == "on"    ? runtime::DiskLimits::kOn
-                     : cfg.disk_limit == "off" ? runtime::DiskLimits::kOff
-                                               : runtime::DiskLimits::kAuto;
-  rcfg.user_namespaces = cfg.user_namespaces == "on"    ? runtime::UserNamespaces::kOn
-                         : cfg.user_namespaces == "off" ? runtime::UserNamespaces::kOff
-                                                        : runtime::UserNamespaces::kAuto;
-  rcfg.first_sandbox_uid = cfg.first_sandbox_uid;
-  rcfg.sandbox_uid_slots = static_cast<uint32_t>(
-      std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
-  std::unique_ptr<runtime::Runtime> rt;
+std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kvm,
+                                               const runtime::ServiceOpener& open_service) {
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;
     mcfg.state_root = cfg.data_dir + "/microvms";
@@ -432,79 +374,43 @@ int serve(const AppConfig& cfg_in) {
     // The 65536 uids below the process backend's ranges, never uid 0.
     mcfg.first_vmm_uid = std::max<uint32_t>(1, cfg.first_sandbox_uid - std::min<uint32_t>(cfg.first_sandbox_uid, 65536));
     mcfg.vmm_uids = cfg.first_sandbox_uid - mcfg.first_vmm_uid;
-    rt = microvm::make_microvm_runtime(mcfg);
-  } else {
-    rt = process::make_process_runtime(rcfg);
+    return microvm::make_microvm_runtime(mcfg);
   }
+  runtime::RuntimeConfig rcfg;
+  rcfg.open_service = open_service;
+  rcfg.state_root = cfg.data_dir + "/sandboxes";
+  rcfg.agent_path = cfg.agent_path;
+  rcfg.cgroup_parent = cfg.cgroup_parent;
+  rcfg.disk_limits = cfg.disk_limit == "on"    ? runtime::DiskLimits::kOn
+                     : cfg.disk_limit == "off" ? runtime::DiskLimits::kOff
+                                               : runtime::DiskLimits::kAuto;
+  rcfg.user_namespaces = cfg.user_namespaces == "on"    ? runtime::UserNamespaces::kOn
+                         : cfg.user_namespaces == "off" ? runtime::UserNamespaces::kOff
+                                                        : runtime::UserNamespaces::kAuto;
+  rcfg.first_sandbox_uid = cfg.first_sandbox_uid;
+  rcfg.sandbox_uid_slots = static_cast<uint32_t>(
+      std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
+  return process::make_process_runtime(rcfg);
+}
 
-  tenancy::Tenants tenants(**store);
-  std::string local_key;
-  if (cfg.local_tenant) {
-    Result<std::string> k = ensure_local_tenant(tenants, **store, cfg);
-    if (!k) {
-      std::cerr << "sandgate: local tenant: " << k.error().message() << "\n";
-      return 1;
-    }
-    local_key = *k;
-  }
+// The memory offload engine (microVMs only; null otherwise).
+Result<std::unique_ptr<memory::MemoryEngine>> open_memory_engine(const AppConfig& cfg, bool use_kvm,
+                                                                 memory::DictionaryRegistry& dictionaries) {
+  if (!use_kvm || cfg.memory_offload == "off") return std::unique_ptr<memory::MemoryEngine>();
+  memory::MemoryEngineConfig ecfg;
+  ecfg.dictionaries = &dictionaries;
+  ecfg.pool.dir = cfg.data_dir + "/memory-pool";
+  ecfg.pool.memory_budget = static_cast<uint64_t>(cfg.memory_pool_mb) << 20;
+  Result<std::unique_ptr<memory::MemoryEngine>> e = memory::MemoryEngine::open(ecfg);
+  if (!e)
+    return Error(e.error().kind(),
+                 "memory offload: " + e.error().message() + " (use --memory-offload off to run without it)");
+  LOG_INFO("memory offload: " << cfg.memory_offload << ", pool " << cfg.memory_pool_mb << " MiB in RAM, then "
+                              << ecfg.pool.dir);
+  return e;
+}
 
-  // The memory offload engine (microVMs only): declared before the service
-  // it serves, so it goes after every sandbox (and VMM) is gone.
-  std::atomic<api::SandboxService*> lost_to{nullptr};
-  memory::DictionaryRegistry dictionaries(**store);  // cohort dictionaries, in SQLite
-  std::unique_ptr<memory::MemoryEngine> memory_engine;
-  if (use_kvm && cfg.memory_offload != "off") {
-    memory::MemoryEngineConfig ecfg;
-    ecfg.dictionaries = &dictionaries;
-    ecfg.pool.dir = cfg.data_dir + "/memory-pool";
-    ecfg.pool.memory_budget = static_cast<uint64_t>(cfg.memory_pool_mb) << 20;
-    ecfg.on_lost = [&lost_to](const std::string& id, const std::string& why) {
-      if (api::SandboxService* s = lost_to.load()) s->note_memory_lost(id, why);
-    };
-    Result<std::unique_ptr<memory::MemoryEngine>> e = memory::MemoryEngine::open(ecfg);
-    if (!e) {
-      std::cerr << "sandgate: memory offload: " << e.error().message() << " (use --memory-offload off to run without it)\n";
-      return 1;
-    }
-    memory_engine = std::move(*e);
-    LOG_INFO("memory offload: " << cfg.memory_offload << ", pool " << cfg.memory_pool_mb << " MiB in RAM, then "
-                                << ecfg.pool.dir);
-  }
-  api::ServiceConfig svc_cfg;
-  svc_cfg.egress = cfg.egress;
-  api::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); });
-  std::optional<EgressProxy> egress;
-  if (cfg.egress) {
-    EgressConfig ec;
-    ec.allow_internal = cfg.egress_allow_private;
-    egress.emplace(ec, [&sandboxes](const std::string& id) { return sandboxes.egress_policy(id); });
-    egress_ptr.store(&*egress);
-    // An update of a sandbox's policy closes its open connections the new
-    // one refuses.
-    sandboxes.set_network_hook([&egress](const std::string& id) { egress->recheck(id); });
-    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
-             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
-  }
-  if (memory_engine) {
-    sandboxes.set_memory_engine(memory_engine.get(), static_cast<size_t>(cfg.offload_concurrency));
-    lost_to.store(&sandboxes);
-  }
-  if (Status s = sandboxes.recover(); !s) {
-    std::cerr << "sandgate: recovery: " << s.error().message() << "\n";
-    return 1;
-  }
-
-  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes, memory_engine.get());
-  if (!models) {
-    std::cerr << "sandgate: model proxy: " << models.error().message() << "\n";
-    return 1;
-  }
-
-  auto mono = [] { return sys::monotonic_ns(); };
-  tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);
-  tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
-  api::ControlPlane control(tenants, sandboxes, request_limit, create_limit, api::ControlPlaneConfig{});
-
+http::ServerConfig server_config(const AppConfig& cfg) {
   http::ServerConfig scfg;
   scfg.address = cfg.listen_address;
   scfg.port = cfg.port;
@@ -515,53 +421,46 @@ int serve(const AppConfig& cfg_in) {
   scfg.read_timeout = std::chrono::milliseconds(cfg.read_timeout_ms);
   scfg.tls_cert_file = cfg.tls_cert_file;
   scfg.tls_key_file = cfg.tls_key_file;
-  http::ProxyHooks proxy;
-  proxy.route = [domain = cfg.domain](const http::HttpRequest& head) {
-    return http::route_to_sandbox(head, domain);
-  };
-  proxy.connect = [&](const http::ProxyTarget& t, const http::HttpRequest& head) {
-    return sandboxes.open_port(t.sandbox_id, t.port, head);
-  };
-  http::HttpServer server(
-      scfg,
-      [&](http::HttpRequest& req) -> http::HttpResponse {
-        if (req.path == "/metrics") {
-          if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on /metrics");
-          if (!metrics_authorized(req, metrics_token))
-            return http::json_error(401, "/metrics needs Authorization: Bearer with the metrics token")
-                .header("WWW-Authenticate", "Bearer realm=\"sandgate metrics\"");
-          http::HttpResponse r;
-          r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-          r.body = (*models)->metrics();
-          return r;
-        }
-        if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, **store, request_limit)) return std::move(*r);
-        if (api::ControlPlane::owns(req)) return control.handle(req);
-        return http::json_error(404, "no route for " + req.method + " " + req.path);
-      },
-      proxy, (*models)->hooks());
-  if (Status s = server.start(); !s) {
-    std::cerr << "sandgate: " << s.error().message() << "\n";
-    return 1;
+  return scfg;
+}
+
+// The one-shot requests: /metrics, sandgate's own routes, the E2B control
+// plane.
+struct Routes {
+  const std::string& metrics_token;
+  ModelGateway& models;
+  tenancy::Tenants& tenants;
+  storage::Store& store;
+  tenancy::RateLimiter& request_limit;
+  api::ControlPlane& control;
+
+  http::HttpResponse operator()(http::HttpRequest& req) const {
+    if (req.path == "/metrics") {
+      if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on /metrics");
+      if (!metrics_authorized(req, metrics_token))
+        return http::json_error(401, "/metrics needs Authorization: Bearer with the metrics token")
+            .header("WWW-Authenticate", "Bearer realm=\"sandgate metrics\"");
+      http::HttpResponse r;
+      r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      r.body = models.metrics();
+      return r;
+    }
+    if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, store, request_limit))
+      return std::move(*r);
+    if (api::ControlPlane::owns(req)) return control.handle(req);
+    return http::json_error(404, "no route for " + req.method + " " + req.path);
   }
-  server_ptr = &server;
+};
 
-  // The sweep re-arms itself after each run, so runs never overlap.
-  std::function<void()> sweep;
-  sweep = [&] {
-    sandboxes.tick();
-    server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
-  };
-  server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
-
-  std::string url = cfg.public_url.empty()
-                        ? std::string(cfg.tls_cert_file.empty() ? "http://" : "https://") + cfg.listen_address + ":" + std::to_string(server.port())
-                        : cfg.public_url;
+void print_banner(const AppConfig& cfg, uint16_t port, const std::string& backend, const std::string& local_key) {
+  std::string url = cfg.public_url.empty() ? std::string(cfg.tls_cert_file.empty() ? "http://" : "https://") +
+                                                 cfg.listen_address + ":" + std::to_string(port)
+                                           : cfg.public_url;
   if (!cfg.port_file.empty()) {
-    if (Status s = sys::write_file_atomic(cfg.port_file, std::to_string(server.port()) + "\n"); !s)
+    if (Status s = sys::write_file_atomic(cfg.port_file, std::to_string(port) + "\n"); !s)
       LOG_ERROR("port file: " << s.error().message());
   }
-  std::cout << "sandgate is listening on " << url << " (" << rt->name() << " backend, data in " << cfg.data_dir << ")\n";
+  std::cout << "sandgate is listening on " << url << " (" << backend << " backend, data in " << cfg.data_dir << ")\n";
   if (!local_key.empty()) {
     std::cout << "API key (tenant \"local\"): " << local_key << "\n\n"
               << "Point an E2B SDK client at it with:\n"
@@ -573,24 +472,152 @@ int serve(const AppConfig& cfg_in) {
               << "' -H 'Content-Type: application/json' -d '{\"templateID\":\"base\"}'\n";
   }
   std::cout.flush();
+}
 
-  int sig = 0;
-  sigwait(&sigs, &sig);
-  LOG_INFO("signal " << sig << ": stopping");
-  server_ptr = nullptr;
+int fail(const Error& e) {
+  std::cerr << "sandgate: " << e.message() << "\n";
+  return 1;
+}
+
+// Gateway services for sandbox processes: the model proxy at
+// 127.0.0.1:49982 inside (each agent-opened stream becomes one HTTP
+// connection the server adopts, bound to its sandbox) and, where the
+// server has egress, the egress proxy at 127.0.0.1:49984 (one proxy
+// connection each). The runtime that calls opener() is built before the
+// server and the proxy (no sandbox exists before they do): they are
+// attached once built and detached first at stop.
+class GatewayServices {
+ public:
+  void attach(http::HttpServer* server, EgressProxy* egress) {
+    egress_.store(egress);
+    server_.store(server);
+  }
+  runtime::ServiceOpener opener() {
+    return [this](const std::string& sandbox_id, const std::string& service) -> Result<UniqueFd> {
+      http::HttpServer* srv = server_.load();
+      EgressProxy* egress = egress_.load();
+      bool known = (service == "llm" && srv) || (service == "egress" && egress);
+      if (!known) return not_found_error("no gateway service \"" + service + "\" on this host");
+      int sv[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+        return sys::errno_error("socketpair", "gateway service " + service);
+      UniqueFd mine(sv[0]), theirs(sv[1]);
+      if (service == "egress") {
+        egress->adopt(std::move(theirs), sandbox_id);
+        return mine;
+      }
+      if (Status s = srv->adopt(std::move(theirs), sandbox_id); !s) return s.error();
+      return mine;
+    };
+  }
+
+ private:
+  std::atomic<http::HttpServer*> server_{nullptr};
+  std::atomic<EgressProxy*> egress_{nullptr};
+};
+
+// The stop, in order: no new connections or service streams, then the
+// sandboxes, then what served them.
+void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
+              std::optional<EgressProxy>& egress, ModelGateway& models, runtime::Runtime& rt) {
+  services.attach(nullptr, nullptr);
   server.stop();
-  egress_ptr = nullptr;
   sandboxes.shutdown();
   sandboxes.set_network_hook({});
   egress.reset();  // its connections' sandboxes are gone: their threads end
-  lost_to.store(nullptr);
   // The model gateway outlives the server object (whose destruction drops
   // suspended request coroutines that refer to it) but lets go of the
   // server's sockets and of the sandboxes now.
   sandboxes.set_wait_hooks({}, {});
-  (*models)->shutdown();
+  models.shutdown();
   // The instance's cgroup parents and state root are empty now: remove them.
-  if (Status s = rt->cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
+  if (Status s = rt.cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
+}
+
+}  // namespace
+
+// The objects are built in dependency order and torn down in reverse.
+// Two links still close a loop and are bound late (docs/design.md,
+// "Wiring"): the runtime opens gateway services on the server and the
+// egress proxy, which exist only later (no sandbox exists before they do),
+// and the model gateway sets the lifecycle's wait hooks.
+int serve(const AppConfig& cfg_in) {
+  AppConfig cfg = with_defaults(cfg_in);
+  Result<std::string> metrics_token = read_metrics_token(cfg);
+  if (!metrics_token) return fail(metrics_token.error());
+  sigset_t sigs;
+  prepare_process(sigs);
+  Result<InstanceLocks> locks = lock_instance(cfg);
+  if (!locks) return fail(locks.error());
+  Result<bool> use_kvm = choose_backend(cfg);
+  if (!use_kvm) return fail(use_kvm.error());
+  Result<std::unique_ptr<storage::Store>> store = open_store(cfg);
+  if (!store) return fail(store.error());
+
+  GatewayServices services;
+  std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener());
+
+  tenancy::Tenants tenants(**store);
+  std::string local_key;
+  if (cfg.local_tenant) {
+    Result<std::string> k = ensure_local_tenant(tenants, **store, cfg);
+    if (!k) return fail(Error(k.error().kind(), "local tenant: " + k.error().message()));
+    local_key = *k;
+  }
+  // Declared before the service it serves, so it goes after every sandbox
+  // (and VMM) is gone.
+  memory::DictionaryRegistry dictionaries(**store);  // cohort dictionaries, in SQLite
+  Result<std::unique_ptr<memory::MemoryEngine>> memory_engine = open_memory_engine(cfg, *use_kvm, dictionaries);
+  if (!memory_engine) return fail(memory_engine.error());
+
+  lifecycle::ServiceConfig svc_cfg;
+  svc_cfg.egress = cfg.egress;
+  svc_cfg.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
+  lifecycle::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); }, memory_engine->get());
+  std::optional<EgressProxy> egress;
+  if (cfg.egress) {
+    EgressConfig ec;
+    ec.allow_internal = cfg.egress_allow_private;
+    egress.emplace(ec, [&sandboxes](const std::string& id) { return sandboxes.egress_policy(id); });
+    // An update of a sandbox's policy closes its open connections the new
+    // one refuses.
+    sandboxes.set_network_hook([&egress](const std::string& id) { egress->recheck(id); });
+    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
+             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
+  }
+  if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
+
+  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes, memory_engine->get());
+  if (!models) return fail(Error(models.error().kind(), "model proxy: " + models.error().message()));
+  auto mono = [] { return sys::monotonic_ns(); };
+  tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);
+  tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
+  api::ControlPlane control(tenants, sandboxes, request_limit, create_limit, api::ControlPlaneConfig{});
+
+  http::ProxyHooks proxy;
+  proxy.route = [domain = cfg.domain](const http::HttpRequest& head) { return http::route_to_sandbox(head, domain); };
+  proxy.connect = [&](const http::ProxyTarget& t, const http::HttpRequest& head) {
+    return sandboxes.open_port(t.sandbox_id, t.port, head);
+  };
+  http::HttpServer server(server_config(cfg),
+                          Routes{*metrics_token, **models, tenants, **store, request_limit, control}, proxy,
+                          (*models)->hooks());
+  if (Status s = server.start(); !s) return fail(s.error());
+  services.attach(&server, egress ? &*egress : nullptr);
+
+  // The sweep re-arms itself after each run, so runs never overlap.
+  std::function<void()> sweep;
+  sweep = [&] {
+    sandboxes.tick();
+    server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
+  };
+  server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
+  print_banner(cfg, server.port(), rt->name(), local_key);
+
+  int sig = 0;
+  sigwait(&sigs, &sig);
+  LOG_INFO("signal " << sig << ": stopping");
+  stop_all(services, server, sandboxes, egress, **models, *rt);
   LOG_INFO("stopped");
   return 0;
 }

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::gateway {
 

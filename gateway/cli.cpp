@@ -16,8 +16,8 @@
 #include "gateway/app.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "storage/store.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
 
@@ -308,6 +308,258 @@ std::string default_data_dir() {
   return std::string(home && *home ? home : "/root") + "/.local/share/sandgate";
 }
 
+namespace {
+
+// The serve flags but the integer ones. False (after saying why on err):
+// exit 2.
+bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
+  if (auto it = a.opts.find("listen"); it != a.opts.end()) {
+    size_t colon = it->second.rfind(':');
+    int64_t port = 0;
+    if (colon == std::string::npos || !to_int(it->second.substr(colon + 1), port) || port < 0 || port > 65535) {
+      err << "sandgate: --listen wants ADDRESS:PORT, got '" << it->second << "'\n";
+      return false;
+    }
+    cfg.listen_address = it->second.substr(0, colon);
+    cfg.port = static_cast<uint16_t>(port);
+  }
+  if (a.opts.count("templates-dir")) cfg.templates_dir = a.opts["templates-dir"];
+  if (a.opts.count("runtime")) cfg.runtime = a.opts["runtime"];
+  if (a.opts.count("agent")) cfg.agent_path = a.opts["agent"];
+  if (a.opts.count("vmm")) cfg.vmm_path = a.opts["vmm"];
+  if (a.opts.count("guest-dir")) cfg.guest_dir = a.opts["guest-dir"];
+  if (a.opts.count("cgroup-parent")) cfg.cgroup_parent = a.opts["cgroup-parent"];
+  if (a.opts.count("port-file")) cfg.port_file = a.opts["port-file"];
+  if (a.opts.count("public-url")) cfg.public_url = a.opts["public-url"];
+  if (a.opts.count("domain")) cfg.domain = a.opts["domain"];
+  if (a.opts.count("tls-cert")) cfg.tls_cert_file = a.opts["tls-cert"];
+  if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
+  if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
+  if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
+  if (a.opts.count("egress")) cfg.egress = flag_on(a.opts["egress"]);
+  if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
+  if (cfg.egress_allow_private && !cfg.egress) {
+    err << "sandgate: --egress-allow-private needs --egress\n";
+    return false;
+  }
+  // Options with a fixed set of values.
+  struct ChoiceOpt {
+    const char* name;
+    std::vector<std::string> values;
+    std::string& out;
+  };
+  for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
+                             ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
+                             ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
+                             ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
+    auto it = a.opts.find(o.name);
+    if (it == a.opts.end()) continue;
+    if (std::find(o.values.begin(), o.values.end(), it->second) == o.values.end()) {
+      err << "sandgate: --" << o.name << " wants ";
+      for (size_t i = 0; i < o.values.size(); ++i)
+        err << (i == 0 ? "" : i + 1 == o.values.size() ? " or " : ", ") << o.values[i];
+      err << "\n";
+      return false;
+    }
+    o.out = it->second;
+  }
+  struct UrlOpt {
+    const char* name;
+    const char* provider;
+    std::string& url;
+  };
+  for (const UrlOpt& o : {UrlOpt{"openai-base-url", "openai", cfg.openai_base_url},
+                          UrlOpt{"anthropic-base-url", "anthropic", cfg.anthropic_base_url}}) {
+    auto it = a.opts.find(o.name);
+    if (it == a.opts.end()) continue;
+    Result<std::string> u = tenancy::check_upstream(o.provider, it->second);
+    if (!u) {
+      err << "sandgate: --" << o.name << ": " << u.error().message() << "\n";
+      return false;
+    }
+    o.url = *u;
+  }
+  if (a.opts.count("openai-key-file")) cfg.openai_key_file = a.opts["openai-key-file"];
+  if (a.opts.count("anthropic-key-file")) cfg.anthropic_key_file = a.opts["anthropic-key-file"];
+  if (a.opts.count("metrics-token-file")) cfg.metrics_token_file = a.opts["metrics-token-file"];
+  if (a.opts.count("openai-key-file")) cfg.openai_key_file = a.opts["openai-key-file"];
+  if (a.opts.count("anthropic-key-file")) cfg.anthropic_key_file = a.opts["anthropic-key-file"];
+  if (a.opts.count("metrics-token-file")) cfg.metrics_token_file = a.opts["metrics-token-file"];
+  return true;
+}
+
+// The integer serve flags, each with its range.
+bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
+  struct IntOpt {
+    const char* name;
+    int64_t lo, hi;
+    std::function<void(int64_t)> set;
+  };
+  std::vector<IntOpt> ints = {
+      {"read-timeout-ms", 10, 3600000, [&](int64_t v) { cfg.read_timeout_ms = v; }},
+      {"body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.body_limit = static_cast<size_t>(v); }},
+      {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
+      {"max-connections", 1, 1 << 20, [&](int64_t v) { cfg.max_connections = static_cast<size_t>(v); }},
+      {"max-connections-per-address", 1, 1 << 20,
+       [&](int64_t v) { cfg.max_connections_per_address = static_cast<size_t>(v); }},
+      {"rate", 0, 1000000, [&](int64_t v) { cfg.requests_per_s = static_cast<double>(v); }},
+      {"create-rate", 0, 1000000, [&](int64_t v) { cfg.creates_per_s = static_cast<double>(v); }},
+      {"llm-body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.llm_body_limit = static_cast<size_t>(v); }},
+      {"llm-rate", 0, 1000000, [&](int64_t v) { cfg.llm_requests_per_s = static_cast<double>(v); }},
+      {"llm-tokens-per-min", 0, 1'000'000'000'000LL,
+       [&](int64_t v) { cfg.llm_tokens_per_min = static_cast<double>(v); }},
+      {"llm-grace-ms", 0, 10000, [&](int64_t v) { cfg.llm_grace_ms = v; }},
+      {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
+      {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
+      {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
+      {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
+      {"sandbox-disk-mb", 16, 1 << 20, [&](int64_t v) { cfg.sandbox_disk_mb = v; }},
+      {"sandbox-uid-base", 65536, 4294967294LL - 65536,
+       [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
+  };
+  for (const IntOpt& o : ints) {
+    auto it = a.opts.find(o.name);
+    if (it == a.opts.end()) continue;
+    int64_t v = 0;
+    if (!to_int(it->second, v) || v < o.lo || v > o.hi) {
+      err << "sandgate: --" << o.name << " wants an integer from " << o.lo << " to " << o.hi << "\n";
+      return false;
+    }
+    o.set(v);
+  }
+  return true;
+}
+
+int run_kvm(const std::vector<std::string>& p, std::ostream& out, std::ostream& err) {
+  if (p.size() != 2 || p[1] != "check") {
+    err << "usage: sandgate kvm check\n";
+    return 2;
+  }
+  std::string why;
+  if (!microvm::kvm_usable(&why)) {
+    out << "KVM unusable: " << why << "\n";
+    return 1;
+  }
+  out << "KVM usable: microVMs can run here\n";
+  return 0;
+}
+
+int run_template(const std::vector<std::string>& p, Args& a, const std::string& data_dir, std::ostream& out,
+                 std::ostream& err) {
+  if (p.size() != 2 || (p[1] != "build" && p[1] != "image")) {
+    err << "usage: sandgate template build|image [--templates-dir DIR]\n";
+    return 2;
+  }
+  std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
+  Result<std::string> r = ensure_base_template(dir);
+  if (r && p[1] == "image") r = microvm::ensure_rootfs_image(*r);
+  if (!r) {
+    err << "sandgate: " << r.error().message() << "\n";
+    return 1;
+  }
+  out << *r << "\n";
+  return 0;
+}
+
+// The admin commands on the data directory's database: tenant, key, llm.
+struct Admin {
+  Args& a;
+  storage::Store& store;
+  tenancy::Tenants tenants;
+  std::ostream& out;
+  std::ostream& err;
+
+  int fail(const Error& e) {
+    err << "sandgate: " << e.message() << "\n";
+    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
+  }
+  bool quota_opt(const char* name, int64_t& v) {
+    auto it = a.opts.find(name);
+    if (it == a.opts.end()) return true;
+    if (!to_int(it->second, v) || v < 0) {
+      err << "sandgate: --" << name << " wants a non-negative integer\n";
+      return false;
+    }
+    return true;
+  }
+  int tenant(const std::vector<std::string>& p);
+  int key(const std::vector<std::string>& p);
+};
+
+int Admin::tenant(const std::vector<std::string>& p) {
+  const std::string& cmd = p[0];
+  std::string sub = p.size() > 1 ? p[1] : "";
+  if (cmd == "tenant" && sub == "create" && p.size() == 3) {
+    tenancy::Quota q;
+    if (!quota_opt("max-sandboxes", q.max_sandboxes) || !quota_opt("max-memory-mb", q.max_memory_mb)) return 2;
+    Result<tenancy::CreatedKey> k = tenants.create(p[2], q);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    err << "tenant " << p[2] << " created (max " << q.max_sandboxes << " sandboxes, " << q.max_memory_mb
+        << " MB); the key above is shown only once\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "list" && p.size() == 2) {
+    Result<std::vector<storage::TenantRow>> ts = store.list_tenants();
+    if (!ts) return fail(ts.error());
+    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
+    for (const auto& t : *ts)
+      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
+          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    int64_t ms = t->max_sandboxes, mm = t->max_memory_mb;
+    if (!quota_opt("max-sandboxes", ms) || !quota_opt("max-memory-mb", mm)) return 2;
+    if (Status s = store.set_tenant_limits(t->id, ms, mm); !s) return fail(s.error());
+    out << "tenant " << p[2] << ": max " << ms << " sandboxes, " << mm << " MB\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "revoke" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    Result<int64_t> n = store.revoke_tenant(t->id, sys::unix_seconds());
+    if (!n) return fail(n.error());
+    out << "tenant " << p[2] << " revoked (" << *n << " keys); a running sandgate kills its sandboxes within a second\n";
+    return 0;
+  }
+  return -1;
+}
+
+int Admin::key(const std::vector<std::string>& p) {
+  const std::string& cmd = p[0];
+  std::string sub = p.size() > 1 ? p[1] : "";
+  if (cmd == "key" && sub == "create" && p.size() == 3) {
+    Result<tenancy::CreatedKey> k = tenants.add_key(p[2]);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "list" && p.size() == 3) {
+    Result<storage::TenantRow> t = tenants.by_name(p[2]);
+    if (!t) return fail(t.error());
+    Result<std::vector<storage::ApiKeyRow>> ks = store.list_keys(t->id);
+    if (!ks) return fail(ks.error());
+    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
+    for (const auto& k : *ks)
+      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
+          << sys::format_rfc3339(k.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "revoke" && p.size() == 3) {
+    Result<bool> r = store.revoke_key(p[2], sys::unix_seconds());
+    if (!r) return fail(r.error());
+    if (!*r) return fail(not_found_error("no active key with id " + p[2]));
+    out << "key " << p[2] << " revoked\n";
+    return 0;
+  }
+  return -1;
+}
+
+}  // namespace
+
 int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   Args a;
   if (!parse(argv, a, err)) return 2;
@@ -353,144 +605,11 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   if (cmd == "serve") {
     AppConfig cfg;
     cfg.data_dir = data_dir;
-    if (auto it = a.opts.find("listen"); it != a.opts.end()) {
-      size_t colon = it->second.rfind(':');
-      int64_t port = 0;
-      if (colon == std::string::npos || !to_int(it->second.substr(colon + 1), port) || port < 0 || port > 65535) {
-        err << "sandgate: --listen wants ADDRESS:PORT, got '" << it->second << "'\n";
-        return 2;
-      }
-      cfg.listen_address = it->second.substr(0, colon);
-      cfg.port = static_cast<uint16_t>(port);
-    }
-    if (a.opts.count("templates-dir")) cfg.templates_dir = a.opts["templates-dir"];
-    if (a.opts.count("runtime")) cfg.runtime = a.opts["runtime"];
-    if (a.opts.count("agent")) cfg.agent_path = a.opts["agent"];
-    if (a.opts.count("vmm")) cfg.vmm_path = a.opts["vmm"];
-    if (a.opts.count("guest-dir")) cfg.guest_dir = a.opts["guest-dir"];
-    if (a.opts.count("cgroup-parent")) cfg.cgroup_parent = a.opts["cgroup-parent"];
-    if (a.opts.count("port-file")) cfg.port_file = a.opts["port-file"];
-    if (a.opts.count("public-url")) cfg.public_url = a.opts["public-url"];
-    if (a.opts.count("domain")) cfg.domain = a.opts["domain"];
-    if (a.opts.count("tls-cert")) cfg.tls_cert_file = a.opts["tls-cert"];
-    if (a.opts.count("tls-key")) cfg.tls_key_file = a.opts["tls-key"];
-    if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
-    if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
-    if (a.opts.count("egress")) cfg.egress = flag_on(a.opts["egress"]);
-    if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
-    if (cfg.egress_allow_private && !cfg.egress) {
-      err << "sandgate: --egress-allow-private needs --egress\n";
-      return 2;
-    }
-    // Options with a fixed set of values.
-    struct ChoiceOpt {
-      const char* name;
-      std::vector<std::string> values;
-      std::string& out;
-    };
-    for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
-                               ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
-                               ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
-                               ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
-      auto it = a.opts.find(o.name);
-      if (it == a.opts.end()) continue;
-      if (std::find(o.values.begin(), o.values.end(), it->second) == o.values.end()) {
-        err << "sandgate: --" << o.name << " wants ";
-        for (size_t i = 0; i < o.values.size(); ++i)
-          err << (i == 0 ? "" : i + 1 == o.values.size() ? " or " : ", ") << o.values[i];
-        err << "\n";
-        return 2;
-      }
-      o.out = it->second;
-    }
-    struct UrlOpt {
-      const char* name;
-      const char* provider;
-      std::string& url;
-    };
-    for (const UrlOpt& o : {UrlOpt{"openai-base-url", "openai", cfg.openai_base_url},
-                            UrlOpt{"anthropic-base-url", "anthropic", cfg.anthropic_base_url}}) {
-      auto it = a.opts.find(o.name);
-      if (it == a.opts.end()) continue;
-      Result<std::string> u = tenancy::check_upstream(o.provider, it->second);
-      if (!u) {
-        err << "sandgate: --" << o.name << ": " << u.error().message() << "\n";
-        return 2;
-      }
-      o.url = *u;
-    }
-    if (a.opts.count("openai-key-file")) cfg.openai_key_file = a.opts["openai-key-file"];
-    if (a.opts.count("anthropic-key-file")) cfg.anthropic_key_file = a.opts["anthropic-key-file"];
-    if (a.opts.count("metrics-token-file")) cfg.metrics_token_file = a.opts["metrics-token-file"];
-    struct IntOpt {
-      const char* name;
-      int64_t lo, hi;
-      std::function<void(int64_t)> set;
-    };
-    std::vector<IntOpt> ints = {
-        {"read-timeout-ms", 10, 3600000, [&](int64_t v) { cfg.read_timeout_ms = v; }},
-        {"body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.body_limit = static_cast<size_t>(v); }},
-        {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
-        {"max-connections", 1, 1 << 20, [&](int64_t v) { cfg.max_connections = static_cast<size_t>(v); }},
-        {"max-connections-per-address", 1, 1 << 20,
-         [&](int64_t v) { cfg.max_connections_per_address = static_cast<size_t>(v); }},
-        {"rate", 0, 1000000, [&](int64_t v) { cfg.requests_per_s = static_cast<double>(v); }},
-        {"create-rate", 0, 1000000, [&](int64_t v) { cfg.creates_per_s = static_cast<double>(v); }},
-        {"llm-body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.llm_body_limit = static_cast<size_t>(v); }},
-        {"llm-rate", 0, 1000000, [&](int64_t v) { cfg.llm_requests_per_s = static_cast<double>(v); }},
-        {"llm-tokens-per-min", 0, 1'000'000'000'000LL,
-         [&](int64_t v) { cfg.llm_tokens_per_min = static_cast<double>(v); }},
-        {"llm-grace-ms", 0, 10000, [&](int64_t v) { cfg.llm_grace_ms = v; }},
-        {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
-        {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
-        {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
-        {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
-        {"sandbox-disk-mb", 16, 1 << 20, [&](int64_t v) { cfg.sandbox_disk_mb = v; }},
-        {"sandbox-uid-base", 65536, 4294967294LL - 65536,
-         [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
-    };
-    for (const IntOpt& o : ints) {
-      auto it = a.opts.find(o.name);
-      if (it == a.opts.end()) continue;
-      int64_t v = 0;
-      if (!to_int(it->second, v) || v < o.lo || v > o.hi) {
-        err << "sandgate: --" << o.name << " wants an integer from " << o.lo << " to " << o.hi << "\n";
-        return 2;
-      }
-      o.set(v);
-    }
+    if (!serve_flags(a, cfg, err) || !serve_ints(a, cfg, err)) return 2;
     return serve(cfg);
   }
-
-  if (cmd == "kvm") {
-    if (p.size() != 2 || p[1] != "check") {
-      err << "usage: sandgate kvm check\n";
-      return 2;
-    }
-    std::string why;
-    if (!microvm::kvm_usable(&why)) {
-      out << "KVM unusable: " << why << "\n";
-      return 1;
-    }
-    out << "KVM usable: microVMs can run here\n";
-    return 0;
-  }
-  if (cmd == "template") {
-    if (p.size() != 2 || (p[1] != "build" && p[1] != "image")) {
-      err << "usage: sandgate template build|image [--templates-dir DIR]\n";
-      return 2;
-    }
-    std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
-    Result<std::string> r = ensure_base_template(dir);
-    if (r && p[1] == "image") r = microvm::ensure_rootfs_image(*r);
-    if (!r) {
-      err << "sandgate: " << r.error().message() << "\n";
-      return 1;
-    }
-    out << *r << "\n";
-    return 0;
-  }
-
+  if (cmd == "kvm") return run_kvm(p, out, err);
+  if (cmd == "template") return run_template(p, a, data_dir, out, err);
   if (cmd != "tenant" && cmd != "key" && cmd != "llm") {
     err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
@@ -505,83 +624,10 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     err << "sandgate: " << store.error().message() << "\n";
     return 1;
   }
-  tenancy::Tenants tenants(**store);
-  std::string sub = p.size() > 1 ? p[1] : "";
-  auto fail = [&](const Error& e) {
-    err << "sandgate: " << e.message() << "\n";
-    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
-  };
-  auto quota_opt = [&](const char* name, int64_t& v) {
-    auto it = a.opts.find(name);
-    if (it == a.opts.end()) return true;
-    if (!to_int(it->second, v) || v < 0) {
-      err << "sandgate: --" << name << " wants a non-negative integer\n";
-      return false;
-    }
-    return true;
-  };
-
-  if (cmd == "tenant" && sub == "create" && p.size() == 3) {
-    tenancy::Quota q;
-    if (!quota_opt("max-sandboxes", q.max_sandboxes) || !quota_opt("max-memory-mb", q.max_memory_mb)) return 2;
-    Result<tenancy::CreatedKey> k = tenants.create(p[2], q);
-    if (!k) return fail(k.error());
-    out << k->key << "\n";
-    err << "tenant " << p[2] << " created (max " << q.max_sandboxes << " sandboxes, " << q.max_memory_mb
-        << " MB); the key above is shown only once\n";
-    return 0;
-  }
-  if (cmd == "tenant" && sub == "list" && p.size() == 2) {
-    Result<std::vector<storage::TenantRow>> ts = (*store)->list_tenants();
-    if (!ts) return fail(ts.error());
-    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
-    for (const auto& t : *ts)
-      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
-          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
-    return 0;
-  }
-  if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
-    Result<storage::TenantRow> t = tenants.by_name(p[2]);
-    if (!t) return fail(t.error());
-    int64_t ms = t->max_sandboxes, mm = t->max_memory_mb;
-    if (!quota_opt("max-sandboxes", ms) || !quota_opt("max-memory-mb", mm)) return 2;
-    if (Status s = (*store)->set_tenant_limits(t->id, ms, mm); !s) return fail(s.error());
-    out << "tenant " << p[2] << ": max " << ms << " sandboxes, " << mm << " MB\n";
-    return 0;
-  }
-  if (cmd == "tenant" && sub == "revoke" && p.size() == 3) {
-    Result<storage::TenantRow> t = tenants.by_name(p[2]);
-    if (!t) return fail(t.error());
-    Result<int64_t> n = (*store)->revoke_tenant(t->id, sys::unix_seconds());
-    if (!n) return fail(n.error());
-    out << "tenant " << p[2] << " revoked (" << *n << " keys); a running sandgate kills its sandboxes within a second\n";
-    return 0;
-  }
   if (cmd == "llm") return run_llm(p, a, **store, db_path, out, err);
-  if (cmd == "key" && sub == "create" && p.size() == 3) {
-    Result<tenancy::CreatedKey> k = tenants.add_key(p[2]);
-    if (!k) return fail(k.error());
-    out << k->key << "\n";
-    return 0;
-  }
-  if (cmd == "key" && sub == "list" && p.size() == 3) {
-    Result<storage::TenantRow> t = tenants.by_name(p[2]);
-    if (!t) return fail(t.error());
-    Result<std::vector<storage::ApiKeyRow>> ks = (*store)->list_keys(t->id);
-    if (!ks) return fail(ks.error());
-    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
-    for (const auto& k : *ks)
-      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
-          << sys::format_rfc3339(k.created_at) << "\n";
-    return 0;
-  }
-  if (cmd == "key" && sub == "revoke" && p.size() == 3) {
-    Result<bool> r = (*store)->revoke_key(p[2], sys::unix_seconds());
-    if (!r) return fail(r.error());
-    if (!*r) return fail(not_found_error("no active key with id " + p[2]));
-    out << "key " << p[2] << " revoked\n";
-    return 0;
-  }
+  Admin admin{a, **store, tenancy::Tenants(**store), out, err};
+  int rc = cmd == "tenant" ? admin.tenant(p) : admin.key(p);
+  if (rc >= 0) return rc;
   err << "sandgate: bad " << cmd << " command\n" << kUsage;
   return 2;
 }

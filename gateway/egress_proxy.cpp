@@ -15,15 +15,15 @@
 #include <cstring>
 #include <thread>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::gateway {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kMaxHead = api::kMaxEgressHead;
+constexpr size_t kMaxHead = network::kMaxEgressHead;
 constexpr size_t kRelayBuf = 64 * 1024;
 
 int ms_left(Clock::time_point deadline) {
@@ -91,7 +91,7 @@ bool read_head(int fd, Clock::time_point deadline, std::string* head, std::strin
 
 Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& host) {
   std::vector<std::array<uint8_t, 16>> out;
-  if (auto a = api::parse_ip(host)) return std::vector<std::array<uint8_t, 16>>{*a};
+  if (auto a = network::parse_ip(host)) return std::vector<std::array<uint8_t, 16>>{*a};
   struct addrinfo hints {};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -101,7 +101,7 @@ Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& h
   for (struct addrinfo* r = res; r; r = r->ai_next) {
     std::array<uint8_t, 16> a{};
     if (r->ai_family == AF_INET) {
-      a = api::v4_mapped(&reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr);
+      a = network::v4_mapped(&reinterpret_cast<sockaddr_in*>(r->ai_addr)->sin_addr);
     } else if (r->ai_family == AF_INET6) {
       std::memcpy(a.data(), &reinterpret_cast<sockaddr_in6*>(r->ai_addr)->sin6_addr, 16);
     } else {
@@ -115,7 +115,7 @@ Result<std::vector<std::array<uint8_t, 16>>> system_resolve(const std::string& h
 }
 
 Result<UniqueFd> connect_to(const std::array<uint8_t, 16>& a, uint16_t port, std::chrono::milliseconds timeout) {
-  bool v4 = api::is_v4_mapped(a);
+  bool v4 = network::is_v4_mapped(a);
   sockaddr_storage ss{};
   socklen_t len;
   if (v4) {
@@ -251,11 +251,11 @@ void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
 }
 
 void EgressProxy::recheck(const std::string& sandbox_id) {
-  std::optional<api::EgressPolicy> pol = policy_(sandbox_id);  // not under mu_: it takes the service's locks
+  std::optional<network::EgressPolicy> pol = policy_(sandbox_id);  // not under mu_: it takes the service's locks
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& [fd, o] : open_) {
     if (o.sandbox_id != sandbox_id || !o.decided) continue;
-    if (pol && api::decide_egress(*pol, o.host, o.addr, cfg_.allow_internal).allowed) continue;
+    if (pol && network::decide_egress(*pol, o.host, o.addr, cfg_.allow_internal).allowed) continue;
     LOG_INFO("sandbox " << sandbox_id << ": egress to " << o.host << " closed: the new network policy refuses it");
     ::shutdown(fd, SHUT_RDWR);  // its relay sees the end; the thread closes it
   }
@@ -272,7 +272,7 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
     respond(fd, 400, "Bad Request", "no complete proxy request head (at most 16 KiB) within the time limit");
     return;
   }
-  Result<api::EgressRequest> t = api::parse_egress_request(head);
+  Result<network::EgressRequest> t = network::parse_egress_request(head);
   if (!t) {
     count(&EgressStats::failed);
     respond(fd, 400, "Bad Request", t.error().message());
@@ -296,7 +296,7 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
     o.addr = a;
   };
   watch(addrs->front());
-  std::optional<api::EgressPolicy> pol = policy_(sandbox_id);
+  std::optional<network::EgressPolicy> pol = policy_(sandbox_id);
   if (!pol) {
     count(&EgressStats::denied);
     respond(fd, 403, "Forbidden", "this sandbox has no network egress");
@@ -305,7 +305,7 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
   // Every address the name has must be allowed: a name cannot smuggle an
   // internal address in beside a public one.
   for (const auto& a : *addrs) {
-    api::EgressDecision d = api::decide_egress(*pol, t->host, a, cfg_.allow_internal);
+    network::EgressDecision d = network::decide_egress(*pol, t->host, a, cfg_.allow_internal);
     if (!d.allowed) {
       count(&EgressStats::denied);
       LOG_DEBUG("sandbox " << sandbox_id << ": egress " << d.why);

@@ -29,9 +29,9 @@
 #include <optional>
 #include <string>
 
-#include "api-e2b/egress_policy.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "sandbox-runtime/network/egress_policy.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::gateway {
 
@@ -56,7 +56,7 @@ struct EgressStats {
 class EgressProxy {
  public:
   // The policy of a live sandbox; nullopt: none (gone, or no egress).
-  using PolicyLookup = std::function<std::optional<api::EgressPolicy>(const std::string& sandbox_id)>;
+  using PolicyLookup = std::function<std::optional<network::EgressPolicy>(const std::string& sandbox_id)>;
   // Names to addresses (getaddrinfo by default; tests give their own).
   using Resolver = std::function<Result<std::vector<std::array<uint8_t, 16>>>(const std::string& host)>;
 

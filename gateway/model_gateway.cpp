@@ -9,15 +9,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "api-e2b/sandboxes.h"
-#include "coordinator/coordinator.h"
-#include "llm/proxy.h"
-#include "memory/offload.h"
-#include "memory/pressure.h"
-#include "metrics/histogram.h"
+#include "sandbox-runtime/lifecycle/sandbox_service.h"
+#include "wait-engine/coordinator/coordinator.h"
+#include "wait-engine/llm/proxy.h"
+#include "wait-engine/memory/offload.h"
+#include "wait-engine/memory/pressure.h"
+#include "wait-engine/metrics/histogram.h"
 #include "storage/store.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/rate_limiter.h"
@@ -76,7 +76,7 @@ std::vector<std::string> split_ids(const std::string& v) {
 struct ModelGateway::Impl {
   AppConfig cfg;
   storage::Store& store;
-  api::SandboxService& sandboxes;
+  lifecycle::SandboxService& sandboxes;
   tenancy::LlmKeys keys{store};
   std::optional<llm::Upstream> flag_openai, flag_anthropic;
   tenancy::RateLimiter request_limit;
@@ -98,7 +98,7 @@ struct ModelGateway::Impl {
   std::thread writer;
   static constexpr size_t kMaxQueued = 100000;
 
-  Impl(const AppConfig& c, storage::Store& s, api::SandboxService& sb)
+  Impl(const AppConfig& c, storage::Store& s, lifecycle::SandboxService& sb)
       : cfg(c),
         store(s),
         sandboxes(sb),
@@ -253,7 +253,7 @@ ModelGateway::ModelGateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 ModelGateway::~ModelGateway() = default;
 
 Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg, storage::Store& store,
-                                                           api::SandboxService& sandboxes,
+                                                           lifecycle::SandboxService& sandboxes,
                                                            memory::MemoryEngine* memory) {
   auto m = std::make_unique<Impl>(cfg, store, sandboxes);
   m->memory = memory;

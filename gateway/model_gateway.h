@@ -17,14 +17,14 @@
 #include <string>
 
 #include "gateway/app.h"
-#include "gateway/http/stream_handler.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/http/stream_handler.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::storage {
 class Store;
 }
-namespace sg::api {
+namespace sg::lifecycle {
 class SandboxService;
 }
 
@@ -39,7 +39,7 @@ class ModelGateway {
   // Reads the serve flags' key files (errors name the file, never the key).
   // memory: the offload engine (kvm runtime), or null; it outlives this.
   static Result<std::unique_ptr<ModelGateway>> create(const AppConfig& cfg, storage::Store& store,
-                                                      api::SandboxService& sandboxes,
+                                                      lifecycle::SandboxService& sandboxes,
                                                       memory::MemoryEngine* memory = nullptr);
   ~ModelGateway();  // flushes the writer
 

@@ -7,7 +7,7 @@
 
 #include <memory>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::storage {
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::storage {
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "storage/db.h"
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::storage {
 

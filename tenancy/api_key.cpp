@@ -4,7 +4,7 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::tenancy {
 

@@ -3,7 +3,7 @@
 
 #include <arpa/inet.h>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 #include "tenancy/tenants.h"
 

@@ -17,7 +17,7 @@
 #include <string_view>
 
 #include "storage/store.h"
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::tenancy {
 

@@ -1,7 +1,7 @@
 // Tenant service implementation.
 #include "tenancy/tenants.h"
 
-#include "sys/sys.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 
 namespace sg::tenancy {

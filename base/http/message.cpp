@@ -1,12 +1,12 @@
 // Helpers for plain HTTP values: JSON errors and query decoding.
-#include "gateway/http/message.h"
+#include "base/http/message.h"
 
 #include <cctype>
 
 #include <nlohmann/json.hpp>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::http {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::http {
 

@@ -1,5 +1,5 @@
 // Sandbox traffic routing rules.
-#include "gateway/http/routing.h"
+#include "base/http/routing.h"
 
 #include <nlohmann/json.hpp>
 

@@ -13,8 +13,8 @@
 #include <optional>
 #include <string>
 
-#include "gateway/http/message.h"
-#include "sys/status.h"
+#include "base/http/message.h"
+#include "base/status.h"
 
 namespace sg::http {
 

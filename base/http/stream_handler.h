@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "gateway/http/message.h"
+#include "base/http/message.h"
 
 namespace sg::http {
 

@@ -38,7 +38,7 @@
 #include <optional>
 #include <vector>
 
-#include "sys/log.h"
+#include "base/log.h"
 
 namespace sg::http {
 

@@ -40,7 +40,7 @@
 
 #include "gateway/http/h2_session.h"
 #include "gateway/http/relay.h"
-#include "sys/log.h"
+#include "base/log.h"
 
 namespace sg::http {
 

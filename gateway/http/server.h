@@ -19,11 +19,11 @@
 #include <optional>
 #include <string>
 
-#include "gateway/http/message.h"
-#include "gateway/http/routing.h"
-#include "gateway/http/stream_handler.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/http/message.h"
+#include "base/http/routing.h"
+#include "base/http/stream_handler.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::http {
 

@@ -1,6 +1,6 @@
 // sandgate-agent: init of the sandbox and the sandbox end of the channel.
 // See agent.h for the contract and docs/channel.md for the wire format.
-#include "agent/agent.h"
+#include "sandbox-runtime/agent/agent.h"
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -27,15 +27,15 @@
 #include <system_error>
 #include <thread>
 
-#include "agent/envd/server.h"
-#include "agent/harden.h"
-#include "agent/reaper.h"
-#include "agent/service_forwarder.h"
-#include "channel/control_message.h"
-#include "channel/mux.h"
-#include "sys/fd.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/envd/server.h"
+#include "sandbox-runtime/agent/harden.h"
+#include "sandbox-runtime/agent/reaper.h"
+#include "sandbox-runtime/agent/service_forwarder.h"
+#include "sandbox-runtime/channel/control_message.h"
+#include "sandbox-runtime/channel/mux.h"
+#include "base/fd.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::agent {
 

@@ -27,10 +27,10 @@
 #include <utility>
 #include <vector>
 
-#include "channel/frame.h"
-#include "channel/services.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/channel/services.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::agent {
 

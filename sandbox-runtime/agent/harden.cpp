@@ -1,5 +1,5 @@
 // Sandbox hardening by the agent (harden.h).
-#include "agent/harden.h"
+#include "sandbox-runtime/agent/harden.h"
 
 #include <grp.h>
 #include <linux/capability.h>
@@ -15,8 +15,8 @@
 #include <cstring>
 #include <utility>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::agent {
 

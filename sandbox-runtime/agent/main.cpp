@@ -1,7 +1,7 @@
 // sandgate-agent entry point: parse the config, run the loop, exit with its code.
 #include <cstdio>
 
-#include "agent/agent.h"
+#include "sandbox-runtime/agent/agent.h"
 
 extern char** environ;
 

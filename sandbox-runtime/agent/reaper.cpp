@@ -1,5 +1,5 @@
 // Reaper implementation.
-#include "agent/reaper.h"
+#include "sandbox-runtime/agent/reaper.h"
 
 #include <sys/wait.h>
 

@@ -1,5 +1,5 @@
 // ServiceForwarder implementation (service_forwarder.h).
-#include "agent/service_forwarder.h"
+#include "sandbox-runtime/agent/service_forwarder.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "channel/services.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/channel/services.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::agent {
 

@@ -21,9 +21,9 @@
 #include <cstdint>
 #include <string>
 
-#include "channel/mux.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "sandbox-runtime/channel/mux.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::agent {
 

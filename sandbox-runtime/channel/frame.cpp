@@ -2,7 +2,7 @@
 // validated field by field before the payload length is trusted, so a hostile
 // peer can make the decoder reject the stream but never make it buffer more
 // than one maximal frame.
-#include "channel/frame.h"
+#include "sandbox-runtime/channel/frame.h"
 
 #include <cassert>
 #include <cstring>

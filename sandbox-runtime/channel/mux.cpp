@@ -12,7 +12,7 @@
 // kChannelOutHighWater plus one frame of DATA, max_control_out of control
 // messages and a little of our own answers; past that the peer is not
 // reading and the channel is given up. The decoder holds one partial frame.
-#include "channel/mux.h"
+#include "sandbox-runtime/channel/mux.h"
 
 #include <fcntl.h>
 #include <sys/epoll.h>
@@ -32,9 +32,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "channel/frame.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::channel {
 

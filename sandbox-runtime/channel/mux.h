@@ -25,8 +25,8 @@
 #include <string>
 #include <string_view>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::channel {
 

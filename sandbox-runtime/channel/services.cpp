@@ -1,5 +1,5 @@
 // Agent OPEN payloads for gateway services (services.h, docs/channel.md).
-#include "channel/services.h"
+#include "sandbox-runtime/channel/services.h"
 
 #include <nlohmann/json.hpp>
 

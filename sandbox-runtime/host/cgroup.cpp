@@ -1,5 +1,5 @@
 // Cgroup v1/v2 handling for process sandboxes (see cgroup.h).
-#include "process/cgroup.h"
+#include "sandbox-runtime/host/cgroup.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -15,8 +15,8 @@
 #include <optional>
 #include <set>
 
-#include "sys/fd.h"
-#include "sys/sys.h"
+#include "base/fd.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

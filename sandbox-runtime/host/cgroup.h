@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::process {
 

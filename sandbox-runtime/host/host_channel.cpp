@@ -1,19 +1,19 @@
 // HostChannel implementation (host_channel.h).
-#include "process/host_channel.h"
+#include "sandbox-runtime/host/host_channel.h"
 
 #include <poll.h>
 
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
-#include "channel/control_message.h"
-#include "channel/frame.h"
-#include "channel/services.h"
+#include "sandbox-runtime/channel/control_message.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/channel/services.h"
 
 #include <sys/socket.h>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

@@ -28,10 +28,10 @@
 #include <string>
 #include <thread>
 
-#include "channel/mux.h"
-#include "runtime.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "sandbox-runtime/channel/mux.h"
+#include "sandbox-runtime/runtime.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::process {
 

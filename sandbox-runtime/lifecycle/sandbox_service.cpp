@@ -1,19 +1,19 @@
 // SandboxService implementation.
-#include "api-e2b/sandboxes.h"
-
-#include "channel/services.h"
-#include "api-e2b/traffic_auth.h"
-#include "gateway/http/routing.h"
+#include "sandbox-runtime/lifecycle/sandbox_service.h"
 
 #include <sys/random.h>
 
+#include <cassert>
+
 #include <nlohmann/json.hpp>
 
-#include "memory/offload.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/http/routing.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "sandbox-runtime/channel/services.h"
+#include "sandbox-runtime/lifecycle/traffic_auth.h"
 
-namespace sg::api {
+namespace sg::lifecycle {
 
 using storage::SandboxRow;
 
@@ -31,8 +31,14 @@ std::string new_sandbox_id() {
   return id;
 }
 
-SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock)
-    : store_(store), rt_(rt), cfg_(cfg), clock_(std::move(clock)) {}
+SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock,
+                               GuestMemoryStore* memory)
+    : store_(store),
+      rt_(rt),
+      cfg_(cfg),
+      clock_(std::move(clock)),
+      memory_(memory),
+      offload_slots_(std::max<size_t>(1, cfg.offload_concurrency)) {}
 
 SandboxService::~SandboxService() = default;
 
@@ -59,31 +65,44 @@ Status SandboxService::recover() {
 }
 
 std::shared_ptr<SandboxService::Live> SandboxService::find_live(const std::string& id) {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   auto it = live_.find(id);
   return it == live_.end() ? nullptr : it->second;
 }
 
 size_t SandboxService::live_count() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   return live_.size();
+}
+
+Result<State> SandboxService::state(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found_error("sandbox \"" + id + "\" is not live");
+  MutexLock g(live->op_mu);
+  return live->state;
 }
 
 static Error not_found(const std::string& id) { return not_found_error("sandbox \"" + id + "\" not found"); }
 
-Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
-  if (Status s = check_timeout(p.timeout_s); !s) return s.error();
-  // Refused, not silently dropped: this server lets no sandbox out.
-  if (p.network.asks_egress && !cfg_.egress)
-    return invalid_error("field 'network.allowOut': egress is not available on this server "
-                         "(it runs without --egress; every destination is denied)");
-  Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
-  if (!tpl) return tpl.error();
-  if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
-  const storage::TemplateRow& t = **tpl;
-  if (t.status != "ready")
-    return Error(ErrorKind::kUnavailable, "template '" + t.name + "' is " + t.status + ", not ready; retry shortly");
+void SandboxService::enter(Live& live, State to) {
+  // A move outside the table is a bug in this file, never a client's doing.
+  assert(legal(live.state, to) && "a sandbox moved outside the lifecycle table");
+  live.state = to;
+}
 
+Result<bool> SandboxService::move(Live& live, const std::string& id, State to) {
+  assert(legal(live.state, to) && "a sandbox moved outside the lifecycle table");
+  std::string from_row(stored_state(live.state)), to_row(stored_state(to));
+  if (from_row != to_row) {
+    Result<bool> moved = store_.transition(id, {from_row}, to_row);
+    if (!moved || !*moved) return moved;
+  }
+  live.state = to;
+  return true;
+}
+
+SandboxRow SandboxService::new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t,
+                                   const CreateParams& p) {
   SandboxRow row;
   row.id = new_sandbox_id();
   row.tenant_id = tenant.id;
@@ -105,9 +124,11 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   row.auto_resume = p.auto_resume;
   row.allow_internet = p.network.allow_internet;
   if (!p.public_traffic) row.traffic_token = sys::random_hex(16);
-  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
-    return s.error();
+  return row;
+}
 
+runtime::SandboxSpec SandboxService::new_spec(const SandboxRow& row, const storage::TemplateRow& t,
+                                             const CreateParams& p) const {
   runtime::SandboxSpec spec;
   spec.id = row.id;
   spec.rootfs = t.rootfs_path;
@@ -124,6 +145,27 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
   spec.envd_access_token = row.envd_token;
   spec.ready_timeout = cfg_.ready_timeout;
+  return spec;
+}
+
+Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
+  if (Status s = check_timeout(p.timeout_s); !s) return s.error();
+  // Refused, not silently dropped: this server lets no sandbox out.
+  if (p.network.asks_egress && !cfg_.egress)
+    return invalid_error("field 'network.allowOut': egress is not available on this server "
+                         "(it runs without --egress; every destination is denied)");
+  Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
+  if (!tpl) return tpl.error();
+  if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
+  const storage::TemplateRow& t = **tpl;
+  if (t.status != "ready")
+    return Error(ErrorKind::kUnavailable, "template '" + t.name + "' is " + t.status + ", not ready; retry shortly");
+
+  SandboxRow row = new_row(tenant, t, p);
+  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
+    return s.error();
+
+  runtime::SandboxSpec spec = new_spec(row, t, p);
   uint64_t t0 = sys::monotonic_ns();
   Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
   if (!sb) {
@@ -132,27 +174,37 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
     return sb.error();
   }
-  auto live = std::make_shared<Live>();
-  live->sb = std::move(*sb);
+  auto live = std::make_shared<Live>();  // kCreating; not shared until running
   live->tenant_id = tenant.id;
   live->template_id = t.id;
   live->started_at = row.started_at;
   live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
-  live->network = p.network;  // not yet shared: no lock
   live->envd_token = row.envd_token;
   live->traffic_token = row.traffic_token;
   live->auto_resume = row.auto_resume;
   row.envd_version = "0.6.13";
-  row.init_pid = live->sb->init_pid();
+  row.init_pid = (*sb)->init_pid();
   live->init_pid = row.init_pid.value_or(0);
-  if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
-    (void)live->sb->kill();
-    (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
-    return s.error();
-  }
-  row.state = storage::kStateRunning;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    // Not shared yet, so uncontended: held because the fields are its.
+    MutexLock n(live->net_mu);
+    live->network = p.network;
+  }
+  {
+    MutexLock g(live->op_mu);
+    live->sb = std::move(*sb);
+    if (Status s = store_.set_running(row.id, *row.init_pid, row.envd_version); !s) {
+      (void)end_runtime(*live, row.id);
+      enter(*live, State::kFailed);
+      (void)store_.finish(row.id, std::string(stored_state(State::kFailed)), s.error().message(),
+                          clock_());
+      return s.error();
+    }
+    enter(*live, State::kRunning);
+  }
+  row.state = std::string(stored_state(State::kRunning));
+  {
+    MutexLock g(mu_);
     live_[row.id] = live;
   }
   double ms = static_cast<double>(sys::monotonic_ns() - t0) / 1e6;
@@ -183,8 +235,29 @@ Result<SandboxRow> SandboxService::get(const std::string& tenant_id, const std::
   return **r;
 }
 
-Status SandboxService::kill_locked(Live& live, const std::string& id, const std::string& tenant_id,
-                                   const std::string& state, const std::string& reason) {
+Status SandboxService::end_runtime(Live& live, const std::string& id) {
+  if (!live.sb) return Status::Ok();
+  Status st = live.sb->kill();
+  // kill() is idempotent: a second try gets what a busy first one missed.
+  if (!st) st = live.sb->kill();
+  if (st) {
+    live.sb.reset();
+  } else {
+    // Recorded as ended all the same (clients are told the truth: it is
+    // gone to them); its remains are killed again by every tick until
+    // they are (never dropped: a dropped handle would leak its processes).
+    LOG_ERROR("kill sandbox " << id << ": " << st.error().message() << "; retrying every second");
+    MutexLock g(lost_mu_);
+    unkilled_.emplace_back(id, std::move(live.sb));
+  }
+  // The VMM is gone (or going): its fault server and pool records can go too.
+  if (memory_) memory_->forget(id);
+  return st;
+}
+
+Status SandboxService::kill_locked(Live& live, const std::string& id, const std::string& tenant_id, State to,
+                                   const std::string& reason) {
+  const std::string state(stored_state(to));
   Result<bool> done = store_.finish(id, state, reason, clock_());
   if (!done) {
     // The record cannot be written (a full disk: often this very
@@ -193,39 +266,20 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
     // sticks. Clients are told the truth: the sandbox is gone.
     LOG_WARN("sandbox " << id << ": recording its end failed (" << done.error().message()
                         << "); killing it anyway, the record follows");
-    if (live.sb) {
-      Status k = live.sb->kill();
-      live.sb.reset();
-      if (memory_) memory_->forget(id);
-      if (!k) LOG_ERROR("kill sandbox " << id << ": " << k.error().message());
-    }
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      live_.erase(id);
-    }
-    if (gone_) gone_(id);
-    done = store_.finish(id, state, reason, clock_());
-    if (!done) {
-      std::lock_guard<std::mutex> g(lost_mu_);
-      unrecorded_.push_back(Unrecorded{id, tenant_id, state, reason, clock_()});
-      return Status::Ok();
-    }
-    if (*done) event(tenant_id, id, state, reason);
-    return Status::Ok();
   }
-  Status st;
-  if (live.sb) {
-    st = live.sb->kill();
-    live.sb.reset();
-    // The VMM is gone: its fault server and pool records can go too.
-    if (memory_) memory_->forget(id);
-  }
+  Status st = end_runtime(live, id);
+  enter(live, to);
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     live_.erase(id);
   }
-  if (*done) event(tenant_id, id, state, reason);
-  if (!st) LOG_ERROR("kill sandbox " << id << ": " << st.error().message());
+  if (!done) done = store_.finish(id, state, reason, clock_());
+  if (!done) {
+    MutexLock g(lost_mu_);
+    unrecorded_.push_back(Unrecorded{id, tenant_id, state, reason, clock_()});
+  } else if (*done) {
+    event(tenant_id, id, state, reason);
+  }
   if (gone_) gone_(id);
   return st;
 }
@@ -239,34 +293,30 @@ void SandboxService::set_wait_hooks(std::function<void(const std::string& id)> b
 Status SandboxService::wait_pause(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  if (live->paused) return Status::Ok();  // a client paused it: stopped already
+  // A client paused it (stopped already), or a wait pause holds it.
+  if (live->state != State::kRunning) return Status::Ok();
   if (Status s = live->sb->pause(); !s) return s.error().with_context("wait pause of sandbox " + id);
-  live->wait_paused = true;
+  enter(*live, State::kWaitPaused);
   return Status::Ok();
 }
 
 Status SandboxService::wait_resume(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  if (!live->wait_paused) return Status::Ok();
-  live->wait_paused = false;
-  if (live->paused) return Status::Ok();  // a client paused it meanwhile: it stays paused
+  // Running, or a client paused it meanwhile (it stays paused).
+  if (live->state != State::kWaitPaused && live->state != State::kOffloaded) return Status::Ok();
   if (memory_) {
     // Predicted pages in before the vCPUs run; the rest fault on demand.
     if (Result<uint64_t> n = memory_->prefetch(id); !n)
       LOG_WARN("sandbox " << id << ": prefetch before resume: " << n.error().message());
   }
   if (Status s = live->sb->resume(); !s) return s.error().with_context("wait resume of sandbox " + id);
+  enter(*live, State::kRunning);
   return Status::Ok();
-}
-
-void SandboxService::set_memory_engine(memory::MemoryEngine* engine, size_t max_concurrent) {
-  memory_ = engine;
-  offload_slots_ = std::max<size_t>(1, max_concurrent);
 }
 
 Status SandboxService::wait_offload(const std::string& id, const std::atomic<bool>& cancel) {
@@ -283,40 +333,29 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
     std::atomic<size_t>& n;
     ~Slot() { n.fetch_sub(1); }
   } slot{offloads_running_};
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  if (!live->wait_paused || live->paused) return Error(ErrorKind::kConflict, "sandbox " + id + " is not wait-paused");
+  if (live->state != State::kWaitPaused) return Error(ErrorKind::kConflict, "sandbox " + id + " is not wait-paused");
   Result<runtime::GuestMemoryInfo> gm = live->sb->guest_memory();
   if (!gm) return gm.error();
-  memory::OffloadTarget t;
-  t.cohort = live->tenant_id + "/" + live->template_id;
-  t.cohort_key = memory::CohortKey{live->tenant_id, live->template_id, ""};
-  t.pid = gm->pid;
-  t.base = gm->base;
-  t.size = gm->size;
-  t.backing = gm->backing;
-  t.template_memory = gm->template_memory;
+  OffloadRequest req;
+  req.tenant_id = live->tenant_id;
+  req.template_id = live->template_id;
+  req.memory = *gm;
   runtime::Sandbox* sb = live->sb.get();
-  t.release = [sb]() -> Result<std::pair<UniqueFd, uint64_t>> {
-    Result<runtime::GuestMemoryRelease> r = sb->release_guest_memory();
-    if (!r) return r.error();
-    return std::make_pair(std::move(r->uffd), r->features);
-  };
-  Result<memory::OffloadReport> rep = memory_->offload(id, t, cancel);
-  if (!rep) return rep.error().with_context("offload of sandbox " + id);
-  LOG_INFO("sandbox " << id << ": offloaded " << rep->pages_read << " resident pages in " << rep->ns / 1000000
-                      << " ms: " << rep->pages_stored << " stored (" << rep->bytes_stored << " bytes), "
-                      << rep->pages_base << " equal to the template");
+  req.release = [sb] { return sb->release_guest_memory(); };
+  enter(*live, State::kOffloading);
+  Result<std::string> done = memory_->offload(id, req, cancel);
+  // Resumed alike either way (wait_resume prefetches, the rest faults
+  // back): offloaded means the engine reported a whole offload.
+  enter(*live, done ? State::kOffloaded : State::kWaitPaused);
+  if (!done) return done.error().with_context("offload of sandbox " + id);
+  LOG_INFO("sandbox " << id << ": " << *done);
   return Status::Ok();
 }
 
-void SandboxService::note_memory_lost(const std::string& id, const std::string& why) {
-  std::lock_guard<std::mutex> g(lost_mu_);
-  lost_.emplace_back(id, why);
-}
-
 uint64_t SandboxService::memory_in_use() {
-  std::lock_guard<std::mutex> g(mu_);
+  MutexLock g(mu_);
   uint64_t sum = 0;
   for (auto& [id, live] : live_) sum += live->mem_now.load(std::memory_order_relaxed);
   return sum;
@@ -325,7 +364,7 @@ uint64_t SandboxService::memory_in_use() {
 Result<bool> SandboxService::wait_idle(const std::string& id, std::chrono::milliseconds timeout) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   Result<std::string> reply = live->sb->control(R"({"type":"status"})", timeout);
   if (!reply) return reply.error();
@@ -338,9 +377,9 @@ Result<bool> SandboxService::wait_idle(const std::string& id, std::chrono::milli
 Status SandboxService::kill_lost(const std::string& id, const std::string& reason) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  return kill_locked(*live, id, live->tenant_id, storage::kStateLost, reason);
+  return kill_locked(*live, id, live->tenant_id, State::kLost, reason);
 }
 
 Result<std::string> SandboxService::live_tenant(const std::string& id) {
@@ -356,18 +395,18 @@ std::vector<std::pair<std::string, std::string>> egress_proxy_env() {
           {"NO_PROXY", local},  {"no_proxy", local}};
 }
 
-std::optional<EgressPolicy> SandboxService::egress_policy(const std::string& id) {
+std::optional<network::EgressPolicy> SandboxService::egress_policy(const std::string& id) {
   if (!cfg_.egress) return std::nullopt;
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return std::nullopt;
-  std::lock_guard<std::mutex> g(live->net_mu);
+  MutexLock g(live->net_mu);
   return live->network.egress;
 }
 
 std::optional<NetworkParams> SandboxService::network(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return std::nullopt;
-  std::lock_guard<std::mutex> g(live->net_mu);
+  MutexLock g(live->net_mu);
   return live->network;
 }
 
@@ -382,11 +421,11 @@ Status SandboxService::update_network(const std::string& tenant_id, const std::s
     return invalid_error("field 'allowOut': egress is not available on this server "
                          "(it runs without --egress; every destination is denied)");
   {
-    std::lock_guard<std::mutex> op(f->live->op_mu);
+    MutexLock op(f->live->op_mu);
     if (!f->live->sb) return not_found(id);
     // The stored flag first (GET shows it): if that fails, nothing changed.
     if (Status s = store_.set_allow_internet(id, n.allow_internet); !s) return s;
-    std::lock_guard<std::mutex> g(f->live->net_mu);
+    MutexLock g(f->live->net_mu);
     f->live->network = n;
   }
   event(tenant_id, id, "network_updated",
@@ -429,9 +468,9 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
   // A running offload holds the sandbox's lock for seconds: this stops it
   // within a page (and resumes the sandbox, which is then killed).
   if (before_traffic_) before_traffic_(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  return kill_locked(*live, id, tenant_id, storage::kStateKilled, "killed by client");
+  return kill_locked(*live, id, tenant_id, State::kKilled, "killed by client");
 }
 
 Status SandboxService::pause(const std::string& tenant_id, const std::string& id) {
@@ -439,16 +478,19 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   if (!found) return found.error();
   std::shared_ptr<Live> live = found->live;
   if (before_traffic_) before_traffic_(id);  // a running offload stops first (kill() says why)
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
-  if (!moved) return moved.error();
-  if (!*moved) return conflict_error("sandbox \"" + id + "\" is already paused");
-  if (Status s = live->sb->pause(); !s) {
-    (void)store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
-    return s.error().with_context("pause sandbox " + id);
+  if (live->state == State::kPaused) return conflict_error("sandbox \"" + id + "\" is already paused");
+  // Stopped first (idempotent for a wait-paused one), then recorded.
+  if (Status s = live->sb->pause(); !s) return s.error().with_context("pause sandbox " + id);
+  Result<bool> moved = move(*live, id, State::kPaused);
+  if (!moved || !*moved) {
+    // Not recorded: it runs on as the row says (a wait pause's own resume
+    // is the coordinator's, so a wait-paused one stays frozen).
+    if (live->state == State::kRunning) (void)live->sb->resume();
+    if (!moved) return moved.error();
+    return conflict_error("sandbox \"" + id + "\" is already paused");
   }
-  live->paused = true;
   event(tenant_id, id, "paused", "paused by client");
   return Status::Ok();
 }
@@ -461,18 +503,18 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   if (before_traffic_) before_traffic_(id);
   SandboxRow* row = &found->row;
   std::shared_ptr<Live> live = found->live;
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   Connected out;
-  Result<bool> moved = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
-  if (!moved) return moved.error();
   int64_t now = clock_();
-  if (*moved) {
-    if (Status s = live->sb->resume(); !s) {
-      (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
-      return s.error().with_context("resume sandbox " + id);
+  if (live->state == State::kPaused) {
+    if (Status s = live->sb->resume(); !s) return s.error().with_context("resume sandbox " + id);
+    Result<bool> moved = move(*live, id, State::kRunning);
+    if (!moved || !*moved) {
+      (void)live->sb->pause();  // as the row says
+      if (!moved) return moved.error();
+      return conflict_error("sandbox \"" + id + "\" changed state during resume; retry");
     }
-    live->paused = false;
     out.resumed = true;
     // A resumed sandbox gets a fresh timeout from now.
     if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
@@ -500,9 +542,9 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
                                                "\" are private (allowPublicTraffic false): send its "
                                                "trafficAccessToken as the e2b-traffic-access-token header");
   if (before_traffic_) before_traffic_(id);
-  std::lock_guard<std::mutex> g(live->op_mu);
+  MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
-  if (live->paused) {
+  if (live->state == State::kPaused) {
     if (!live->auto_resume)
       return conflict_error("sandbox \"" + id + "\" is paused and its autoResume is off: resume it with "
                             "Sandbox.connect() (POST /sandboxes/" + id + "/connect)");
@@ -512,13 +554,13 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
         port_listening(live->init_pid, port) == std::optional<bool>(false))
       return conflict_error("sandbox \"" + id + "\" is paused and nothing in it listens on port " +
                             std::to_string(port) + ": it was not resumed");
-    Result<bool> resumed = store_.transition(id, {storage::kStatePaused}, storage::kStateRunning);
-    if (!resumed) return resumed.error();
-    if (Status s = live->sb->resume(); !s) {
-      (void)store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
-      return s.error().with_context("resume sandbox " + id + " for traffic");
+    if (Status s = live->sb->resume(); !s) return s.error().with_context("resume sandbox " + id + " for traffic");
+    Result<bool> resumed = move(*live, id, State::kRunning);
+    if (!resumed || !*resumed) {
+      (void)live->sb->pause();  // as the row says
+      if (!resumed) return resumed.error();
+      return conflict_error("sandbox \"" + id + "\" changed state during resume; retry");
     }
-    live->paused = false;
     Result<std::optional<SandboxRow>> row = store_.get_sandbox(live->tenant_id, id);
     if (row && *row) (void)store_.set_end_at(id, clock_() + (*row)->timeout_s);
     event(live->tenant_id, id, "resumed", "resumed by traffic to port " + std::to_string(port));
@@ -540,7 +582,7 @@ MetricSample SandboxService::sample(Live& live, const runtime::Usage& u, uint64_
   m.cpu_usage_ns = u.cpu_usage_ns;
   m.usage = u;
   m.pool_bytes = pool_bytes;
-  std::lock_guard<std::mutex> g(live.samples_mu);
+  MutexLock g(live.samples_mu);
   uint64_t prev_cpu = live.last_cpu_ns, prev_mono = live.last_mono_ns;
   if (prev_mono == 0) {
     // First reading: average over the sandbox's life so far.
@@ -565,13 +607,13 @@ Result<std::vector<MetricSample>> SandboxService::metrics(const std::string& ten
   if (!live) return not_found(id);
   std::vector<MetricSample> out;
   {
-    std::lock_guard<std::mutex> g(live->samples_mu);
+    MutexLock g(live->samples_mu);
     for (const MetricSample& m : live->samples)
       if ((!start || m.unix_s >= *start) && (!end || m.unix_s <= *end)) out.push_back(m);
   }
   int64_t now = clock_();
   if ((!start || now >= *start) && (!end || now <= *end)) {
-    std::lock_guard<std::mutex> g(live->op_mu);
+    MutexLock g(live->op_mu);
     if (live->sb) {
       Result<runtime::Usage> u = live->sb->usage();
       if (!u) return u.error().with_context("metrics of sandbox " + id);
@@ -583,7 +625,25 @@ Result<std::vector<MetricSample>> SandboxService::metrics(const std::string& ten
 
 void SandboxService::tick() {
   int64_t now = clock_();
-  // 1. Timeouts.
+  sweep_timeouts(now);
+  retry_deferred();
+  // Sandboxes whose memory the engine could not restore.
+  if (memory_)
+    for (auto& [id, why] : memory_->take_lost()) {
+      Status s = kill_lost(id, "guest memory could not be restored: " + why);
+      if (!s && s.error().kind() != ErrorKind::kNotFound) LOG_ERROR("sandbox " << id << ": " << s.error().message());
+    }
+  std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
+  {
+    MutexLock g(mu_);
+    all.assign(live_.begin(), live_.end());
+  }
+  sweep_revoked(all);
+  sweep_liveness(all, now);
+}
+
+// 1. Timeouts: kill, or pause with onTimeout=pause.
+void SandboxService::sweep_timeouts(int64_t now) {
   Result<std::vector<SandboxRow>> expired = store_.list_expired(now);
   if (!expired) {
     LOG_WARN("timeout sweep: " << expired.error().message());
@@ -594,86 +654,100 @@ void SandboxService::tick() {
         (void)store_.finish(r.id, storage::kStateKilled, "timeout", now);
         continue;
       }
-      std::unique_lock<std::mutex> g(live->op_mu, std::try_to_lock);
-      if (!g.owns_lock()) continue;  // busy (an offload): the next tick acts on it
+      if (!live->op_mu.try_lock()) continue;  // busy (an offload): the next tick acts on it
+      MutexLock g(live->op_mu, std::adopt_lock);
       if (!live->sb) continue;
       if (r.on_timeout == "pause") {
-        Result<bool> moved = store_.transition(r.id, {storage::kStateRunning}, storage::kStatePaused);
+        if (live->state == State::kPaused) continue;
+        if (Status s = live->sb->pause(); !s) {
+          LOG_ERROR("pause sandbox " << r.id << " at timeout: " << s.error().message());
+          (void)kill_locked(*live, r.id, r.tenant_id, State::kKilled, "timeout (pause failed)");
+          continue;
+        }
+        Result<bool> moved = move(*live, r.id, State::kPaused);
         if (moved && *moved) {
-          if (Status s = live->sb->pause(); !s) {
-            LOG_ERROR("pause sandbox " << r.id << " at timeout: " << s.error().message());
-            (void)kill_locked(*live, r.id, r.tenant_id, storage::kStateKilled, "timeout (pause failed)");
-          } else {
-            live->paused = true;
-            event(r.tenant_id, r.id, "paused", "timeout reached, lifecycle onTimeout=pause");
-          }
+          event(r.tenant_id, r.id, "paused", "timeout reached, lifecycle onTimeout=pause");
+        } else {
+          // Not recorded: the next tick tries again; until then it runs.
+          if (live->state == State::kRunning) (void)live->sb->resume();
+          if (!moved) LOG_WARN("pause sandbox " << r.id << " at timeout: " << moved.error().message());
         }
       } else {
-        (void)kill_locked(*live, r.id, r.tenant_id, storage::kStateKilled, "timeout reached");
+        (void)kill_locked(*live, r.id, r.tenant_id, State::kKilled, "timeout reached");
         LOG_INFO("sandbox " << r.id << " killed: timeout reached");
       }
     }
   }
+}
+
+// Ends that could not be recorded when they happened (a full disk), and
+// ended sandboxes whose runtime kill failed: again, until it works.
+void SandboxService::retry_deferred() {
   // Ends that could not be recorded when they happened (a full disk).
   std::vector<Unrecorded> unrecorded;
   {
-    std::lock_guard<std::mutex> g(lost_mu_);
+    MutexLock g(lost_mu_);
     unrecorded.swap(unrecorded_);
   }
   for (Unrecorded& u : unrecorded) {
     Result<bool> done = store_.finish(u.id, u.state, u.reason, u.at);
     if (!done) {
-      std::lock_guard<std::mutex> g(lost_mu_);
+      MutexLock g(lost_mu_);
       unrecorded_.push_back(std::move(u));
       continue;
     }
     if (*done) event(u.tenant_id, u.id, u.state, u.reason);
   }
-  // Sandboxes whose memory the engine could not restore.
-  std::vector<std::pair<std::string, std::string>> lost;
+  // Ended sandboxes whose kill failed: again, until it works.
+  std::vector<std::pair<std::string, std::unique_ptr<runtime::Sandbox>>> unkilled;
   {
-    std::lock_guard<std::mutex> g(lost_mu_);
-    lost.swap(lost_);
+    MutexLock g(lost_mu_);
+    unkilled.swap(unkilled_);
   }
-  for (auto& [id, why] : lost) {
-    Status s = kill_lost(id, "guest memory could not be restored: " + why);
-    if (!s && s.error().kind() != ErrorKind::kNotFound) LOG_ERROR("sandbox " << id << ": " << s.error().message());
-  }
-  std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    all.assign(live_.begin(), live_.end());
-  }
-  // Revoked tenants (`sandgate tenant revoke`, possibly from another
-  // process): their sandboxes end now, not at their timeouts.
-  {
-    std::map<std::string, bool> revoked;
-    for (auto& [id, live] : all) {
-      auto [it, fresh] = revoked.try_emplace(live->tenant_id, false);
-      if (!fresh) continue;
-      Result<std::optional<storage::TenantRow>> t = store_.find_tenant(live->tenant_id);
-      it->second = t && *t && (*t)->disabled;
+  for (auto& [id, sb] : unkilled) {
+    if (Status k = sb->kill(); !k) {
+      MutexLock g(lost_mu_);
+      unkilled_.emplace_back(id, std::move(sb));
+      continue;
     }
-    for (auto& [id, live] : all) {
-      if (!revoked[live->tenant_id]) continue;
-      if (before_traffic_) before_traffic_(id);  // a running offload stops first
-      std::lock_guard<std::mutex> g(live->op_mu);
-      if (!live->sb) continue;
-      (void)kill_locked(*live, id, live->tenant_id, storage::kStateKilled, "its tenant was revoked");
-      LOG_INFO("sandbox " << id << " killed: tenant " << live->tenant_id << " was revoked");
-    }
+    LOG_INFO("sandbox " << id << ": killed at last");
   }
-  // 2. Liveness, M(t) every second, and 3. metric samples every 5 s.
+}
+
+// Revoked tenants (`sandgate tenant revoke`, possibly from another
+// process): their sandboxes end now, not at their timeouts.
+void SandboxService::sweep_revoked(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all) {
+  std::map<std::string, bool> revoked;
+  for (auto& [id, live] : all) {
+    auto [it, fresh] = revoked.try_emplace(live->tenant_id, false);
+    if (!fresh) continue;
+    Result<std::optional<storage::TenantRow>> t = store_.find_tenant(live->tenant_id);
+    it->second = t && *t && (*t)->disabled;
+  }
+  for (auto& [id, live] : all) {
+    if (!revoked[live->tenant_id]) continue;
+    if (before_traffic_) before_traffic_(id);  // a running offload stops first
+    MutexLock g(live->op_mu);
+    if (!live->sb) continue;
+    (void)kill_locked(*live, id, live->tenant_id, State::kKilled, "its tenant was revoked");
+    LOG_INFO("sandbox " << id << " killed: tenant " << live->tenant_id << " was revoked");
+  }
+}
+
+// 2. Liveness, M(t) every second, and 3. metric samples every 5 s.
+void SandboxService::sweep_liveness(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all,
+                                    int64_t now) {
   bool take_samples = now - last_sample_s_ >= 5;
   if (take_samples) last_sample_s_ = now;
   for (auto& [id, live] : all) {
     // A sandbox busy with a long operation (an offload) is looked at on a
     // later tick: one sandbox must not hold up the sweep of the others.
-    std::unique_lock<std::mutex> g(live->op_mu, std::try_to_lock);
-    if (!g.owns_lock() || !live->sb) continue;
+    if (!live->op_mu.try_lock()) continue;
+    MutexLock g(live->op_mu, std::adopt_lock);
+    if (!live->sb) continue;
     if (!live->sb->alive()) {
       LOG_WARN("sandbox " << id << " died: its PID 1 exited");
-      (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost, "the sandbox's processes exited");
+      (void)kill_locked(*live, id, live->tenant_id, State::kLost, "the sandbox's processes exited");
       continue;
     }
     // One reading a second: M(t) (resident memory, i.e. cgroup or the
@@ -684,25 +758,30 @@ void SandboxService::tick() {
     live->mem_now.store(u->mem_used_bytes + pool, std::memory_order_relaxed);
     if (take_samples) {
       MetricSample m = sample(*live, *u, pool);
-      std::lock_guard<std::mutex> sg(live->samples_mu);
+      MutexLock sg(live->samples_mu);
       live->samples.push_back(m);
       while (live->samples.size() > 720) live->samples.pop_front();
     }
-  }
-}
+  }}
 
 void SandboxService::shutdown() {
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
   {
-    std::lock_guard<std::mutex> g(mu_);
+    MutexLock g(mu_);
     all.assign(live_.begin(), live_.end());
   }
   for (auto& [id, live] : all) {
-    std::lock_guard<std::mutex> g(live->op_mu);
+    MutexLock g(live->op_mu);
     if (live->sb)
-      (void)kill_locked(*live, id, live->tenant_id, storage::kStateLost,
+      (void)kill_locked(*live, id, live->tenant_id, State::kLost,
                         "sandgate stopped: process-backend sandboxes end with it");
   }
+  // A last try for the ones whose kill kept failing; what is left then is
+  // the runtime's cleanup_stale() at the next start.
+  MutexLock g(lost_mu_);
+  for (auto& [id, sb] : unkilled_)
+    if (Status k = sb->kill(); !k) LOG_ERROR("sandbox " << id << " left behind: " << k.error().message());
+  unkilled_.clear();
 }
 
-}  // namespace sg::api
+}  // namespace sg::lifecycle

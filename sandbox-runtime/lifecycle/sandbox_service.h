@@ -1,4 +1,5 @@
-// SandboxService: the sandbox lifecycle behind the control plane.
+// SandboxService: the sandbox lifecycle core, behind the control plane
+// (api-e2b), the sandbox traffic proxy and the model gateway (gateway/).
 //
 // It owns the live runtime handles and keeps SQLite and the runtime in step:
 // every state change is a compare-and-set on the row (storage::Store::
@@ -7,13 +8,26 @@
 // never wait for each other. All methods block (SQLite, runtime) and run on
 // worker threads. Errors are sg::Error with the kind the HTTP layer maps.
 //
-// Lifecycle (states as stored):
+// Lifecycle: each live sandbox holds one State
+// (sandbox-runtime/lifecycle/state.h, which has the one table of legal
+// transitions); the row's state is written from it (stored_state()):
 //   creating -> running            create() after the agent reports ready
 //   creating -> failed             the runtime could not start it
 //   running  -> paused             pause(), or timeout with on_timeout=pause
-//   paused   -> running            connect() (resume)
-//   running|paused -> killed       kill(), or timeout with on_timeout=kill
-//   running|paused -> lost         its processes died, or sandgate restarted
+//   paused   -> running            connect() (resume), or traffic (autoResume)
+//   running  -> wait-paused        wait_pause() (stored: running)
+//   wait-paused -> offloading -> offloaded   wait_offload() (stored: running)
+//   wait-paused|offloaded -> running         wait_resume()
+//   wait-paused|offloaded -> paused          a client's pause during a wait
+//   any live -> killed             kill(), timeout with on_timeout=kill, revoked tenant
+//   any live -> lost               its processes died, memory lost, sandgate stopped
+//
+// Locks: mu_ guards live_ (the map); each sandbox's op_mu serialises its
+// lifecycle operations and guards its state and runtime handle; net_mu its
+// network policy; samples_mu its metric samples; lost_mu_ the deferred
+// lists. Order: op_mu before mu_, lost_mu_, net_mu or samples_mu; never two
+// sandboxes' op_mu at once. Hooks (before_traffic, gone, network_changed)
+// are called without op_mu held.
 #pragma once
 
 #include <atomic>
@@ -29,16 +43,15 @@
 #include <unordered_map>
 #include <vector>
 
-#include "api-e2b/requests.h"
-#include "gateway/http/message.h"
+#include "base/http/message.h"
+#include "base/thread_annotations.h"
+#include "sandbox-runtime/lifecycle/guest_memory.h"
+#include "sandbox-runtime/lifecycle/params.h"
+#include "sandbox-runtime/lifecycle/state.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
 
-namespace sg::memory {
-class MemoryEngine;
-}
-
-namespace sg::api {
+namespace sg::lifecycle {
 
 struct MetricSample {
   int64_t unix_s = 0;
@@ -61,6 +74,9 @@ struct ServiceConfig {
   // network.allowOut) is refused; on, each sandbox's policy is kept for
   // the proxy and HTTP(S)_PROXY in its environment point at it.
   bool egress = false;
+  // Memory offload (with a memory engine): at most this many offloads at
+  // once, the CPU budget of the encoders.
+  size_t offload_concurrency = 1;
 };
 
 // The in-sandbox model proxy address (the agent forwards it over the channel).
@@ -71,7 +87,11 @@ std::vector<std::pair<std::string, std::string>> egress_proxy_env();
 class SandboxService {
  public:
   using Clock = std::function<int64_t()>;  // unix seconds
-  SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock);
+  // memory: the offload engine (microVMs; null: no offload), which must
+  // outlive the service. The service polls it for sandboxes whose memory
+  // was lost (tick()), so the engine needs no hook back into it.
+  SandboxService(storage::Store& store, runtime::Runtime& rt, ServiceConfig cfg, Clock clock,
+                 GuestMemoryStore* memory = nullptr);
   ~SandboxService();
 
   // Start-up recovery: rows left creating/running/paused by a previous run
@@ -82,7 +102,7 @@ class SandboxService {
   Result<storage::SandboxRow> create(const storage::TenantRow& tenant, const CreateParams& p);
   // The egress policy of a live sandbox; nullopt when it is gone or the
   // server has no egress. Any thread (the egress proxy asks per connection).
-  std::optional<EgressPolicy> egress_policy(const std::string& id);
+  std::optional<network::EgressPolicy> egress_policy(const std::string& id);
   // The network configuration of a live sandbox as the client last gave
   // it (create or update); nullopt when it is gone.
   std::optional<NetworkParams> network(const std::string& id);
@@ -136,6 +156,9 @@ class SandboxService {
   void shutdown();
 
   size_t live_count();
+  // The lifecycle state of a live sandbox; kNotFound when it is not live.
+  // Waits for an operation in progress on it (tests, diagnostics).
+  Result<State> state(const std::string& id);
 
   // Wait coordination (wait-engine/coordinator): hooks set once, before
   // serving. before_traffic runs before traffic reaches a sandbox (ports,
@@ -155,17 +178,12 @@ class SandboxService {
   // wait pause failed); its state becomes lost with the reason.
   Status kill_lost(const std::string& id, const std::string& reason);
 
-  // Memory offload (wait-engine/memory/offload.h), set once before
-  // serving; engine outlives the service. wait_offload moves a wait-paused
+  // Memory offload (the GuestMemoryStore): wait_offload moves a wait-paused
   // microVM's RAM into the pool (kConflict when cancel was set or the
   // sandbox is not wait-paused; kUnavailable on the process backend; kQuota
   // when the CPU budget, max_concurrent offloads at once, is spent), and
   // wait_resume installs the predicted pages before the vCPUs run.
-  void set_memory_engine(memory::MemoryEngine* engine, size_t max_concurrent);
   Status wait_offload(const std::string& id, const std::atomic<bool>& cancel);
-  // A sandbox whose memory the engine cannot restore: killed (lost) by the
-  // next tick(). Any thread; does not block.
-  void note_memory_lost(const std::string& id, const std::string& why);
   // M(t) = resident memory + pool bytes, summed over live sandboxes, from
   // the readings tick() takes every second.
   uint64_t memory_in_use();
@@ -174,12 +192,12 @@ class SandboxService {
 
  private:
   struct Live {
-    std::mutex op_mu;  // serialises lifecycle operations on this sandbox
-    std::unique_ptr<runtime::Sandbox> sb;  // GUARDED_BY(op_mu); null once killed
-    // Mirrors the row's paused state (every transition happens under
-    // op_mu), so traffic to a running sandbox costs no SQLite.
-    bool paused = false;  // GUARDED_BY(op_mu)
-    bool wait_paused = false;  // GUARDED_BY(op_mu): frozen by the wait coordinator
+    Mutex op_mu;  // serialises lifecycle operations on this sandbox
+    std::unique_ptr<runtime::Sandbox> sb GUARDED_BY(op_mu);  // null once terminal
+    // The one state of this sandbox; the row's state is written from it
+    // (every transition happens under op_mu), so traffic to a running
+    // sandbox costs no SQLite.
+    State state GUARDED_BY(op_mu) = State::kCreating;
     std::string tenant_id;
     std::string template_id;
     int64_t started_at = 0;
@@ -189,12 +207,12 @@ class SandboxService {
     int64_t init_pid = 0;  // the process backend's agent, as the host sees it
     std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
     uint32_t cpu_count = 1;
-    std::mutex net_mu;
-    NetworkParams network;  // GUARDED_BY(net_mu): the egress policy, from create or an update
-    std::mutex samples_mu;
-    std::deque<MetricSample> samples;  // GUARDED_BY(samples_mu)
-    uint64_t last_cpu_ns = 0;           // GUARDED_BY(samples_mu)
-    uint64_t last_mono_ns = 0;          // GUARDED_BY(samples_mu)
+    Mutex net_mu;
+    NetworkParams network GUARDED_BY(net_mu);  // the egress policy, from create or an update
+    Mutex samples_mu;
+    std::deque<MetricSample> samples GUARDED_BY(samples_mu);
+    uint64_t last_cpu_ns GUARDED_BY(samples_mu) = 0;
+    uint64_t last_mono_ns GUARDED_BY(samples_mu) = 0;
   };
 
   std::shared_ptr<Live> find_live(const std::string& id);
@@ -206,10 +224,31 @@ class SandboxService {
   // otherwise. Callers lock live->op_mu and re-check live->sb.
   Result<Found> lookup(const std::string& tenant_id, const std::string& id);
   Status check_timeout(int64_t timeout_s) const;
-  Status kill_locked(Live& live, const std::string& id, const std::string& tenant_id, const std::string& state,
-                     const std::string& reason);
+  // Kills the runtime sandbox (twice if need be); one whose kill still
+  // fails is parked in unkilled_ for tick() to kill, never dropped.
+  // REQUIRES(live.op_mu).
+  Status end_runtime(Live& live, const std::string& id) REQUIRES(live.op_mu);
+  // Ends the sandbox (to: killed or lost). REQUIRES(live.op_mu).
+  Status kill_locked(Live& live, const std::string& id, const std::string& tenant_id, State to,
+                     const std::string& reason) REQUIRES(live.op_mu);
+  // Moves the sandbox to `to`: asserts the move is in the lifecycle table
+  // and writes the row's state where the stored state changes (a compare-
+  // and-set from the stored state of its current one: false when the row
+  // was not in it). The in-memory state changes only when it returns true.
+  // REQUIRES(live.op_mu).
+  Result<bool> move(Live& live, const std::string& id, State to) REQUIRES(live.op_mu);
+  // The in-memory half of move(), for a row already written. REQUIRES(live.op_mu).
+  static void enter(Live& live, State to) REQUIRES(live.op_mu);
+  storage::SandboxRow new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t, const CreateParams& p);
+  runtime::SandboxSpec new_spec(const storage::SandboxRow& row, const storage::TemplateRow& t,
+                                const CreateParams& p) const;
+  // The parts of tick(), in its order.
+  void sweep_timeouts(int64_t now);
+  void retry_deferred();
+  void sweep_revoked(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all);
+  void sweep_liveness(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all, int64_t now);
   // A metric sample from a usage reading (cpu percent since the last one).
-  MetricSample sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes);
+  MetricSample sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes) EXCLUDES(live.samples_mu);
   void event(const std::string& tenant_id, const std::string& id, const std::string& kind,
              const std::string& detail);
 
@@ -217,27 +256,28 @@ class SandboxService {
   runtime::Runtime& rt_;
   const ServiceConfig cfg_;
   Clock clock_;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<Live>> live_;  // GUARDED_BY(mu_)
+  Mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<Live>> live_ GUARDED_BY(mu_);
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
   std::function<void(const std::string&)> before_traffic_;       // set before serving
   std::function<void(const std::string&)> gone_;
   std::function<void(const std::string&)> network_changed_;     // set before serving
-  memory::MemoryEngine* memory_ = nullptr;  // set before serving
-  size_t offload_slots_ = 1;
+  GuestMemoryStore* const memory_;  // may be null
+  const size_t offload_slots_;
   std::atomic<size_t> offloads_running_{0};
-  std::mutex lost_mu_;
-  std::vector<std::pair<std::string, std::string>> lost_;  // GUARDED_BY(lost_mu_)
+  Mutex lost_mu_;
   // Sandboxes killed while their end could not be written (a full disk);
   // tick() writes it.
   struct Unrecorded {
     std::string id, tenant_id, state, reason;
     int64_t at = 0;
   };
-  std::vector<Unrecorded> unrecorded_;  // GUARDED_BY(lost_mu_)
+  std::vector<Unrecorded> unrecorded_ GUARDED_BY(lost_mu_);
+  // Ended sandboxes whose runtime kill failed; tick() kills them again.
+  std::vector<std::pair<std::string, std::unique_ptr<runtime::Sandbox>>> unkilled_ GUARDED_BY(lost_mu_);
 };
 
 // A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.
 std::string new_sandbox_id();
 
-}  // namespace sg::api
+}  // namespace sg::lifecycle

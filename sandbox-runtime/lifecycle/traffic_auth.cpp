@@ -1,15 +1,15 @@
 // Credentials for traffic to paused or private sandboxes (traffic_auth.h).
-#include "api-e2b/traffic_auth.h"
+#include "sandbox-runtime/lifecycle/traffic_auth.h"
 
 #include <openssl/evp.h>
 
 #include <cstdlib>
 #include <vector>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 
-namespace sg::api {
+namespace sg::lifecycle {
 
 namespace {
 
@@ -120,4 +120,4 @@ std::optional<bool> port_listening(int64_t pid, uint16_t port) {
   return false;
 }
 
-}  // namespace sg::api
+}  // namespace sg::lifecycle

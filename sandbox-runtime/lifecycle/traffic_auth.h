@@ -12,9 +12,9 @@
 #include <optional>
 #include <string>
 
-#include "gateway/http/message.h"
+#include "base/http/message.h"
 
-namespace sg::api {
+namespace sg::lifecycle {
 
 // X-Access-Token equal to envd_token, or a /files request whose signature
 // query parameter is E2B's v1 signature of (path, operation, username,
@@ -34,4 +34,4 @@ bool traffic_token_ok(const http::HttpRequest& head, const std::string& token);
 // nullopt when neither file can be read.
 std::optional<bool> port_listening(int64_t pid, uint16_t port);
 
-}  // namespace sg::api
+}  // namespace sg::lifecycle

@@ -1,5 +1,5 @@
 // The microVM backend: spawning sandgate-vmm, template snapshots, clones.
-#include "microvm/microvm_runtime.h"
+#include "sandbox-runtime/microvm/microvm_runtime.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -24,11 +24,11 @@
 #include <optional>
 #include <vector>
 
-#include "channel/control_message.h"
-#include "process/cgroup.h"
-#include "process/host_channel.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/channel/control_message.h"
+#include "sandbox-runtime/host/cgroup.h"
+#include "sandbox-runtime/host/host_channel.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 extern char** environ;
 

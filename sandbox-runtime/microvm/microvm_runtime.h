@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "runtime.h"
+#include "sandbox-runtime/runtime.h"
 
 namespace sg::microvm {
 

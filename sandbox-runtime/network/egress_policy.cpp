@@ -1,5 +1,5 @@
 // Egress policy parsing and decisions (egress_policy.h).
-#include "api-e2b/egress_policy.h"
+#include "sandbox-runtime/network/egress_policy.h"
 
 #include <arpa/inet.h>
 
@@ -7,7 +7,7 @@
 #include <cctype>
 #include <cstring>
 
-namespace sg::api {
+namespace sg::network {
 
 namespace {
 
@@ -251,4 +251,4 @@ Result<EgressRequest> parse_egress_request(std::string_view head) {
   return *t;
 }
 
-}  // namespace sg::api
+}  // namespace sg::network

@@ -21,9 +21,9 @@
 #include <string_view>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
-namespace sg::api {
+namespace sg::network {
 
 // An address as 16 bytes (IPv4 as ::ffff:a.b.c.d) and a prefix length
 // over those 128 bits.
@@ -82,4 +82,4 @@ struct EgressRequest {
 };
 Result<EgressRequest> parse_egress_request(std::string_view head);
 
-}  // namespace sg::api
+}  // namespace sg::network

@@ -1,5 +1,5 @@
 // The agent's private tmpfs copy (agent_tree.h).
-#include "process/agent_tree.h"
+#include "sandbox-runtime/process/agent_tree.h"
 
 #include <fcntl.h>
 #include <sys/mount.h>
@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

@@ -11,8 +11,8 @@
 
 #include <string>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::process {
 

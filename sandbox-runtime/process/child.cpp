@@ -1,7 +1,7 @@
 // The sandbox child between clone() and execve(): see child.h for the rules
 // it lives by (async-signal-safe calls only, every input prepared by the
 // parent). The mount sequence is documented in docs/process-backend.md.
-#include "process/child.h"
+#include "sandbox-runtime/process/child.h"
 
 #include <fcntl.h>
 #include <sched.h>

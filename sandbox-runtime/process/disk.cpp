@@ -1,5 +1,5 @@
 // Size-limited writable layers for process sandboxes (disk.h).
-#include "process/disk.h"
+#include "sandbox-runtime/process/disk.h"
 
 #include <fcntl.h>
 #include <linux/loop.h>
@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

@@ -18,8 +18,8 @@
 #include <cstdint>
 #include <string>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::process {
 

@@ -1,10 +1,10 @@
 // Free-space admission for sandbox disks (disk_space.h).
-#include "process/disk_space.h"
+#include "sandbox-runtime/process/disk_space.h"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

@@ -27,7 +27,7 @@
 #include <mutex>
 #include <string>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::process {
 

@@ -6,7 +6,7 @@
 // releases it through a sync pipe, collects any (step, errno) failure from the
 // error pipe, then waits for the agent's "ready" frame. Any failure runs the
 // same teardown as Sandbox::kill(), so a failed create leaves nothing behind.
-#include "process/process_runtime.h"
+#include "sandbox-runtime/process/process_runtime.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -35,17 +35,17 @@
 #include <optional>
 #include <thread>
 
-#include "channel/control_message.h"
-#include "channel/frame.h"
-#include "process/agent_tree.h"
-#include "process/cgroup.h"
-#include "process/child.h"
-#include "process/disk.h"
-#include "process/disk_space.h"
-#include "process/host_channel.h"
-#include "process/userns.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/channel/control_message.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/process/agent_tree.h"
+#include "sandbox-runtime/host/cgroup.h"
+#include "sandbox-runtime/process/child.h"
+#include "sandbox-runtime/process/disk.h"
+#include "sandbox-runtime/process/disk_space.h"
+#include "sandbox-runtime/host/host_channel.h"
+#include "sandbox-runtime/process/userns.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string_view>
 
-#include "runtime.h"
+#include "sandbox-runtime/runtime.h"
 
 namespace sg::process {
 

@@ -1,5 +1,5 @@
 // User namespaces and idmapped template trees for process sandboxes (userns.h).
-#include "process/userns.h"
+#include "sandbox-runtime/process/userns.h"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -13,7 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::process {
 

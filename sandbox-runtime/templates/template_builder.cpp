@@ -2,7 +2,7 @@
 // process whose output is streamed line by line, then direct edits of the
 // account files (no chroot tools, so it works with any host), then an
 // atomic rename.
-#include "templates/template_builder.h"
+#include "sandbox-runtime/templates/template_builder.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "sys/fd.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/fd.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 extern char** environ;
 

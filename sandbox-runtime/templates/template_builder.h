@@ -13,7 +13,7 @@
 #include <functional>
 #include <string>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::templates {
 

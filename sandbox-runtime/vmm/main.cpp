@@ -13,11 +13,11 @@
 #include <thread>
 #include <vector>
 
-#include "sys/log.h"
-#include "sys/sys.h"
-#include "vm/confine.h"
-#include "vm/control.h"
-#include "vm/machine.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "sandbox-runtime/vmm/vm/confine.h"
+#include "sandbox-runtime/vmm/vm/control.h"
+#include "sandbox-runtime/vmm/vm/machine.h"
 
 namespace {
 

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "api-e2b/control_plane.h"
+#include "api-e2b/requests.h"
 
 using namespace sg;
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::bench {
 

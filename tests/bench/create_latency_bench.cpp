@@ -18,9 +18,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "support/sandgate_process.h"
-#include "bench_util.h"
-#include "sys/sys.h"
+#include "tests/support/sandgate_process.h"
+#include "tests/bench/bench_util.h"
+#include "base/sys.h"
 
 using namespace sg;
 using json = nlohmann::json;

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "bench/bench_util.h"
+#include "tests/bench/bench_util.h"
 #include "gateway/egress_proxy.h"
 
 using namespace sg;
@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
   gateway::EgressConfig cfg;
   cfg.allow_internal = true;
   cfg.max_per_sandbox = 1024;
-  gateway::EgressProxy proxy(cfg, [](const std::string&) { return api::parse_egress_policy({}, {}, true).value(); });
+  gateway::EgressProxy proxy(cfg, [](const std::string&) { return network::parse_egress_policy({}, {}, true).value(); });
 
   std::vector<double> direct_ms, proxied_ms;
   for (int i = 0; i < conns; ++i) {

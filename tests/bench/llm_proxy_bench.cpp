@@ -38,9 +38,9 @@
 #include <thread>
 #include <vector>
 
-#include "support/sandgate_process.h"
-#include "bench_util.h"
-#include "sys/sys.h"
+#include "tests/support/sandgate_process.h"
+#include "tests/bench/bench_util.h"
+#include "base/sys.h"
 
 using namespace sg;
 using json = nlohmann::json;

@@ -36,8 +36,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "memory/dictionary.h"
-#include "memory/page_codec.h"
+#include "wait-engine/memory/dictionary.h"
+#include "wait-engine/memory/page_codec.h"
 
 using json = nlohmann::json;
 using namespace sg;

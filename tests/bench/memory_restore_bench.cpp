@@ -58,9 +58,9 @@
 #include <thread>
 #include <vector>
 
-#include "bench_util.h"
-#include "memory/prefetch.h"
-#include "memory/uffd.h"
+#include "tests/bench/bench_util.h"
+#include "wait-engine/memory/prefetch.h"
+#include "wait-engine/memory/uffd.h"
 
 using json = nlohmann::json;
 using namespace sg;

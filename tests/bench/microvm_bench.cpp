@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
-#include "kvm/kvm_env.h"
-#include "sys/sys.h"
+#include "tests/kvm/kvm_env.h"
+#include "base/sys.h"
 
 using namespace sg;
 using json = nlohmann::json;

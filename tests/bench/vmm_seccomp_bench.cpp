@@ -23,9 +23,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "bench/bench_util.h"
-#include "sys/seccomp.h"
-#include "vm/confine.h"
+#include "tests/bench/bench_util.h"
+#include "base/seccomp.h"
+#include "sandbox-runtime/vmm/vm/confine.h"
 
 namespace {
 

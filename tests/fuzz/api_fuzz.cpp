@@ -3,7 +3,7 @@
 // content type and the JSON body, through every route's parser
 // (api-e2b/requests.h), the egress proxy's request heads and policies
 // (api-e2b/egress_policy.h) and the gateway's sandbox routing
-// (gateway/http/routing.h). Beyond "no crash, no sanitizer report" it
+// (base/http/routing.h). Beyond "no crash, no sanitizer report" it
 // checks the contracts: a parse either succeeds with values inside their
 // documented bounds or fails as kInvalid with a message.
 //
@@ -23,7 +23,7 @@
 #include <string_view>
 
 #include "api-e2b/requests.h"
-#include "gateway/http/routing.h"
+#include "base/http/routing.h"
 
 namespace {
 
@@ -123,7 +123,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 8: {
       // The egress proxy's request head (a sandbox's): the body is the head.
-      auto r = sg::api::parse_egress_request(req.body);
+      auto r = sg::network::parse_egress_request(req.body);
       check_error(r);
       if (r) {
         require(!r->host.empty() && r->host.size() <= 253 && r->port >= 1);
@@ -131,11 +131,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (!r->tunnel) require(r->origin_head.size() >= 4 && r->origin_head.substr(r->origin_head.size() - 4) == "\r\n\r\n");
       }
       std::string host = fields[1].empty() ? "example.com" : fields[1];
-      if (auto a = sg::api::parse_ip(fields[2].empty() ? "1.2.3.4" : fields[2])) {
-        auto pol = sg::api::parse_egress_policy({fields[3]}, {fields[4]}, (route & 0x10) != 0);
+      if (auto a = sg::network::parse_ip(fields[2].empty() ? "1.2.3.4" : fields[2])) {
+        auto pol = sg::network::parse_egress_policy({fields[3]}, {fields[4]}, (route & 0x10) != 0);
         check_error(pol);
         if (pol) {
-          sg::api::EgressDecision d = sg::api::decide_egress(*pol, host, *a, (route & 0x20) != 0);
+          sg::network::EgressDecision d = sg::network::decide_egress(*pol, host, *a, (route & 0x20) != 0);
           require(d.allowed == d.why.empty());
         }
       }

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view in(reinterpret_cast<const char*>(data), size);

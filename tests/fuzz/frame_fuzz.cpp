@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string>
 
-#include "channel/frame.h"
+#include "sandbox-runtime/channel/frame.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace sg::channel;

@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "llm/usage.h"
+#include "wait-engine/llm/usage.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

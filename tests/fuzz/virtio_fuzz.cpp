@@ -35,11 +35,11 @@
 #include <thread>
 #include <vector>
 
-#include "devices/virtio_blk.h"
-#include "devices/virtio_console.h"
-#include "devices/virtio_mmio.h"
-#include "sys/fd.h"
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/devices/virtio_blk.h"
+#include "sandbox-runtime/vmm/devices/virtio_console.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "base/fd.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 using namespace sg;
 using namespace sg::vmm;

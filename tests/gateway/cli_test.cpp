@@ -7,8 +7,8 @@
 
 #include "gateway/cli.h"
 #include "storage/store.h"
-#include "support/temp_dir.h"
-#include "sys/sys.h"
+#include "tests/support/temp_dir.h"
+#include "base/sys.h"
 #include "tenancy/llm_keys.h"
 
 using namespace sg;

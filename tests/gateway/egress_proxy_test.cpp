@@ -95,17 +95,17 @@ struct Client {
   }
 };
 
-std::map<std::string, api::EgressPolicy> policies() {
-  std::map<std::string, api::EgressPolicy> m;
-  m["open"] = *api::parse_egress_policy({}, {}, true);
-  m["closed"] = *api::parse_egress_policy({}, {}, false);
-  m["named"] = *api::parse_egress_policy({"allowed.test"}, {}, false);
+std::map<std::string, network::EgressPolicy> policies() {
+  std::map<std::string, network::EgressPolicy> m;
+  m["open"] = *network::parse_egress_policy({}, {}, true);
+  m["closed"] = *network::parse_egress_policy({}, {}, false);
+  m["named"] = *network::parse_egress_policy({"allowed.test"}, {}, false);
   return m;
 }
 
 gateway::EgressProxy::PolicyLookup lookup() {
-  auto m = std::make_shared<std::map<std::string, api::EgressPolicy>>(policies());
-  return [m](const std::string& id) -> std::optional<api::EgressPolicy> {
+  auto m = std::make_shared<std::map<std::string, network::EgressPolicy>>(policies());
+  return [m](const std::string& id) -> std::optional<network::EgressPolicy> {
     auto it = m->find(id);
     if (it == m->end()) return std::nullopt;
     return it->second;
@@ -115,8 +115,8 @@ gateway::EgressProxy::PolicyLookup lookup() {
 // Test names: allowed.test and other.test are the loopback address.
 gateway::EgressProxy::Resolver resolver() {
   return [](const std::string& host) -> Result<std::vector<std::array<uint8_t, 16>>> {
-    if (host == "allowed.test" || host == "other.test") return std::vector<std::array<uint8_t, 16>>{*api::parse_ip("127.0.0.1")};
-    if (auto a = api::parse_ip(host)) return std::vector<std::array<uint8_t, 16>>{*a};
+    if (host == "allowed.test" || host == "other.test") return std::vector<std::array<uint8_t, 16>>{*network::parse_ip("127.0.0.1")};
+    if (auto a = network::parse_ip(host)) return std::vector<std::array<uint8_t, 16>>{*a};
     return Error(ErrorKind::kNotFound, "cannot resolve " + host);
   };
 }
@@ -230,11 +230,11 @@ TEST_CASE("egress proxy: stopping closes open tunnels") {
 
 TEST_CASE("egress proxy: a policy update closes the open tunnels it refuses and keeps the rest") {
   Origin origin;
-  auto m = std::make_shared<std::map<std::string, api::EgressPolicy>>();
+  auto m = std::make_shared<std::map<std::string, network::EgressPolicy>>();
   auto mu = std::make_shared<std::mutex>();
-  (*m)["s"] = *api::parse_egress_policy({"allowed.test", "other.test"}, {}, false);
-  (*m)["t"] = *api::parse_egress_policy({}, {}, true);
-  gateway::EgressProxy::PolicyLookup look = [m, mu](const std::string& id) -> std::optional<api::EgressPolicy> {
+  (*m)["s"] = *network::parse_egress_policy({"allowed.test", "other.test"}, {}, false);
+  (*m)["t"] = *network::parse_egress_policy({}, {}, true);
+  gateway::EgressProxy::PolicyLookup look = [m, mu](const std::string& id) -> std::optional<network::EgressPolicy> {
     std::lock_guard<std::mutex> l(*mu);
     auto it = m->find(id);
     if (it == m->end()) return std::nullopt;
@@ -249,7 +249,7 @@ TEST_CASE("egress proxy: a policy update closes the open tunnels it refuses and 
   }
   {
     std::lock_guard<std::mutex> l(*mu);
-    (*m)["s"] = *api::parse_egress_policy({"allowed.test"}, {}, false);
+    (*m)["s"] = *network::parse_egress_policy({"allowed.test"}, {}, false);
   }
   proxy.recheck("s");
   // The refused tunnel is closed: a request through it gets nothing back.

@@ -1,7 +1,7 @@
 // Routing of sandbox traffic by headers and by host.
 #include <doctest/doctest.h>
 
-#include "gateway/http/routing.h"
+#include "base/http/routing.h"
 
 using namespace sg;
 using namespace sg::http;

@@ -7,8 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "support/sandgate_process.h"
-#include "sys/sys.h"
+#include "tests/support/sandgate_process.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::test;

@@ -11,10 +11,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "state_of.h"
-#include "support/sandgate_process.h"
-#include "sys/fd.h"
-#include "sys/sys.h"
+#include "tests/integration/state_of.h"
+#include "tests/support/sandgate_process.h"
+#include "base/fd.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::test;

@@ -23,11 +23,11 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "state_of.h"
-#include "support/eventually.h"
-#include "support/sandgate_process.h"
-#include "sys/fd.h"
-#include "sys/sys.h"
+#include "tests/integration/state_of.h"
+#include "tests/support/eventually.h"
+#include "tests/support/sandgate_process.h"
+#include "base/fd.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::test;

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "storage/store.h"
-#include "state_of.h"
-#include "support/eventually.h"
-#include "support/sandgate_process.h"
-#include "sys/sys.h"
+#include "tests/integration/state_of.h"
+#include "tests/support/eventually.h"
+#include "tests/support/sandgate_process.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::test;

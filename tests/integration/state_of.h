@@ -4,7 +4,7 @@
 
 #include <doctest/doctest.h>
 
-#include "support/sandgate_process.h"
+#include "tests/support/sandgate_process.h"
 
 namespace sg::test {
 

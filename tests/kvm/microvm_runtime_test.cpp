@@ -23,10 +23,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kvm/kvm_env.h"
-#include "memory/offload.h"
-#include "process/cgroup.h"
-#include "sys/sys.h"
+#include "tests/kvm/kvm_env.h"
+#include "wait-engine/memory/offload.h"
+#include "sandbox-runtime/host/cgroup.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace std::chrono_literals;

@@ -13,9 +13,9 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "agent/agent.h"
-#include "support/temp_dir.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/agent.h"
+#include "tests/support/temp_dir.h"
+#include "base/sys.h"
 
 using namespace sg;
 using nlohmann::json;

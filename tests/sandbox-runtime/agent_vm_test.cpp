@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "agent/agent.h"
-#include "sys/sys.h"
-#include "support/temp_dir.h"
+#include "sandbox-runtime/agent/agent.h"
+#include "base/sys.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg;
 

@@ -1,7 +1,7 @@
 // Cgroup layout detection from mountinfo text (pure; no cgroups touched).
 #include <doctest/doctest.h>
 
-#include "process/cgroup.h"
+#include "sandbox-runtime/host/cgroup.h"
 
 using namespace sg::process;
 

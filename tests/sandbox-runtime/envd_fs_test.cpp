@@ -9,9 +9,9 @@
 #include <set>
 #include <thread>
 
-#include "agent/envd/files.h"
-#include "agent/envd/filesystem.h"
-#include "envd_harness.h"
+#include "sandbox-runtime/agent/envd/files.h"
+#include "sandbox-runtime/agent/envd/filesystem.h"
+#include "tests/sandbox-runtime/envd_harness.h"
 
 using namespace envd_test;
 

@@ -24,10 +24,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "agent/envd/rpc.h"
-#include "agent/envd/server.h"
-#include "agent/reaper.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/server.h"
+#include "sandbox-runtime/agent/reaper.h"
+#include "base/sys.h"
 
 namespace envd_test {
 

@@ -2,7 +2,7 @@
 // sharing one inotify instance (item 4), and an agent that answers on when
 // no thread can be created (item 6).
 #include <doctest/doctest.h>
-#include "support/skip.h"
+#include "tests/support/skip.h"
 
 #include <dirent.h>
 #include <poll.h>
@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "agent/envd/spawn.h"
-#include "envd_harness.h"
+#include "sandbox-runtime/agent/envd/spawn.h"
+#include "tests/sandbox-runtime/envd_harness.h"
 
 using namespace envd_test;
 

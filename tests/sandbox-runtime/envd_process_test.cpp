@@ -4,9 +4,9 @@
 
 #include <sys/wait.h>
 
-#include "agent/envd/process.h"
-#include "agent/envd/sha256.h"
-#include "envd_harness.h"
+#include "sandbox-runtime/agent/envd/process.h"
+#include "sandbox-runtime/agent/envd/sha256.h"
+#include "tests/sandbox-runtime/envd_harness.h"
 
 using namespace envd_test;
 using sg::envd::Code;

@@ -4,7 +4,7 @@
 
 #include <random>
 
-#include "channel/frame.h"
+#include "sandbox-runtime/channel/frame.h"
 
 using namespace sg::channel;
 

@@ -4,14 +4,14 @@
 // {"service":"name"}, services the opener refuses, and a host without an
 // opener are RESET with the reason. The agent end is either the real
 // agent-side Mux with a ServiceForwarder or raw frames written by the test.
-#include "process/host_channel.h"
+#include "sandbox-runtime/host/host_channel.h"
 
 #include <doctest/doctest.h>
 
 #include <optional>
 
-#include "channel/frame.h"
-#include "service_harness.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "tests/sandbox-runtime/service_harness.h"
 
 using namespace sg;
 using namespace sg::muxtest;

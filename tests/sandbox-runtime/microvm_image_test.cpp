@@ -5,9 +5,9 @@
 #include <sys/stat.h>
 #include <utime.h>
 
-#include "microvm/microvm_runtime.h"
-#include "support/temp_dir.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/microvm/microvm_runtime.h"
+#include "tests/support/temp_dir.h"
+#include "base/sys.h"
 
 using namespace sg;
 

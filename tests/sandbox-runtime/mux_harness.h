@@ -20,9 +20,9 @@
 #include <thread>
 #include <vector>
 
-#include "channel/frame.h"
-#include "channel/mux.h"
-#include "sys/status.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/channel/mux.h"
+#include "base/status.h"
 
 namespace sg::muxtest {
 

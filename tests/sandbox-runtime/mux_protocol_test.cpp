@@ -3,7 +3,7 @@
 // Mux's answers on it.
 #include <doctest/doctest.h>
 
-#include "mux_harness.h"
+#include "tests/sandbox-runtime/mux_harness.h"
 
 using namespace sg;
 using namespace sg::muxtest;

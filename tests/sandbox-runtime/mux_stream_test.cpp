@@ -9,8 +9,8 @@
 #include <atomic>
 #include <condition_variable>
 
-#include "mux_harness.h"
-#include "sys/log.h"
+#include "tests/sandbox-runtime/mux_harness.h"
+#include "base/log.h"
 
 using namespace sg;
 using namespace sg::muxtest;

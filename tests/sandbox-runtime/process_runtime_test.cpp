@@ -3,7 +3,7 @@
 // Each test uses its own state dir and cgroup parent ("sgtest-<random>") and
 // checks that nothing is left behind: no process, cgroup, mount or directory.
 #include <doctest/doctest.h>
-#include "support/skip.h"
+#include "tests/support/skip.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -31,16 +31,16 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "channel/frame.h"
-#include "process/cgroup.h"
-#include "process/disk.h"
-#include "process/disk_space.h"
-#include "process/userns.h"
-#include "process/process_runtime.h"
-#include "agent/envd/rpc.h"
-#include "agent/harden.h"
-#include "sys/sys.h"
-#include "test_rootfs.h"
+#include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/host/cgroup.h"
+#include "sandbox-runtime/process/disk.h"
+#include "sandbox-runtime/process/disk_space.h"
+#include "sandbox-runtime/process/userns.h"
+#include "sandbox-runtime/process/process_runtime.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/harden.h"
+#include "base/sys.h"
+#include "tests/sandbox-runtime/test_rootfs.h"
 
 using namespace sg;
 using nlohmann::json;

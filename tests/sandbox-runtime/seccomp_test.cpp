@@ -2,7 +2,7 @@
 // real kernel: each case installs a filter in a forked child (a filter is
 // irrevocable) and the child exits with the number of the first probe that
 // did not behave, 0 when all did.
-#include "sys/seccomp.h"
+#include "base/seccomp.h"
 
 #include <doctest/doctest.h>
 #include <sched.h>
@@ -17,7 +17,7 @@
 #include <functional>
 #include <thread>
 
-#include "agent/harden.h"
+#include "sandbox-runtime/agent/harden.h"
 
 namespace {
 

@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "process/host_channel.h"
-#include "service_harness.h"
+#include "sandbox-runtime/host/host_channel.h"
+#include "tests/sandbox-runtime/service_harness.h"
 
 using namespace sg;
 using namespace sg::muxtest;

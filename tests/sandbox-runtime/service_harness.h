@@ -20,10 +20,10 @@
 #include <utility>
 #include <vector>
 
-#include "agent/service_forwarder.h"
-#include "channel/mux.h"
-#include "mux_harness.h"
-#include "runtime.h"
+#include "sandbox-runtime/agent/service_forwarder.h"
+#include "sandbox-runtime/channel/mux.h"
+#include "tests/sandbox-runtime/mux_harness.h"
+#include "sandbox-runtime/runtime.h"
 
 namespace sg::servicetest {
 

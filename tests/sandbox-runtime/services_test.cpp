@@ -1,6 +1,6 @@
 // Agent OPEN payloads for gateway services (channel/services.h): what the
 // host accepts from the sandbox, and what the agent sends.
-#include "channel/services.h"
+#include "sandbox-runtime/channel/services.h"
 
 #include <doctest/doctest.h>
 

@@ -5,8 +5,8 @@
 
 #include <sys/stat.h>
 
-#include "sys/sys.h"
-#include "templates/template_builder.h"
+#include "base/sys.h"
+#include "sandbox-runtime/templates/template_builder.h"
 
 using namespace sg;
 

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <string>
 
-#include "templates/template_builder.h"
+#include "sandbox-runtime/templates/template_builder.h"
 
 namespace sg::test {
 

@@ -2,7 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "storage/migrations.h"
-#include "support/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg;
 using namespace sg::storage;

@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "storage/store.h"
-#include "support/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg;
 using namespace sg::storage;

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::test {
 

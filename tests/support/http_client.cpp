@@ -1,5 +1,5 @@
 // Test HTTP client implementation.
-#include "support/http_client.h"
+#include "tests/support/http_client.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/fd.h"
-#include "sys/sys.h"
+#include "base/fd.h"
+#include "base/sys.h"
 
 namespace sg::test {
 

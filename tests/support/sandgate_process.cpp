@@ -1,5 +1,5 @@
 // SandgateProcess implementation: fork/exec with stdout on a pipe.
-#include "support/sandgate_process.h"
+#include "tests/support/sandgate_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/store.h"
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::test {
 

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "support/http_client.h"
-#include "support/temp_dir.h"
+#include "tests/support/http_client.h"
+#include "tests/support/temp_dir.h"
 
 namespace sg::test {
 

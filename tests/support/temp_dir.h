@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::test {
 

@@ -5,8 +5,8 @@
 
 #include <regex>
 
-#include "support/temp_dir.h"
-#include "sys/sys.h"
+#include "tests/support/temp_dir.h"
+#include "base/sys.h"
 #include "tenancy/api_key.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"

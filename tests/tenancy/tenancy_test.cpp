@@ -3,7 +3,7 @@
 
 #include <regex>
 
-#include "support/temp_dir.h"
+#include "tests/support/temp_dir.h"
 #include "tenancy/api_key.h"
 #include "tenancy/rate_limiter.h"
 #include "tenancy/tenants.h"

@@ -22,8 +22,8 @@
 #include <utility>
 #include <vector>
 
-#include "coordinator/coordinator.h"
-#include "sys/sys.h"
+#include "wait-engine/coordinator/coordinator.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::wait;

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "llm/proxy.h"
+#include "wait-engine/llm/proxy.h"
 
 using sg::llm::inspect_request;
 using sg::llm::RequestFields;

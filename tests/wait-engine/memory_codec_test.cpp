@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "memory/dictionary.h"
-#include "memory/page_codec.h"
+#include "wait-engine/memory/dictionary.h"
+#include "wait-engine/memory/page_codec.h"
 #include "storage/store.h"
-#include "support/temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg;
 using namespace sg::memory;

@@ -17,12 +17,12 @@
 #include <random>
 #include <vector>
 
-#include "kvm/memory.h"
-#include "memory/offload.h"
-#include "memory/pressure.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
+#include "wait-engine/memory/offload.h"
+#include "wait-engine/memory/pressure.h"
 #include "storage/store.h"
-#include "support/temp_dir.h"
-#include "sys/sys.h"
+#include "tests/support/temp_dir.h"
+#include "base/sys.h"
 
 using namespace sg;
 using namespace sg::memory;

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "memory/pool.h"
-#include "memory/record.h"
-#include "support/temp_dir.h"
+#include "wait-engine/memory/pool.h"
+#include "wait-engine/memory/record.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg::memory;
 

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "memory/prefetch.h"
+#include "wait-engine/memory/prefetch.h"
 
 using namespace sg::memory;
 

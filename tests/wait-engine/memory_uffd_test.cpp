@@ -19,9 +19,9 @@
 #include <random>
 #include <vector>
 
-#include "memory/pool.h"
-#include "memory/uffd.h"
-#include "support/temp_dir.h"
+#include "wait-engine/memory/pool.h"
+#include "wait-engine/memory/uffd.h"
+#include "tests/support/temp_dir.h"
 
 using namespace sg::memory;
 using namespace std::chrono_literals;

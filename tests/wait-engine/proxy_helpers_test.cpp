@@ -9,8 +9,8 @@
 #include <sstream>
 #include <string>
 
-#include "llm/proxy.h"
-#include "metrics/histogram.h"
+#include "wait-engine/llm/proxy.h"
+#include "wait-engine/metrics/histogram.h"
 
 using namespace sg;
 using namespace sg::llm;

@@ -3,7 +3,7 @@
 
 #include <string>
 
-#include "llm/usage.h"
+#include "wait-engine/llm/usage.h"
 
 using namespace sg::llm;
 

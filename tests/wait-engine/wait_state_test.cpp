@@ -1,11 +1,10 @@
-// The wait coordinator's state machine and wait history: every transition
-// path with made-up times.
+// The wait coordinator's per-sandbox state machine (wait_state.cpp): every
+// transition path with made-up times.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 
-#include "coordinator/wait_history.h"
-#include "coordinator/wait_state.h"
+#include "wait-engine/coordinator/wait_state.h"
 
 using namespace sg::wait;
 
@@ -247,20 +246,4 @@ TEST_CASE("every recorded transition is legal") {
   for (const auto& t : w.transitions()) CHECK(legal(t.from, t.to));
   CHECK(w.transitions().front().from == State::kRunning);
   CHECK(w.transitions().back().to == State::kDead);
-}
-
-TEST_CASE("wait history: EWMA per tenant and model, unknown until enough samples, bounded") {
-  WaitHistory h(0.5, 2, 3);
-  h.record("t1", "gpt", 1000);
-  CHECK_FALSE(h.mean_ns("t1", "gpt"));
-  h.record("t1", "gpt", 3000);
-  CHECK(h.mean_ns("t1", "gpt") == 2000);
-  CHECK(h.expected_remaining_ns("t1", "gpt", 500) == 1500);
-  CHECK(h.expected_remaining_ns("t1", "gpt", 5000) == 0);
-  CHECK_FALSE(h.mean_ns("t2", "gpt"));
-  h.record("a", "m", 1);
-  h.record("b", "m", 1);
-  h.record("c", "m", 1);  // evicts the least recently updated: t1/gpt
-  CHECK(h.keys() == 3);
-  CHECK_FALSE(h.mean_ns("t1", "gpt"));
 }

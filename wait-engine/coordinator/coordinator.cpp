@@ -1,9 +1,9 @@
 // WaitCoordinator: entries, timers, action threads.
-#include "coordinator/coordinator.h"
+#include "wait-engine/coordinator/coordinator.h"
 
 #include <algorithm>
 
-#include "sys/log.h"
+#include "base/log.h"
 
 namespace sg::wait {
 

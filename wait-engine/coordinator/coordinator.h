@@ -36,10 +36,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "coordinator/wait_history.h"
-#include "coordinator/wait_state.h"
-#include "metrics/histogram.h"
-#include "sys/status.h"
+#include "wait-engine/coordinator/wait_history.h"
+#include "wait-engine/coordinator/wait_state.h"
+#include "wait-engine/metrics/histogram.h"
+#include "base/status.h"
 
 namespace sg::wait {
 

@@ -1,5 +1,5 @@
 // WaitHistory: EWMA per key with a bounded key set.
-#include "coordinator/wait_history.h"
+#include "wait-engine/coordinator/wait_history.h"
 
 namespace sg::wait {
 

@@ -1,5 +1,5 @@
 // SandboxWait: transitions, grace, cooldown, held responses.
-#include "coordinator/wait_state.h"
+#include "wait-engine/coordinator/wait_state.h"
 
 #include <cassert>
 

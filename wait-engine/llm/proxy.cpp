@@ -1,5 +1,5 @@
 // ModelProxy: routing, checks, the upstream exchange, held delivery.
-#include "llm/proxy.h"
+#include "wait-engine/llm/proxy.h"
 
 #include <poll.h>
 
@@ -28,10 +28,10 @@
 #include <map>
 #include <mutex>
 
-#include "coordinator/coordinator.h"
-#include "metrics/histogram.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "wait-engine/coordinator/coordinator.h"
+#include "wait-engine/metrics/histogram.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::llm {
 

@@ -35,9 +35,9 @@
 #include <string>
 #include <vector>
 
-#include "gateway/http/stream_handler.h"
-#include "llm/usage.h"
-#include "sys/status.h"
+#include "base/http/stream_handler.h"
+#include "wait-engine/llm/usage.h"
+#include "base/status.h"
 
 namespace sg::wait {
 class WaitCoordinator;

@@ -1,5 +1,5 @@
 // Token usage extraction from JSON bodies and SSE streams.
-#include "llm/usage.h"
+#include "wait-engine/llm/usage.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,7 +1,7 @@
 // Cohort dictionaries: training, the held-out check and the registry over
 // the Store (docs/memory-codecs.md).
 #define ZDICT_STATIC_LINKING_ONLY
-#include "memory/dictionary.h"
+#include "wait-engine/memory/dictionary.h"
 
 #include <zdict.h>
 #include <zstd.h>
@@ -9,7 +9,7 @@
 #include <cmath>
 #include <cstdio>
 
-#include "memory/page_codec.h"
+#include "wait-engine/memory/page_codec.h"
 #include "storage/store.h"
 
 namespace sg::memory {

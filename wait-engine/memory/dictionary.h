@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 struct ZSTD_CDict_s;
 struct ZSTD_DDict_s;

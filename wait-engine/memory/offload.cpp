@@ -1,5 +1,5 @@
 // MemoryEngine (offload.h; design in docs/memory-offload.md).
-#include "memory/offload.h"
+#include "wait-engine/memory/offload.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -13,10 +13,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memory/page_codec.h"
-#include "metrics/histogram.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "wait-engine/memory/page_codec.h"
+#include "wait-engine/metrics/histogram.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::memory {
 
@@ -391,6 +391,10 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
       if (raw->lost.exchange(true)) return;
       lost_.fetch_add(1, std::memory_order_relaxed);
       LOG_ERROR("sandbox " << id << ": guest memory lost: " << why);
+      {
+        std::lock_guard<std::mutex> g(lost_mu_);
+        lost_list_.emplace_back(id, why);
+      }
       if (cfg_.on_lost) cfg_.on_lost(id, why);
     };
     if (!rel->first) {
@@ -490,6 +494,35 @@ Result<uint64_t> MemoryEngine::prefetch(const std::string& id) {
   s.prefetched = std::move(pages);
   s.released = false;
   return n;
+}
+
+Result<std::string> MemoryEngine::offload(const std::string& id, const lifecycle::OffloadRequest& r,
+                                          const std::atomic<bool>& cancel) {
+  OffloadTarget t;
+  t.cohort = r.tenant_id + "/" + r.template_id;
+  t.cohort_key = CohortKey{r.tenant_id, r.template_id, ""};
+  t.pid = r.memory.pid;
+  t.base = r.memory.base;
+  t.size = r.memory.size;
+  t.backing = r.memory.backing;
+  t.template_memory = r.memory.template_memory;
+  t.release = [release = r.release]() -> Result<std::pair<UniqueFd, uint64_t>> {
+    Result<runtime::GuestMemoryRelease> got = release();
+    if (!got) return got.error();
+    return std::make_pair(std::move(got->uffd), got->features);
+  };
+  Result<OffloadReport> rep = offload(id, t, cancel);
+  if (!rep) return rep.error();
+  return "offloaded " + std::to_string(rep->pages_read) + " resident pages in " + std::to_string(rep->ns / 1000000) +
+         " ms: " + std::to_string(rep->pages_stored) + " stored (" + std::to_string(rep->bytes_stored) + " bytes), " +
+         std::to_string(rep->pages_base) + " equal to the template";
+}
+
+std::vector<std::pair<std::string, std::string>> MemoryEngine::take_lost() {
+  std::lock_guard<std::mutex> g(lost_mu_);
+  std::vector<std::pair<std::string, std::string>> out;
+  out.swap(lost_list_);
+  return out;
 }
 
 void MemoryEngine::forget(const std::string& id) {

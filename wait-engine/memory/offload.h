@@ -42,12 +42,13 @@
 #include <thread>
 #include <vector>
 
-#include "memory/dictionary.h"
-#include "memory/pool.h"
-#include "memory/prefetch.h"
-#include "memory/uffd.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "wait-engine/memory/dictionary.h"
+#include "wait-engine/memory/pool.h"
+#include "wait-engine/memory/prefetch.h"
+#include "wait-engine/memory/uffd.h"
+#include "base/fd.h"
+#include "base/status.h"
+#include "sandbox-runtime/lifecycle/guest_memory.h"
 
 namespace sg::memory {
 
@@ -68,7 +69,8 @@ struct MemoryEngineConfig {
   TrainOptions train;
   size_t train_sample_pages = 1024;
   // A sandbox whose memory cannot be restored (called once, from a fault
-  // server thread: must only queue the kill).
+  // server thread: must only queue the kill). Optional: the same sandboxes
+  // are listed by take_lost(), which is what the lifecycle core polls.
   std::function<void(const std::string& sandbox, const std::string& why)> on_lost;
 };
 
@@ -114,7 +116,8 @@ struct MemoryEngineTotals {
   PoolTotals pool;
 };
 
-class MemoryEngine {
+// The lifecycle core reaches it as a lifecycle::GuestMemoryStore.
+class MemoryEngine final : public lifecycle::GuestMemoryStore {
  public:
   static Result<std::unique_ptr<MemoryEngine>> open(MemoryEngineConfig cfg);
   ~MemoryEngine();  // stops every fault server: only once the VMMs are gone
@@ -127,14 +130,21 @@ class MemoryEngine {
   // served (on_lost was called), kInvalid for a target that does not match
   // the sandbox's earlier one.
   Result<OffloadReport> offload(const std::string& sandbox, const OffloadTarget& t, const std::atomic<bool>& cancel);
+  // The lifecycle core's form: the target from the request (cohort =
+  // tenant/template), the report as one log line.
+  Result<std::string> offload(const std::string& sandbox, const lifecycle::OffloadRequest& r,
+                              const std::atomic<bool>& cancel) override;
   // Before the vCPUs resume. Returns the pages installed (0 when the
   // sandbox is not offloaded).
-  Result<uint64_t> prefetch(const std::string& sandbox);
-  void forget(const std::string& sandbox);
+  Result<uint64_t> prefetch(const std::string& sandbox) override;
+  void forget(const std::string& sandbox) override;
+  // The sandboxes whose memory was lost since the last call, with why
+  // (each once). Any thread; does not block on a fault server.
+  std::vector<std::pair<std::string, std::string>> take_lost() override;
 
   std::optional<SandboxMemoryStats> stats(const std::string& sandbox);
   // The sandbox's pool RAM (0 if unknown): cheap, for M(t) sampling.
-  uint64_t pool_bytes(const std::string& sandbox) const;
+  uint64_t pool_bytes(const std::string& sandbox) const override;
   MemoryEngineTotals totals();
   // Blocks until every dictionary training queued so far has finished
   // (tests; training runs on the engine's trainer thread).
@@ -154,6 +164,8 @@ class MemoryEngine {
   std::map<std::string, std::shared_ptr<Sandbox>> sandboxes_;  // GUARDED_BY(mu_)
   std::mutex pred_mu_;
   Predictor predictor_;  // GUARDED_BY(pred_mu_)
+  std::mutex lost_mu_;
+  std::vector<std::pair<std::string, std::string>> lost_list_;  // GUARDED_BY(lost_mu_)
   // Dictionary training, one job at a time on its own thread (at most one
   // core): samples of a completed offload, for cohorts without a dictionary.
   struct TrainJob {

@@ -5,7 +5,7 @@
 // size, checksum or dictionary id: the record prefix already carries the
 // kind, the page CRC and the dictionary id, and every byte counts at 4 KiB.
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_c_format / ZSTD_d_format (magicless frames)
-#include "memory/page_codec.h"
+#include "wait-engine/memory/page_codec.h"
 
 #include <zstd.h>
 
@@ -13,7 +13,7 @@
 #include <cstring>
 #include <utility>
 
-#include "memory/dictionary.h"
+#include "wait-engine/memory/dictionary.h"
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>

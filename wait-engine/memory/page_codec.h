@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;

@@ -1,5 +1,5 @@
 // The compressed-page pool (pool.h; format in docs/memory-pool.md).
-#include "memory/pool.h"
+#include "wait-engine/memory/pool.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -13,8 +13,8 @@
 #include <cstring>
 #include <map>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::memory {
 

@@ -30,9 +30,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memory/record.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "wait-engine/memory/record.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::memory {
 

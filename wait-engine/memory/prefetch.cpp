@@ -1,6 +1,6 @@
 // Prefetch predictor (prefetch.h). Everything here is bounded by the caps
 // in PredictorConfig; no clock, no randomness.
-#include "memory/prefetch.h"
+#include "wait-engine/memory/prefetch.h"
 
 #include <algorithm>
 #include <cmath>

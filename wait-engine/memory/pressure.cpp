@@ -1,9 +1,9 @@
 // /proc/meminfo reading for the pressure gate (pressure.h).
-#include "memory/pressure.h"
+#include "wait-engine/memory/pressure.h"
 
 #include <cstdlib>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::memory {
 

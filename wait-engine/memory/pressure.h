@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::memory {
 

@@ -1,5 +1,5 @@
 // Pool records and CRC32C (record.h; format in docs/memory-pool.md).
-#include "memory/record.h"
+#include "wait-engine/memory/record.h"
 
 #include <array>
 #include <cassert>

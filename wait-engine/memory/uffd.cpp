@@ -1,5 +1,5 @@
 // The userfaultfd fault server (uffd.h; behaviour in docs/memory-pool.md).
-#include "memory/uffd.h"
+#include "wait-engine/memory/uffd.h"
 
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
@@ -16,8 +16,8 @@
 #include <cstring>
 #include <vector>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::memory {
 

@@ -35,8 +35,8 @@
 #include <string>
 #include <thread>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::memory {
 

@@ -1,4 +1,4 @@
-#include "metrics/histogram.h"
+#include "wait-engine/metrics/histogram.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // GET/POST /files: authentication, streaming download, streaming upload.
-#include "agent/envd/files.h"
+#include "sandbox-runtime/agent/envd/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -13,10 +13,10 @@
 
 #include <zlib.h>
 
-#include "agent/envd/filesystem.h"
-#include "agent/envd/rpc.h"
-#include "agent/envd/sha256.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/envd/filesystem.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/sha256.h"
+#include "base/sys.h"
 
 namespace sg::envd {
 namespace {

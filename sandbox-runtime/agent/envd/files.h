@@ -9,8 +9,8 @@
 #include <optional>
 #include <string>
 
-#include "agent/envd/http.h"
-#include "agent/envd/users.h"
+#include "sandbox-runtime/agent/envd/http.h"
+#include "sandbox-runtime/agent/envd/users.h"
 
 namespace sg::envd {
 

@@ -1,5 +1,5 @@
 // Filesystem operations.
-#include "agent/envd/filesystem.h"
+#include "sandbox-runtime/agent/envd/filesystem.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -13,7 +13,7 @@
 #include <ctime>
 #include <filesystem>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::envd {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/envd/rpc.h"
-#include "agent/envd/users.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/users.h"
 
 namespace sg::envd {
 

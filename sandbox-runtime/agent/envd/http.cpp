@@ -1,5 +1,5 @@
 // HTTP/1.1 connection: parsing, body framing and response writing.
-#include "agent/envd/http.h"
+#include "sandbox-runtime/agent/envd/http.h"
 
 #include <fcntl.h>
 #include <poll.h>

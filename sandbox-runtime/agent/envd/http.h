@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "sys/fd.h"
+#include "base/fd.h"
 
 namespace sg::envd {
 

@@ -1,5 +1,5 @@
 // Process spawning, output pumps with flow control, and the exit cache.
-#include "agent/envd/process.h"
+#include "sandbox-runtime/agent/envd/process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -15,8 +15,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/fd.h"
-#include "sys/log.h"
+#include "base/fd.h"
+#include "base/log.h"
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)

@@ -34,10 +34,10 @@
 #include <thread>
 #include <vector>
 
-#include "agent/envd/rpc.h"
-#include "agent/envd/spawn.h"
-#include "agent/envd/users.h"
-#include "agent/reaper.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/spawn.h"
+#include "sandbox-runtime/agent/envd/users.h"
+#include "sandbox-runtime/agent/reaper.h"
 
 namespace sg::envd {
 

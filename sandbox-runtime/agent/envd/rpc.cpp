@@ -1,5 +1,5 @@
 // Connect codes, envelopes and proto3-JSON helpers.
-#include "agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
 
 #include <cerrno>
 #include <cstring>

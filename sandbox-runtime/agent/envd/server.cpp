@@ -1,6 +1,6 @@
 // envd server: listener, connection workers, routing, auth and the Connect
 // handlers of process.Process and filesystem.Filesystem.
-#include "agent/envd/server.h"
+#include "sandbox-runtime/agent/envd/server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -21,13 +21,13 @@
 #include <system_error>
 #include <thread>
 
-#include "agent/envd/files.h"
-#include "agent/envd/filesystem.h"
-#include "agent/envd/http.h"
-#include "agent/envd/rpc.h"
-#include "agent/envd/users.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/envd/files.h"
+#include "sandbox-runtime/agent/envd/filesystem.h"
+#include "sandbox-runtime/agent/envd/http.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/users.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::envd {
 

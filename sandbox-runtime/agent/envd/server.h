@@ -27,11 +27,11 @@
 #include <string>
 #include <vector>
 
-#include "agent/envd/process.h"
-#include "agent/envd/spawn.h"
-#include "agent/envd/watch.h"
-#include "agent/reaper.h"
-#include "sys/status.h"
+#include "sandbox-runtime/agent/envd/process.h"
+#include "sandbox-runtime/agent/envd/spawn.h"
+#include "sandbox-runtime/agent/envd/watch.h"
+#include "sandbox-runtime/agent/reaper.h"
+#include "base/status.h"
 
 namespace sg::envd {
 

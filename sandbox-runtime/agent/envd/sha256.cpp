@@ -1,5 +1,5 @@
 // SHA-256 per FIPS 180-4 section 6.2; one-shot over an in-memory string.
-#include "agent/envd/sha256.h"
+#include "sandbox-runtime/agent/envd/sha256.h"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // Guarded thread creation (see spawn.h).
-#include "agent/envd/spawn.h"
+#include "sandbox-runtime/agent/envd/spawn.h"
 
 #include <new>
 #include <system_error>

@@ -1,10 +1,10 @@
 // Parsing of passwd(5) and group(5) files.
-#include "agent/envd/users.h"
+#include "sandbox-runtime/agent/envd/users.h"
 
 #include <charconv>
 #include <sstream>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::envd {
 namespace {

@@ -1,5 +1,5 @@
 // The per-envd inotify hub and its watchers (see watch.h).
-#include "agent/envd/watch.h"
+#include "sandbox-runtime/agent/envd/watch.h"
 
 #include <dirent.h>
 #include <poll.h>
@@ -12,9 +12,9 @@
 #include <cstring>
 #include <system_error>
 
-#include "agent/envd/filesystem.h"
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/agent/envd/filesystem.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::envd {
 

@@ -33,10 +33,10 @@
 #include <thread>
 #include <vector>
 
-#include "agent/envd/rpc.h"
-#include "agent/envd/users.h"
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "sandbox-runtime/agent/envd/rpc.h"
+#include "sandbox-runtime/agent/envd/users.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::envd {
 

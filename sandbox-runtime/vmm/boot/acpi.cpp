@@ -1,5 +1,5 @@
 // ACPI table writer and the few AML encodings the DSDT needs.
-#include "boot/acpi.h"
+#include "sandbox-runtime/vmm/boot/acpi.h"
 
 #include <cstring>
 

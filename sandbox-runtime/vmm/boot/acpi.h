@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "sys/status.h"
-#include "vmm/kvm/memory.h"
+#include "base/status.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm::boot {
 

@@ -1,5 +1,5 @@
 // Cpio newc writer.
-#include "boot/cpio.h"
+#include "sandbox-runtime/vmm/boot/cpio.h"
 
 #include <cstdio>
 

@@ -1,10 +1,10 @@
 // Linux boot: bzImage parsing, zero page, e820, long-mode tables.
-#include "boot/linux_boot.h"
+#include "sandbox-runtime/vmm/boot/linux_boot.h"
 
 #include <cstdlib>
 #include <cstring>
 
-#include "boot/acpi.h"
+#include "sandbox-runtime/vmm/boot/acpi.h"
 
 namespace sg::vmm::boot {
 

@@ -23,8 +23,8 @@
 #include <string>
 #include <string_view>
 
-#include "sys/status.h"
-#include "vmm/kvm/memory.h"
+#include "base/status.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm::boot {
 

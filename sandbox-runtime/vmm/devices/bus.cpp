@@ -1,5 +1,5 @@
 // Bus: window lookup with overflow-safe bounds.
-#include "devices/bus.h"
+#include "sandbox-runtime/vmm/devices/bus.h"
 
 #include <algorithm>
 #include <cstring>

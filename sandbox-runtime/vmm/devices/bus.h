@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "devices/device.h"
+#include "sandbox-runtime/vmm/devices/device.h"
 
 namespace sg::vmm {
 

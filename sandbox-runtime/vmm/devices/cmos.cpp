@@ -1,5 +1,5 @@
 // Cmos: wall-clock registers in BCD and CMOS RAM.
-#include "devices/cmos.h"
+#include "sandbox-runtime/vmm/devices/cmos.h"
 
 namespace sg::vmm {
 

@@ -20,7 +20,7 @@
 #include <functional>
 #include <mutex>
 
-#include "devices/device.h"
+#include "sandbox-runtime/vmm/devices/device.h"
 
 namespace sg::vmm {
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "sys/status.h"
+#include "base/status.h"
 
 namespace sg::vmm {
 

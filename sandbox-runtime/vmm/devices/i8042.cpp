@@ -1,5 +1,5 @@
 // I8042: controller commands and the reset line.
-#include "devices/i8042.h"
+#include "sandbox-runtime/vmm/devices/i8042.h"
 
 namespace sg::vmm {
 

@@ -19,7 +19,7 @@
 #include <functional>
 #include <mutex>
 
-#include "devices/device.h"
+#include "sandbox-runtime/vmm/devices/device.h"
 
 namespace sg::vmm {
 

@@ -1,5 +1,5 @@
 // Serial: 16550A transmit path with the THR-empty interrupt.
-#include "devices/serial.h"
+#include "sandbox-runtime/vmm/devices/serial.h"
 
 #include <unistd.h>
 

@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <mutex>
 
-#include "devices/device.h"
+#include "sandbox-runtime/vmm/devices/device.h"
 
 namespace sg::vmm {
 

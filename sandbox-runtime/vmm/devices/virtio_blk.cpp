@@ -1,5 +1,5 @@
 // VirtioBlk: request validation and synchronous I/O.
-#include "devices/virtio_blk.h"
+#include "sandbox-runtime/vmm/devices/virtio_blk.h"
 
 #include <unistd.h>
 

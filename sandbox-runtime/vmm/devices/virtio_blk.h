@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <string>
 
-#include "devices/virtio_mmio.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
 
 namespace sg::vmm {
 

@@ -1,5 +1,5 @@
 // VirtioConsole: the channel's byte pump between hvc0 and a host socket.
-#include "devices/virtio_console.h"
+#include "sandbox-runtime/vmm/devices/virtio_console.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::vmm {
 

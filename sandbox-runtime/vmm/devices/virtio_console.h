@@ -28,8 +28,8 @@
 #include <string>
 #include <thread>
 
-#include "devices/virtio_mmio.h"
-#include "sys/fd.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "base/fd.h"
 
 namespace sg::vmm {
 

@@ -1,5 +1,5 @@
 // VirtioMmio: register decoding, feature negotiation, activation.
-#include "devices/virtio_mmio.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
 
 namespace sg::vmm {
 

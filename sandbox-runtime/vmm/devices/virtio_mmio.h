@@ -23,9 +23,9 @@
 #include <mutex>
 #include <vector>
 
-#include "devices/device.h"
-#include "devices/virtqueue.h"
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/devices/device.h"
+#include "sandbox-runtime/vmm/devices/virtqueue.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm {
 

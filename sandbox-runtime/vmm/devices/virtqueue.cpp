@@ -1,5 +1,5 @@
 // Virtqueue: bounds-checked split-ring walking.
-#include "devices/virtqueue.h"
+#include "sandbox-runtime/vmm/devices/virtqueue.h"
 
 #include <atomic>
 

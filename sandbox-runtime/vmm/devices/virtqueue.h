@@ -14,8 +14,8 @@
 #include <optional>
 #include <vector>
 
-#include "devices/device.h"
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/devices/device.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm {
 

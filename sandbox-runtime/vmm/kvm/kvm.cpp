@@ -1,5 +1,5 @@
 // KVM ioctl wrappers: one errno-capturing call site per ioctl.
-#include "vmm/kvm/kvm.h"
+#include "sandbox-runtime/vmm/kvm/kvm.h"
 
 #include <fcntl.h>
 #include <sys/ioctl.h>
@@ -8,7 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/sys.h"
+#include "base/sys.h"
 
 namespace sg::vmm::kvm {
 

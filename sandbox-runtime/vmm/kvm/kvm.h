@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "sys/fd.h"
-#include "sys/status.h"
+#include "base/fd.h"
+#include "base/status.h"
 
 namespace sg::vmm::kvm {
 

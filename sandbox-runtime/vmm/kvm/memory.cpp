@@ -1,5 +1,5 @@
 // GuestMemory: memfd, private-file and anonymous RAM; bounds-checked access.
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -15,8 +15,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::vmm {
 

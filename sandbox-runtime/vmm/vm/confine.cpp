@@ -1,5 +1,5 @@
 // VMM process confinement (confine.h).
-#include "vm/confine.h"
+#include "sandbox-runtime/vmm/vm/confine.h"
 
 #include <fcntl.h>
 #include <grp.h>
@@ -18,9 +18,9 @@
 #include <cstring>
 #include <ctime>
 
-#include "kvm/kvm.h"
-#include "kvm/memory.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/vmm/kvm/kvm.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
+#include "base/sys.h"
 
 namespace sg::vmm {
 

@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <string>
 
-#include "sys/seccomp.h"
-#include "sys/status.h"
+#include "base/seccomp.h"
+#include "base/status.h"
 
 namespace sg::vmm {
 

@@ -1,5 +1,5 @@
 // Control socket commands.
-#include "vm/control.h"
+#include "sandbox-runtime/vmm/vm/control.h"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -8,8 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "sys/log.h"
-#include "sys/sys.h"
+#include "base/log.h"
+#include "base/sys.h"
 
 namespace sg::vmm {
 

@@ -19,7 +19,7 @@
 
 #include <string>
 
-#include "vm/machine.h"
+#include "sandbox-runtime/vmm/vm/machine.h"
 
 namespace sg::vmm {
 

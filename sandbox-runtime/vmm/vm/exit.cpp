@@ -1,5 +1,5 @@
 // Exit dispatch.
-#include "vm/exit.h"
+#include "sandbox-runtime/vmm/vm/exit.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string>
 
-#include "devices/bus.h"
+#include "sandbox-runtime/vmm/devices/bus.h"
 
 namespace sg::vmm {
 

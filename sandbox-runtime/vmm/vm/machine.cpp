@@ -1,5 +1,5 @@
 // Machine: building the VM, the vCPU threads, pause and stop.
-#include "vm/machine.h"
+#include "sandbox-runtime/vmm/vm/machine.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -11,12 +11,12 @@
 
 #include <cstring>
 
-#include "boot/cpio.h"
-#include "boot/linux_boot.h"
-#include "boot/acpi.h"
-#include "sys/log.h"
-#include "sys/sys.h"
-#include "vm/exit.h"
+#include "sandbox-runtime/vmm/boot/cpio.h"
+#include "sandbox-runtime/vmm/boot/linux_boot.h"
+#include "sandbox-runtime/vmm/boot/acpi.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "sandbox-runtime/vmm/vm/exit.h"
 
 namespace sg::vmm {
 

@@ -27,17 +27,17 @@
 #include <thread>
 #include <vector>
 
-#include "devices/bus.h"
-#include "devices/cmos.h"
-#include "devices/i8042.h"
-#include "devices/serial.h"
-#include "devices/virtio_blk.h"
-#include "devices/virtio_console.h"
-#include "devices/virtio_mmio.h"
-#include "sys/fd.h"
-#include "sys/status.h"
-#include "vmm/kvm/kvm.h"
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/devices/bus.h"
+#include "sandbox-runtime/vmm/devices/cmos.h"
+#include "sandbox-runtime/vmm/devices/i8042.h"
+#include "sandbox-runtime/vmm/devices/serial.h"
+#include "sandbox-runtime/vmm/devices/virtio_blk.h"
+#include "sandbox-runtime/vmm/devices/virtio_console.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "base/fd.h"
+#include "base/status.h"
+#include "sandbox-runtime/vmm/kvm/kvm.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm {
 

@@ -16,9 +16,9 @@
 
 #include <cstring>
 
-#include "sys/log.h"
-#include "sys/sys.h"
-#include "vm/machine.h"
+#include "base/log.h"
+#include "base/sys.h"
+#include "sandbox-runtime/vmm/vm/machine.h"
 
 namespace sg::vmm {
 

@@ -1,9 +1,9 @@
 // Egress policies (api-e2b/egress_policy.h): parsing and decisions.
-#include "api-e2b/egress_policy.h"
+#include "sandbox-runtime/network/egress_policy.h"
 
 #include <doctest/doctest.h>
 
-using namespace sg::api;
+using namespace sg::network;
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "boot/acpi.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/boot/acpi.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "devices/bus.h"
+#include "sandbox-runtime/vmm/devices/bus.h"
 
 using namespace sg::vmm;
 

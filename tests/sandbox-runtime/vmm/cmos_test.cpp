@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "devices/cmos.h"
+#include "sandbox-runtime/vmm/devices/cmos.h"
 
 using namespace sg::vmm;
 

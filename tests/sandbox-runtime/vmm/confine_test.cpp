@@ -1,10 +1,10 @@
 // The VMM's confinement (vm/confine.h) on the real kernel, in a forked
 // child (it is irrevocable): the child exits with the number of the first
 // probe that did not behave.
-#include "vm/confine.h"
+#include "sandbox-runtime/vmm/vm/confine.h"
 
 #include <doctest/doctest.h>
-#include "support/skip.h"
+#include "tests/support/skip.h"
 #include <fcntl.h>
 #include <linux/kvm.h>
 #include <pthread.h>
@@ -24,8 +24,8 @@
 #include <cstring>
 #include <thread>
 
-#include "kvm/memory.h"
-#include "sys/sys.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
+#include "base/sys.h"
 
 namespace {
 

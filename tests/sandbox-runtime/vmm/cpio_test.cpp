@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "boot/cpio.h"
+#include "sandbox-runtime/vmm/boot/cpio.h"
 
 using namespace sg::vmm::boot;
 

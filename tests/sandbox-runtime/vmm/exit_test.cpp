@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "devices/bus.h"
-#include "vm/exit.h"
+#include "sandbox-runtime/vmm/devices/bus.h"
+#include "sandbox-runtime/vmm/vm/exit.h"
 
 using namespace sg::vmm;
 

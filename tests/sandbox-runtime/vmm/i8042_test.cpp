@@ -2,7 +2,7 @@
 // output-full bit, and the reset line.
 #include <doctest/doctest.h>
 
-#include "devices/i8042.h"
+#include "sandbox-runtime/vmm/devices/i8042.h"
 
 using namespace sg::vmm;
 

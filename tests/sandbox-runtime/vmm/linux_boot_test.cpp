@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string>
 
-#include "boot/acpi.h"
-#include "boot/linux_boot.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/boot/acpi.h"
+#include "sandbox-runtime/vmm/boot/linux_boot.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -6,8 +6,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "vmm/kvm/memory.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

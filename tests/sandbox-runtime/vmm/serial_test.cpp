@@ -8,9 +8,9 @@
 
 #include <string>
 
-#include "devices/serial.h"
-#include "sys/fd.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/devices/serial.h"
+#include "base/fd.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
-#include "devices/virtio_blk.h"
-#include "support/temp_dir.h"
-#include "sys/fd.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/devices/virtio_blk.h"
+#include "tests/support/temp_dir.h"
+#include "base/fd.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -14,9 +14,9 @@
 #include <chrono>
 #include <string>
 
-#include "devices/virtio_console.h"
-#include "sys/fd.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/devices/virtio_console.h"
+#include "base/fd.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -6,8 +6,8 @@
 
 #include <vector>
 
-#include "devices/virtio_mmio.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

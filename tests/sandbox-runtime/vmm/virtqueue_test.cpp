@@ -4,8 +4,8 @@
 // that runs ahead of the ring), index wrap-around, the used ring, state.
 #include <doctest/doctest.h>
 
-#include "devices/virtqueue.h"
-#include "vmm_harness.h"
+#include "sandbox-runtime/vmm/devices/virtqueue.h"
+#include "tests/sandbox-runtime/vmm/vmm_harness.h"
 
 using namespace sg;
 using namespace sg::vmm;

@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "devices/virtio_mmio.h"
-#include "vmm/kvm/memory.h"
+#include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "sandbox-runtime/vmm/kvm/memory.h"
 
 namespace sg::vmm::test {
 

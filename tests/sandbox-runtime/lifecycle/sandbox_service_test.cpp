@@ -1,0 +1,473 @@
+// SandboxService (api-e2b/sandboxes.h), the lifecycle core, without root,
+// a rootfs or a real runtime: a FakeRuntime (tests/support/fake_runtime.h),
+// SQLite in a temp dir and an injected clock. The fault loop at the end
+// fails each runtime call of each lifecycle operation in turn and checks
+// that the sandbox ends in a state its row and the runtime agree on, and
+// that nothing leaks.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <mutex>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sandbox-runtime/lifecycle/sandbox_service.h"
+#include "sandbox-runtime/lifecycle/state.h"
+#include "storage/store.h"
+#include "tests/support/fake_runtime.h"
+#include "tests/support/temp_dir.h"
+#include "tests/support/test_store.h"
+
+using sg::ErrorKind;
+using sg::lifecycle::CreateParams;
+using sg::lifecycle::SandboxService;
+using sg::lifecycle::ServiceConfig;
+using sg::test::FakeRuntime;
+using Op = FakeRuntime::Op;
+
+namespace {
+
+// A GuestMemoryStore that records what the core asks of it; offload can be
+// told to fail or to lose the sandbox's memory.
+struct FakeMemory : sg::lifecycle::GuestMemoryStore {
+  std::mutex mu;
+  int offloads = 0, prefetches = 0, forgets = 0;
+  bool fail_offload = false;
+  std::string last_cohort;
+  std::vector<std::pair<std::string, std::string>> lost;
+  sg::Result<std::string> offload(const std::string& id, const sg::lifecycle::OffloadRequest& r,
+                                  const std::atomic<bool>&) override {
+    std::lock_guard<std::mutex> g(mu);
+    ++offloads;
+    last_cohort = r.tenant_id + "/" + r.template_id;
+    if (fail_offload) return sg::Error(ErrorKind::kQuota, "no room");
+    return std::string("offloaded");
+  }
+  sg::Result<uint64_t> prefetch(const std::string&) override {
+    std::lock_guard<std::mutex> g(mu);
+    ++prefetches;
+    return uint64_t{7};
+  }
+  void forget(const std::string&) override {
+    std::lock_guard<std::mutex> g(mu);
+    ++forgets;
+  }
+  uint64_t pool_bytes(const std::string&) const override { return 4096; }
+  std::vector<std::pair<std::string, std::string>> take_lost() override {
+    std::lock_guard<std::mutex> g(mu);
+    std::vector<std::pair<std::string, std::string>> out;
+    out.swap(lost);
+    return out;
+  }
+};
+
+struct Harness {
+  sg::test::TempDir dir;
+  std::unique_ptr<sg::storage::Store> store;
+  FakeRuntime rt;
+  FakeMemory memory;
+  int64_t now = 1'700'000'000;
+  sg::storage::TenantRow tenant;
+  std::unique_ptr<SandboxService> svc;
+
+  explicit Harness(ServiceConfig cfg = {}, bool with_memory = false) {
+    store = sg::test::open_store_with_base(dir);
+    tenant.id = "t1";
+    tenant.name = "tenant-one";
+    tenant.created_at = now;
+    tenant.max_sandboxes = 100;
+    tenant.max_memory_mb = 1 << 20;
+    REQUIRE(store->insert_tenant(tenant));
+    svc = std::make_unique<SandboxService>(*store, rt, cfg, [this] { return now; }, with_memory ? &memory : nullptr);
+  }
+
+  CreateParams params(int64_t timeout_s = 300) {
+    CreateParams p;
+    p.template_ref = "base";
+    p.timeout_s = timeout_s;
+    return p;
+  }
+
+  std::string create(CreateParams p) {
+    auto row = svc->create(tenant, p);
+    REQUIRE_MESSAGE(row, (row ? "" : row.error().message()));
+    return row->id;
+  }
+  std::string create() { return create(params()); }
+
+  // The row's state as stored ("" when there is no row).
+  std::string row_state(const std::string& id) {
+    auto r = store->get_sandbox(tenant.id, id);
+    REQUIRE(r);
+    return *r ? (*r)->state : std::string();
+  }
+  int64_t end_at(const std::string& id) {
+    auto r = store->get_sandbox(tenant.id, id);
+    REQUIRE(r);
+    REQUIRE(*r);
+    return (*r)->end_at;
+  }
+
+  sg::http::HttpRequest envd_request(const std::string& id, const std::string& path = "/files") {
+    sg::http::HttpRequest h;
+    h.method = "GET";
+    h.path = path;
+    h.target = path;
+    auto r = store->get_sandbox(tenant.id, id);
+    if (r && *r) h.headers["x-access-token"] = (*r)->envd_token;
+    return h;
+  }
+};
+
+// The invariant of every sandbox at rest: the row, the runtime and the
+// lifecycle state agree, and nothing leaked.
+void check_consistent(Harness& h, const std::string& id) {
+  using sg::lifecycle::State;
+  std::string st = h.row_state(id);
+  INFO("sandbox " << id << " row state " << st);
+  FakeRuntime::Record rec = h.rt.record(id);
+  auto live = h.svc->state(id);
+  if (live) {
+    INFO("lifecycle state " << std::string(sg::lifecycle::name(*live)));
+    CHECK(std::string(sg::lifecycle::stored_state(*live)) == st);
+    CHECK_FALSE(rec.killed);
+    bool stopped = *live == State::kPaused || *live == State::kWaitPaused || *live == State::kOffloaded;
+    CHECK(rec.paused == stopped);
+    CHECK((*live == State::kRunning || stopped));
+  } else {
+    CHECK((st == "killed" || st == "lost" || st == "failed"));
+    if (h.rt.exists(id)) CHECK(rec.killed);
+  }
+  CHECK(h.rt.leaked().empty());
+}
+
+}  // namespace
+
+TEST_CASE("lifecycle core: create runs the sandbox and records it") {
+  Harness h;
+  CreateParams p = h.params(120);
+  p.env_vars["FOO"] = "bar";
+  std::string id = h.create(p);
+  CHECK(h.row_state(id) == "running");
+  CHECK(h.end_at(id) == h.now + 120);
+  CHECK(h.svc->live_count() == 1);
+  FakeRuntime::Record rec = h.rt.record(id);
+  CHECK(rec.spec.memory_mb == 512);
+  CHECK(rec.spec.envd_access_token.size() == 32);
+  bool foo = false, openai = false;
+  for (auto& [k, v] : rec.spec.env) {
+    foo |= k == "FOO" && v == "bar";
+    openai |= k == "OPENAI_BASE_URL";
+  }
+  CHECK(foo);
+  CHECK(openai);
+  check_consistent(h, id);
+}
+
+TEST_CASE("lifecycle core: an unknown or unready template changes nothing") {
+  Harness h;
+  CreateParams p = h.params();
+  p.template_ref = "nope";
+  auto r = h.svc->create(h.tenant, p);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind() == ErrorKind::kNotFound);
+  CHECK(h.rt.calls(Op::kCreate) == 0);
+  auto t = p;
+  t.timeout_s = -1;
+  t.template_ref = "base";
+  CHECK(h.svc->create(h.tenant, t).error().kind() == ErrorKind::kInvalid);
+  CHECK(h.svc->live_count() == 0);
+}
+
+TEST_CASE("lifecycle core: pause, a second pause conflicts, connect resumes with a fresh timeout") {
+  Harness h;
+  std::string id = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, id));
+  CHECK(h.row_state(id) == "paused");
+  CHECK(h.rt.record(id).paused);
+  auto again = h.svc->pause(h.tenant.id, id);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().kind() == ErrorKind::kConflict);
+  h.now += 1000;
+  auto c = h.svc->connect(h.tenant.id, id, 60);
+  REQUIRE(c);
+  CHECK(c->resumed);
+  CHECK(c->row.state == "running");
+  CHECK(h.end_at(id) == h.now + 60);
+  CHECK_FALSE(h.rt.record(id).paused);
+  // Connecting to a running one only extends its timeout.
+  auto c2 = h.svc->connect(h.tenant.id, id, 600);
+  REQUIRE(c2);
+  CHECK_FALSE(c2->resumed);
+  CHECK(h.end_at(id) == h.now + 600);
+  check_consistent(h, id);
+}
+
+TEST_CASE("lifecycle core: kill ends it everywhere; other tenants see nothing") {
+  Harness h;
+  std::string id = h.create();
+  CHECK(h.svc->kill("someone-else", id).error().kind() == ErrorKind::kNotFound);
+  CHECK(h.svc->pause("someone-else", id).error().kind() == ErrorKind::kNotFound);
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.row_state(id) == "killed");
+  CHECK(h.rt.record(id).killed);
+  CHECK(h.svc->live_count() == 0);
+  CHECK(h.svc->get(h.tenant.id, id).error().kind() == ErrorKind::kNotFound);
+  CHECK(h.svc->kill(h.tenant.id, id).error().kind() == ErrorKind::kNotFound);
+  check_consistent(h, id);
+}
+
+TEST_CASE("lifecycle core: timeouts kill, or pause with onTimeout=pause") {
+  Harness h;
+  std::string killed = h.create(h.params(10));
+  CreateParams p = h.params(10);
+  p.on_timeout_pause = true;
+  std::string paused = h.create(p);
+  h.now += 5;
+  h.svc->tick();
+  CHECK(h.row_state(killed) == "running");
+  h.now += 6;
+  h.svc->tick();
+  CHECK(h.row_state(killed) == "killed");
+  CHECK(h.row_state(paused) == "paused");
+  h.svc->tick();  // still expired, already paused: nothing changes
+  CHECK(h.row_state(paused) == "paused");
+  CHECK(h.rt.record(paused).pauses == 1);
+  check_consistent(h, killed);
+  check_consistent(h, paused);
+}
+
+TEST_CASE("lifecycle core: a sandbox whose processes died is lost at the next tick") {
+  Harness h;
+  std::string id = h.create();
+  h.rt.set_dead(id);
+  h.svc->tick();
+  CHECK(h.row_state(id) == "lost");
+  CHECK(h.svc->live_count() == 0);
+  auto ev = h.store->events_for_sandbox(id);
+  REQUIRE(ev);
+  bool lost = false;
+  for (auto& e : *ev) lost |= e.kind == "lost";
+  CHECK(lost);
+}
+
+TEST_CASE("lifecycle core: a wait pause is invisible; a client's pause during it wins") {
+  Harness h;
+  int before = 0, gone = 0;
+  h.svc->set_wait_hooks([&](const std::string&) { ++before; }, [&](const std::string&) { ++gone; });
+  std::string id = h.create();
+  REQUIRE(h.svc->wait_pause(id));
+  CHECK(h.rt.record(id).paused);
+  CHECK(h.row_state(id) == "running");  // clients still see it running
+  REQUIRE(h.svc->wait_resume(id));
+  CHECK_FALSE(h.rt.record(id).paused);
+  // Paused by a client while wait-paused: the wait's resume leaves it paused.
+  REQUIRE(h.svc->wait_pause(id));
+  REQUIRE(h.svc->pause(h.tenant.id, id));
+  CHECK(before == 1);
+  REQUIRE(h.svc->wait_resume(id));
+  CHECK(h.rt.record(id).paused);
+  CHECK(h.row_state(id) == "paused");
+  // A wait pause of a paused sandbox changes nothing either.
+  REQUIRE(h.svc->wait_pause(id));
+  REQUIRE(h.svc->connect(h.tenant.id, id, 60));
+  CHECK_FALSE(h.rt.record(id).paused);
+  CHECK(h.svc->wait_idle(id, std::chrono::milliseconds(100)).value());
+  // No memory engine: offload is refused, the sandbox untouched.
+  std::atomic<bool> cancel{false};
+  CHECK(h.svc->wait_offload(id, cancel).error().kind() == ErrorKind::kUnavailable);
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(gone == 1);
+  check_consistent(h, id);
+}
+
+TEST_CASE("lifecycle core: traffic resumes a paused sandbox only with its credentials and autoResume") {
+  Harness h;
+  std::string id = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, id));
+  sg::http::HttpRequest bad = h.envd_request(id);
+  bad.headers["x-access-token"] = "wrong";
+  CHECK(h.svc->open_port(id, 49983, bad).error().kind() == ErrorKind::kUnauthorized);
+  CHECK(h.row_state(id) == "paused");
+  h.now += 50;
+  auto fd = h.svc->open_port(id, 49983, h.envd_request(id));
+  REQUIRE(fd);
+  CHECK(h.row_state(id) == "running");
+  CHECK(h.end_at(id) == h.now + 300);  // its timeout starts again
+
+  CreateParams p = h.params();
+  p.auto_resume = false;
+  std::string manual = h.create(p);
+  REQUIRE(h.svc->pause(h.tenant.id, manual));
+  CHECK(h.svc->open_port(manual, 49983, h.envd_request(manual)).error().kind() == ErrorKind::kConflict);
+  CHECK(h.row_state(manual) == "paused");
+  CHECK(h.svc->open_port("no-such-sandbox", 49983, h.envd_request(manual)).error().kind() ==
+        ErrorKind::kNotFound);
+  check_consistent(h, id);
+  check_consistent(h, manual);
+}
+
+TEST_CASE("lifecycle core: a revoked tenant's sandboxes end at the next tick") {
+  Harness h;
+  std::string a = h.create(), b = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, b));
+  REQUIRE(h.store->revoke_tenant(h.tenant.id, h.now));
+  h.svc->tick();
+  CHECK(h.row_state(a) == "killed");
+  CHECK(h.row_state(b) == "killed");
+  CHECK(h.rt.unkilled().empty());
+}
+
+TEST_CASE("lifecycle core: shutdown ends every live sandbox as lost") {
+  Harness h;
+  std::string a = h.create(), b = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, b));
+  h.svc->shutdown();
+  CHECK(h.row_state(a) == "lost");
+  CHECK(h.row_state(b) == "lost");
+  CHECK(h.rt.unkilled().empty());
+  CHECK(h.svc->live_count() == 0);
+}
+
+// Each lifecycle operation with its Nth runtime call failing, for every N
+// up to the number of runtime calls the operation makes: the operation
+// reports an error (or copes), and afterwards the row, the runtime and the
+// service agree, nothing leaks, and the sandbox can still be killed.
+TEST_CASE("lifecycle core: every runtime fault in every operation leaves a legal, leak-free state") {
+  struct Step {
+    const char* name;
+    bool paused_first;  // the operation starts from a paused sandbox
+    std::function<void(Harness&, const std::string&)> run;
+  };
+  std::vector<Step> steps = {
+      {"pause", false, [](Harness& h, const std::string& id) { (void)h.svc->pause(h.tenant.id, id); }},
+      {"connect", true, [](Harness& h, const std::string& id) { (void)h.svc->connect(h.tenant.id, id, 60); }},
+      {"traffic", true,
+       [](Harness& h, const std::string& id) { (void)h.svc->open_port(id, 49983, h.envd_request(id)); }},
+      {"kill", false, [](Harness& h, const std::string& id) { (void)h.svc->kill(h.tenant.id, id); }},
+      {"wait pause+resume", false,
+       [](Harness& h, const std::string& id) {
+         (void)h.svc->wait_pause(id);
+         (void)h.svc->wait_resume(id);
+       }},
+      {"wait pause+offload+resume", false,
+       [](Harness& h, const std::string& id) {
+         std::atomic<bool> cancel{false};
+         (void)h.svc->wait_pause(id);
+         (void)h.svc->wait_offload(id, cancel);
+         (void)h.svc->wait_resume(id);
+       }},
+      {"timeout pause", false,
+       [](Harness& h, const std::string& id) {
+         h.now += 10'000;
+         h.svc->tick();
+       }},
+      {"tick", false, [](Harness& h, const std::string&) { h.svc->tick(); }},
+  };
+  const Op ops[] = {Op::kPause, Op::kResume, Op::kKill, Op::kUsage, Op::kOpenPort, Op::kControl};
+  int fired = 0;
+  for (const Step& step : steps) {
+    for (Op op : ops) {
+      for (int n = 1; n <= 2; ++n) {
+        Harness h({}, true);
+        CreateParams p = h.params(300);
+        p.on_timeout_pause = std::string(step.name) == "timeout pause";
+        std::string id = h.create(p);
+        if (step.paused_first) REQUIRE(h.svc->pause(h.tenant.id, id));
+        h.rt.fail_at(op, n);
+        step.run(h, id);
+        fired += h.rt.faults_fired();
+        h.rt.clear_faults();
+        INFO(std::string(step.name) << ": call " << n << " of op " << static_cast<int>(op) << " failed");
+        CHECK(h.rt.leaked().empty());  // a handle whose kill failed is kept, not dropped
+        h.svc->tick();                 // which kills it again
+        check_consistent(h, id);
+        // Whatever happened, a kill ends it cleanly.
+        (void)h.svc->kill(h.tenant.id, id);
+        CHECK(h.rt.unkilled().empty());
+        CHECK(h.svc->live_count() == 0);
+      }
+    }
+  }
+  CHECK(fired >= 10);  // the loop did inject faults
+}
+
+TEST_CASE("lifecycle core: a create the runtime fails leaves a failed row and nothing running") {
+  Harness h;
+  h.rt.fail_at(Op::kCreate, 1);
+  auto r = h.svc->create(h.tenant, h.params());
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind() == ErrorKind::kInternal);
+  auto rows = h.store->list_sandboxes(sg::storage::SandboxQuery{h.tenant.id});
+  REQUIRE(rows);
+  CHECK(rows->empty());  // a failed create is not listed
+  CHECK(h.svc->live_count() == 0);
+  CHECK(h.rt.unkilled().empty());
+  // The quota slot is free again: the next create works.
+  CHECK(h.svc->create(h.tenant, h.params()));
+}
+
+TEST_CASE("lifecycle core: a sandbox whose kill keeps failing is ended for clients and killed by later ticks") {
+  Harness h;
+  std::string id = h.create();
+  h.rt.fail_next(Op::kKill, 3);  // the kill, its retry, and the first tick's
+  CHECK_FALSE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.row_state(id) == "killed");
+  CHECK(h.svc->live_count() == 0);
+  CHECK_FALSE(h.rt.record(id).killed);
+  CHECK(h.rt.leaked().empty());  // still held: not dropped
+  h.svc->tick();
+  CHECK_FALSE(h.rt.record(id).killed);
+  h.svc->tick();
+  CHECK(h.rt.record(id).killed);
+  CHECK(h.rt.record(id).kills == 4);
+  CHECK(h.rt.unkilled().empty());
+}
+
+TEST_CASE("lifecycle core: an offload moves a wait-paused sandbox to offloaded; the wait's resume prefetches") {
+  using sg::lifecycle::State;
+  Harness h({}, true);
+  std::string id = h.create();
+  std::atomic<bool> cancel{false};
+  // Only a wait-paused sandbox is offloaded.
+  CHECK(h.svc->wait_offload(id, cancel).error().kind() == ErrorKind::kConflict);
+  REQUIRE(h.svc->wait_pause(id));
+  REQUIRE(h.svc->wait_offload(id, cancel));
+  CHECK(h.svc->state(id).value() == State::kOffloaded);
+  CHECK(h.memory.last_cohort == h.tenant.id + "/tpl-base");
+  CHECK(h.row_state(id) == "running");  // invisible to clients
+  CHECK(h.svc->wait_offload(id, cancel).error().kind() == ErrorKind::kConflict);  // once per wait
+  REQUIRE(h.svc->wait_resume(id));
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  CHECK(h.memory.prefetches == 1);
+  CHECK_FALSE(h.rt.record(id).paused);
+  // A refused offload leaves it wait-paused, whole.
+  h.memory.fail_offload = true;
+  REQUIRE(h.svc->wait_pause(id));
+  CHECK(h.svc->wait_offload(id, cancel).error().kind() == ErrorKind::kQuota);
+  CHECK(h.svc->state(id).value() == State::kWaitPaused);
+  // A client's pause while offloaded wins over the wait's resume.
+  h.memory.fail_offload = false;
+  REQUIRE(h.svc->wait_offload(id, cancel));
+  REQUIRE(h.svc->pause(h.tenant.id, id));
+  CHECK(h.svc->state(id).value() == State::kPaused);
+  REQUIRE(h.svc->wait_resume(id));
+  CHECK(h.svc->state(id).value() == State::kPaused);
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.memory.forgets == 1);
+}
+
+TEST_CASE("lifecycle core: a sandbox whose memory was lost is ended as lost by the next tick") {
+  Harness h({}, true);
+  std::string id = h.create();
+  REQUIRE(h.svc->wait_pause(id));
+  std::atomic<bool> cancel{false};
+  REQUIRE(h.svc->wait_offload(id, cancel));
+  h.memory.lost.emplace_back(id, "pool record unreadable");
+  h.svc->tick();
+  CHECK(h.row_state(id) == "lost");
+  CHECK(h.rt.record(id).killed);
+  CHECK(h.svc->live_count() == 0);
+  CHECK(h.svc->memory_in_use() == 0);
+}
