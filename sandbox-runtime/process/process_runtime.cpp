@@ -335,85 +335,53 @@ class ProcessRuntime final : public runtime::Runtime {
   }
 
  private:
-  Status start(const runtime::SandboxSpec& spec, ProcessSandbox& sb, uint64_t t0, bool& created_dir) {
-    if (!layout_) return layout_.error();
-    if (!valid_sandbox_id(spec.id)) return invalid_error("invalid sandbox id (want [a-z0-9]{1,64})");
-    char real[PATH_MAX];
-    if (!::realpath(spec.rootfs.c_str(), real)) return sys::errno_error("rootfs", spec.rootfs);
-    std::string rootfs = real;
-    struct stat st;
-    if (::stat(rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return invalid_error("rootfs " + spec.rootfs + ": not a directory");
-    if (::stat(cfg_.agent_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      return internal_error("agent binary " + cfg_.agent_path + ": missing or not a regular file (build sandgate-agent)");
-    for (const auto& [k, v] : spec.env) {
-      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
-          v.find('\0') != std::string::npos)
-        return invalid_error("invalid environment variable name " + k);
-    }
+  // A sandbox's user namespace, as the child needs it: both descriptors
+  // >= 10 (ChildArgs sources never collide with the fixed fds 0..5).
+  struct SandboxUserns {
+    UidSlots::Slot slot;
+    UniqueFd tree;  // the idmapped template
+    UniqueFd ns;    // a copy of the slot's namespace, for fd 5
+  };
 
-    if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
-    char real_state[PATH_MAX];
-    if (!::realpath(cfg_.state_root.c_str(), real_state)) return sys::errno_error("realpath", cfg_.state_root);
-    std::string dir = std::string(real_state) + "/" + spec.id;
-    // The writable layer: a size-limited filesystem of its own that the
-    // child mounts on disk_dir (disk.h), or plain directories in dir. Its
-    // full size is reserved on the state root's filesystem first
-    // (disk_space.h), so a refused create changes nothing.
-    const bool limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
-                            (disk_ || cfg_.disk_limits == runtime::DiskLimits::kOn);
-    if (limit_disk && !disk_) return disk_.error();
-    if (limit_disk && spec.disk_mb > kMaxWritableDiskMb)
-      return invalid_error("disk size " + std::to_string(spec.disk_mb) + " MiB");
-    Result<DiskSpace::Reservation> reservation =
-        disk_space_->reserve(limit_disk ? spec.disk_mb << 20 : 0, writable_disk_image(dir));
-    if (!reservation) return reservation.error();
-    if (::mkdir(dir.c_str(), 0700) != 0) {
-      if (errno == EEXIST) return conflict_error("state directory " + dir + " already exists");
-      return sys::errno_error("mkdir", dir);
-    }
-    created_dir = true;
-    sb.state_dir_ = dir;
-    sb.disk_reservation_ = std::move(*reservation);
-    // The user namespace: a uid range, and the template through an
-    // idmapped mount so its files are owned by the range (userns.h).
-    Result<std::optional<SandboxUserns>> userns = user_namespace_for(sb, rootfs);
-    if (!userns) return userns.error();
-    const std::optional<UidSlots::Slot> slot = *userns ? std::optional((*userns)->slot) : std::nullopt;
-    const int layer_owner = slot ? static_cast<int>(slot->uid_base) : -1;
-    std::string lower_dir = dir + "/lower";
-    if (::mkdir(lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", lower_dir);
-    // The child attaches the template on lower_dir, so the overlay's
-    // options name "lower", not the template's host path.
-    UniqueFd plain_lower;
-    if (!slot) {
-      UniqueFd t(::open_tree(AT_FDCWD, rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
-      if (!t) return sys::errno_error("open_tree", rootfs);
-      Result<UniqueFd> hi = high_fd(std::move(t), "template tree");
-      if (!hi) return hi.error();
-      plain_lower = std::move(*hi);
-    }
-    Result<UniqueFd> agent_tree = agent_clone();
-    if (!agent_tree) return agent_tree.error();
-
-    std::string merged = dir + "/merged", disk_dir = dir + "/disk";
-    std::string upper = (limit_disk ? disk_dir : dir) + "/upper", work = (limit_disk ? disk_dir : dir) + "/work";
+  // One create in progress: what start()'s steps make, in their order.
+  // ChildArgs points into these strings and descriptors, so a Launch is
+  // neither copied nor moved, and lives until the child has exec'd.
+  struct Launch {
+    Launch() = default;
+    Launch(const Launch&) = delete;
+    Launch& operator=(const Launch&) = delete;
+    // check()
+    std::string rootfs;  // the template, resolved
+    // make_state_dir()
+    std::string real_state, dir;
+    bool limit_disk = false;
+    // make_layers()
+    std::optional<SandboxUserns> userns;
+    std::optional<UidSlots::Slot> slot;
+    int layer_owner = -1;
+    std::string lower_dir, merged, disk_dir, upper, work;
+    UniqueFd plain_lower, agent_tree;
     std::optional<WritableDisk> disk;  // its loop descriptor lives until the child has mounted it
-    if (limit_disk) {
-      Result<WritableDisk> d = make_writable_disk(dir, std::string(real_state) + "/.disk-images", spec.disk_mb);
-      if (!d) return d.error();
-      disk = std::move(*d);
-      sb.disk_image_ = disk->image;
-      for (const std::string& d : {disk_dir, merged})
-        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
-    } else {
-      for (const std::string& d : {upper, work, merged})
-        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
-      // The overlay's root takes the upper directory's owner.
-      if (layer_owner >= 0 && ::chown(upper.c_str(), layer_owner, layer_owner) != 0)
-        return sys::errno_error("chown", upper);
-    }
+    // make_descriptors(): every one close-on-exec; the child dup2s what the
+    // agent keeps onto 0-3.
+    UniqueFd host_chan, child_chan, sync_wr, sync_rd, err_rd, err_wr, null_fd, log_fd;
+    std::string log_path;
+    // child_args(): strings, argv and envp, all built before clone.
+    std::string overlay_opts, devpts_opts, sandgate_dir, agent_dst, proc_dir, dev_dir, sys_dir, devpts, shm,
+        disk_node;
+    std::string node_paths[kChildDevices], link_paths[kChildSymlinks];
+    std::vector<std::string> env_strings;
+    std::vector<char*> envp;
+    std::string argv0 = "/.sandgate/sandgate-agent";
+    char* argv[2] = {nullptr, nullptr};
+    ChildArgs a;
+  };
 
+  Status start(const runtime::SandboxSpec& spec, ProcessSandbox& sb, uint64_t t0, bool& created_dir) {
+    Launch l;
+    if (Status s = check(spec, l); !s) return s;
+    if (Status s = make_state_dir(spec, sb, l, created_dir); !s) return s;
+    if (Status s = make_layers(spec, sb, l); !s) return s;
     CgroupLimits lim;
     lim.cpu_count = spec.cpu_count;
     lim.memory_bytes = spec.memory_mb * 1024 * 1024;
@@ -422,81 +390,205 @@ class ProcessRuntime final : public runtime::Runtime {
     if (!cg) return cg.error();
     sb.cgroup_ = std::move(*cg);
     sb.has_cgroup_ = true;
+    if (Status s = make_descriptors(l); !s) return s;
+    if (Status s = child_args(spec, l); !s) return s;
+    return spawn(spec, sb, l, t0);
+  }
 
-    // Descriptors. Every one is close-on-exec; the child dup2s what the
-    // agent keeps onto 0-3.
+  // The request itself: a template directory, the agent binary, sound
+  // environment variables.
+  Status check(const runtime::SandboxSpec& spec, Launch& l) {
+    if (!layout_) return layout_.error();
+    if (!valid_sandbox_id(spec.id)) return invalid_error("invalid sandbox id (want [a-z0-9]{1,64})");
+    char real[PATH_MAX];
+    if (!::realpath(spec.rootfs.c_str(), real)) return sys::errno_error("rootfs", spec.rootfs);
+    l.rootfs = real;
+    struct stat st;
+    if (::stat(l.rootfs.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      return invalid_error("rootfs " + spec.rootfs + ": not a directory");
+    if (::stat(cfg_.agent_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      return internal_error("agent binary " + cfg_.agent_path + ": missing or not a regular file (build sandgate-agent)");
+    for (const auto& [k, v] : spec.env) {
+      if (k.empty() || k.find('=') != std::string::npos || k.find('\0') != std::string::npos ||
+          v.find('\0') != std::string::npos)
+        return invalid_error("invalid environment variable name " + k);
+    }
+    return Status::Ok();
+  }
+
+  // The sandbox's state directory, after its disk is reserved.
+  Status make_state_dir(const runtime::SandboxSpec& spec, ProcessSandbox& sb, Launch& l, bool& created_dir) {
+    if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
+    char real_state[PATH_MAX];
+    if (!::realpath(cfg_.state_root.c_str(), real_state)) return sys::errno_error("realpath", cfg_.state_root);
+    l.real_state = real_state;
+    l.dir = l.real_state + "/" + spec.id;
+    // The writable layer: a size-limited filesystem of its own that the
+    // child mounts on disk_dir (disk.h), or plain directories in dir. Its
+    // full size is reserved on the state root's filesystem first
+    // (disk_space.h), so a refused create changes nothing.
+    l.limit_disk = spec.disk_mb > 0 && cfg_.disk_limits != runtime::DiskLimits::kOff &&
+                   (disk_ || cfg_.disk_limits == runtime::DiskLimits::kOn);
+    if (l.limit_disk && !disk_) return disk_.error();
+    if (l.limit_disk && spec.disk_mb > kMaxWritableDiskMb)
+      return invalid_error("disk size " + std::to_string(spec.disk_mb) + " MiB");
+    Result<DiskSpace::Reservation> reservation =
+        disk_space_->reserve(l.limit_disk ? spec.disk_mb << 20 : 0, writable_disk_image(l.dir));
+    if (!reservation) return reservation.error();
+    if (::mkdir(l.dir.c_str(), 0700) != 0) {
+      if (errno == EEXIST) return conflict_error("state directory " + l.dir + " already exists");
+      return sys::errno_error("mkdir", l.dir);
+    }
+    created_dir = true;
+    sb.state_dir_ = l.dir;
+    sb.disk_reservation_ = std::move(*reservation);
+    return Status::Ok();
+  }
+
+  // The filesystem's layers: the template (idmapped in a user namespace),
+  // the agent, and the writable layer.
+  Status make_layers(const runtime::SandboxSpec& spec, ProcessSandbox& sb, Launch& l) {
+    // The user namespace: a uid range, and the template through an
+    // idmapped mount so its files are owned by the range (userns.h).
+    Result<std::optional<SandboxUserns>> userns = user_namespace_for(sb, l.rootfs);
+    if (!userns) return userns.error();
+    l.userns = std::move(*userns);
+    if (l.userns) l.slot = l.userns->slot;
+    l.layer_owner = l.slot ? static_cast<int>(l.slot->uid_base) : -1;
+    l.lower_dir = l.dir + "/lower";
+    if (::mkdir(l.lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", l.lower_dir);
+    // The child attaches the template on lower_dir, so the overlay's
+    // options name "lower", not the template's host path.
+    if (!l.slot) {
+      UniqueFd t(::open_tree(AT_FDCWD, l.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+      if (!t) return sys::errno_error("open_tree", l.rootfs);
+      Result<UniqueFd> hi = high_fd(std::move(t), "template tree");
+      if (!hi) return hi.error();
+      l.plain_lower = std::move(*hi);
+    }
+    Result<UniqueFd> agent_tree = agent_clone();
+    if (!agent_tree) return agent_tree.error();
+    l.agent_tree = std::move(*agent_tree);
+
+    l.merged = l.dir + "/merged";
+    l.disk_dir = l.dir + "/disk";
+    l.upper = (l.limit_disk ? l.disk_dir : l.dir) + "/upper";
+    l.work = (l.limit_disk ? l.disk_dir : l.dir) + "/work";
+    if (l.limit_disk) {
+      Result<WritableDisk> d = make_writable_disk(l.dir, l.real_state + "/.disk-images", spec.disk_mb);
+      if (!d) return d.error();
+      l.disk = std::move(*d);
+      sb.disk_image_ = l.disk->image;
+      for (const std::string& d : {l.disk_dir, l.merged})
+        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+    } else {
+      for (const std::string& d : {l.upper, l.work, l.merged})
+        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+      // The overlay's root takes the upper directory's owner.
+      if (l.layer_owner >= 0 && ::chown(l.upper.c_str(), l.layer_owner, l.layer_owner) != 0)
+        return sys::errno_error("chown", l.upper);
+    }
+    return Status::Ok();
+  }
+
+  Status make_descriptors(Launch& l) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return sys::errno_error("socketpair", "channel");
-    UniqueFd host_chan(sv[0]);
+    l.host_chan.reset(sv[0]);
     auto child_chan = high_fd(UniqueFd(sv[1]), "channel");
     int sp[2], ep[2];
     // A socket, not a pipe, so writing to a child that already died is an
     // EPIPE error rather than a SIGPIPE (MSG_NOSIGNAL).
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return sys::errno_error("socketpair", "sync");
-    UniqueFd sync_rd(sp[0]), sync_wr(sp[1]);
+    UniqueFd sync_rd(sp[0]);
+    l.sync_wr.reset(sp[1]);
     if (::pipe2(ep, O_CLOEXEC) != 0) return sys::errno_error("pipe2", "error pipe");
-    UniqueFd err_rd(ep[0]);
+    l.err_rd.reset(ep[0]);
     auto err_wr = high_fd(UniqueFd(ep[1]), "error pipe");
     auto sync_rd_hi = high_fd(std::move(sync_rd), "sync pipe");
     UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
     if (!null_fd) return sys::errno_error("open", "/dev/null");
     auto null_hi = high_fd(std::move(null_fd), "/dev/null");
-    std::string log_path = dir + "/agent.log";
-    UniqueFd log_fd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
-    if (!log_fd) return sys::errno_error("open", log_path);
+    l.log_path = l.dir + "/agent.log";
+    UniqueFd log_fd(::open(l.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    if (!log_fd) return sys::errno_error("open", l.log_path);
     auto log_hi = high_fd(std::move(log_fd), "agent log");
     for (auto* r : {&child_chan, &err_wr, &sync_rd_hi, &null_hi, &log_hi})
       if (!*r) return r->error();
+    l.child_chan = std::move(*child_chan);
+    l.err_wr = std::move(*err_wr);
+    l.sync_rd = std::move(*sync_rd_hi);
+    l.null_fd = std::move(*null_hi);
+    l.log_fd = std::move(*log_hi);
+    return Status::Ok();
+  }
 
-    // Strings, argv and envp: all built here, before clone.
+  // The paths the child mounts and makes under the state directory, with
+  // its /dev's device nodes and links.
+  void child_paths(Launch& l) {
     // Relative to dir, the child's working directory (child.h, state_dir).
-    std::string overlay_opts = limit_disk ? "lowerdir=lower,upperdir=disk/upper,workdir=disk/work"
-                                          : "lowerdir=lower,upperdir=upper,workdir=work";
-    std::string devpts_opts = "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(slot ? slot->uid_base + 5 : 5);
-    std::string sandgate_dir = merged + "/.sandgate";
-    std::string agent_dst = sandgate_dir + "/sandgate-agent";
-    std::string proc_dir = merged + "/proc", dev_dir = merged + "/dev", sys_dir = merged + "/sys";
-    std::string devpts = dev_dir + "/pts", shm = dev_dir + "/shm";
+    l.overlay_opts = l.limit_disk ? "lowerdir=lower,upperdir=disk/upper,workdir=disk/work"
+                                  : "lowerdir=lower,upperdir=upper,workdir=work";
+    l.devpts_opts =
+        "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(l.slot ? l.slot->uid_base + 5 : 5);
+    l.sandgate_dir = l.merged + "/.sandgate";
+    l.agent_dst = l.sandgate_dir + "/sandgate-agent";
+    l.proc_dir = l.merged + "/proc";
+    l.dev_dir = l.merged + "/dev";
+    l.sys_dir = l.merged + "/sys";
+    l.devpts = l.dev_dir + "/pts";
+    l.shm = l.dev_dir + "/shm";
     struct Node {
       const char* name;
       unsigned major, minor;
     };
-    const Node nodes[kChildDevices] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
-                                       {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
-    std::string node_paths[kChildDevices];
-    for (int i = 0; i < kChildDevices; ++i) node_paths[i] = dev_dir + "/" + nodes[i].name;
-    const std::pair<const char*, const char*> links[kChildSymlinks] = {
+    static const Node kNodes[kChildDevices] = {{"null", 1, 3},   {"zero", 1, 5},    {"full", 1, 7},
+                                               {"random", 1, 8}, {"urandom", 1, 9}, {"tty", 5, 0}};
+    static const std::pair<const char*, const char*> kLinks[kChildSymlinks] = {
         {"pts/ptmx", "ptmx"}, {"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
         {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"}};
-    std::string link_paths[kChildSymlinks];
-    for (int i = 0; i < kChildSymlinks; ++i) link_paths[i] = dev_dir + "/" + links[i].second;
+    for (int i = 0; i < kChildDevices; ++i) {
+      l.node_paths[i] = l.dev_dir + "/" + kNodes[i].name;
+      l.a.devices[i] = {l.node_paths[i].c_str(), static_cast<mode_t>(S_IFCHR | 0666),
+                        makedev(kNodes[i].major, kNodes[i].minor)};
+    }
+    for (int i = 0; i < kChildSymlinks; ++i) {
+      l.link_paths[i] = l.dev_dir + "/" + kLinks[i].second;
+      l.a.symlinks[i] = {kLinks[i].first, l.link_paths[i].c_str()};
+    }
+  }
 
-    std::vector<std::string> env_strings;
+  // The agent's environment: the sandbox's, with SANDGATE_* its own.
+  void child_env(const runtime::SandboxSpec& spec, Launch& l) {
     bool has_path = false;
     for (const auto& [k, v] : spec.env) {
       if (k.rfind("SANDGATE_", 0) == 0) continue;  // reserved for the agent
       if (k == "PATH") has_path = true;
-      env_strings.push_back(k + "=" + v);
+      l.env_strings.push_back(k + "=" + v);
     }
-    if (!has_path) env_strings.push_back("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
-    env_strings.push_back("SANDGATE_SANDBOX_ID=" + spec.id);
-    if (!spec.envd_access_token.empty()) env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
-    if (slot) env_strings.push_back("SANDGATE_USERNS_FD=5");  // child.cpp puts it there
-    std::vector<char*> envp;
-    for (std::string& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    std::string argv0 = "/.sandgate/sandgate-agent";
-    char* argv[] = {argv0.data(), nullptr};
+    if (!has_path) l.env_strings.push_back("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
+    l.env_strings.push_back("SANDGATE_SANDBOX_ID=" + spec.id);
+    if (!spec.envd_access_token.empty()) l.env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
+    if (l.slot) l.env_strings.push_back("SANDGATE_USERNS_FD=5");  // child.cpp puts it there
+    for (std::string& e : l.env_strings) l.envp.push_back(e.data());
+    l.envp.push_back(nullptr);
+    l.argv[0] = l.argv0.data();
+  }
 
-    ChildArgs a;
-    a.sync_fd = sync_rd_hi->get();
-    a.sync_wr_fd = sync_wr.get();
-    a.err_fd = err_wr->get();
-    a.err_rd_fd = err_rd.get();
-    a.channel_fd = child_chan->get();
-    a.host_channel_fd = host_chan.get();
-    a.null_fd = null_hi->get();
-    a.log_fd = log_hi->get();
+  // What the child (child.cpp) reads: descriptors, limits, paths, argv,
+  // envp; every string in l.
+  Status child_args(const runtime::SandboxSpec& spec, Launch& l) {
+    child_paths(l);
+    child_env(spec, l);
+    ChildArgs& a = l.a;
+    a.sync_fd = l.sync_rd.get();
+    a.sync_wr_fd = l.sync_wr.get();
+    a.err_fd = l.err_wr.get();
+    a.err_rd_fd = l.err_rd.get();
+    a.channel_fd = l.child_chan.get();
+    a.host_channel_fd = l.host_chan.get();
+    a.null_fd = l.null_fd.get();
+    a.log_fd = l.log_fd.get();
     // Open files: 1024 soft, 65536 hard, or less where sandgate's own hard
     // limit is lower (raising it would need CAP_SYS_RESOURCE).
     struct rlimit own {};
@@ -505,40 +597,41 @@ class ProcessRuntime final : public runtime::Runtime {
     a.nofile_soft = std::min<uint64_t>(kSandboxNofileSoft, a.nofile_hard);
     a.hostname = spec.id.c_str();
     a.hostname_len = spec.id.size();
-    a.merged = merged.c_str();
-    a.state_dir = dir.c_str();
-    std::string disk_node;
-    if (disk) {
-      disk_node = disk->node.substr(dir.size() + 1);
-      a.disk_node = disk_node.c_str();
-      a.disk_dir = disk_dir.c_str();
-      a.disk_upper = upper.c_str();
-      a.disk_work = work.c_str();
+    a.merged = l.merged.c_str();
+    a.state_dir = l.dir.c_str();
+    if (l.disk) {
+      l.disk_node = l.disk->node.substr(l.dir.size() + 1);
+      a.disk_node = l.disk_node.c_str();
+      a.disk_dir = l.disk_dir.c_str();
+      a.disk_upper = l.upper.c_str();
+      a.disk_work = l.work.c_str();
     }
-    a.overlay_opts = overlay_opts.c_str();
-    a.sandgate_dir = sandgate_dir.c_str();
-    a.agent_tree_fd = agent_tree->get();
+    a.overlay_opts = l.overlay_opts.c_str();
+    a.sandgate_dir = l.sandgate_dir.c_str();
+    a.agent_tree_fd = l.agent_tree.get();
     a.agent_src = cfg_.agent_path.c_str();
-    a.agent_dst = agent_dst.c_str();
-    a.proc_dir = proc_dir.c_str();
-    a.dev_dir = dev_dir.c_str();
-    a.devpts_dir = devpts.c_str();
-    a.devpts_opts = devpts_opts.c_str();
-    a.lower_tree_fd = slot ? (*userns)->tree.get() : plain_lower.get();
-    a.lower_dir = lower_dir.c_str();
-    if (slot) {
-      a.layer_owner = layer_owner;
-      a.userns_fd = (*userns)->ns.get();
+    a.agent_dst = l.agent_dst.c_str();
+    a.proc_dir = l.proc_dir.c_str();
+    a.dev_dir = l.dev_dir.c_str();
+    a.devpts_dir = l.devpts.c_str();
+    a.devpts_opts = l.devpts_opts.c_str();
+    a.lower_tree_fd = l.slot ? l.userns->tree.get() : l.plain_lower.get();
+    a.lower_dir = l.lower_dir.c_str();
+    if (l.slot) {
+      a.layer_owner = l.layer_owner;
+      a.userns_fd = l.userns->ns.get();
     }
-    a.shm_dir = shm.c_str();
-    a.sys_dir = sys_dir.c_str();
-    for (int i = 0; i < kChildDevices; ++i)
-      a.devices[i] = {node_paths[i].c_str(), static_cast<mode_t>(S_IFCHR | 0666), makedev(nodes[i].major, nodes[i].minor)};
-    for (int i = 0; i < kChildSymlinks; ++i) a.symlinks[i] = {links[i].first, link_paths[i].c_str()};
-    a.agent_exec = argv0.c_str();
-    a.argv = argv;
-    a.envp = envp.data();
+    a.shm_dir = l.shm.c_str();
+    a.sys_dir = l.sys_dir.c_str();
+    a.agent_exec = l.argv0.c_str();
+    a.argv = l.argv;
+    a.envp = l.envp.data();
+    return Status::Ok();
+  }
 
+  // clone() on the spawner thread, the child into its cgroups, then its
+  // namespace setup's verdict (the error pipe) and the agent's ready frame.
+  Status spawn(const runtime::SandboxSpec& spec, ProcessSandbox& sb, Launch& l, uint64_t t0) {
     std::unique_ptr<char[]> stack(new char[kChildStackSize]);
     int pidfd = -1;
     pid_t pid = -1;
@@ -549,22 +642,18 @@ class ProcessRuntime final : public runtime::Runtime {
       // 16-byte aligned; without CLONE_VM the child gets its own copy of it.
       char* top = stack.get() + kChildStackSize;
       top = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
-      pid = ::clone(child_main, top, flags, &a, &pidfd);
+      pid = ::clone(child_main, top, flags, &l.a, &pidfd);
       clone_errno = errno;
     });
     if (pid < 0) return sys::errno_error("clone", "sandbox init", clone_errno);
     sb.pid_ = pid;
     sb.pidfd_.reset(pidfd);
-    child_chan->reset();
-    err_wr->reset();
-    sync_rd_hi->reset();
-    null_hi->reset();
-    log_hi->reset();
+    for (UniqueFd* f : {&l.child_chan, &l.err_wr, &l.sync_rd, &l.null_fd, &l.log_fd}) f->reset();
 
     if (Status s = sb.cgroup_.add_process(pid); !s) return s;
     char go = 1;
-    if (::send(sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
-    sync_wr.reset();
+    if (::send(l.sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
+    l.sync_wr.reset();
 
     uint64_t deadline = t0 + static_cast<uint64_t>(spec.ready_timeout.count()) * 1000000ull;
     ChildError ce;
@@ -572,39 +661,31 @@ class ProcessRuntime final : public runtime::Runtime {
     while (got < sizeof ce) {
       uint64_t now = sys::monotonic_ns();
       if (now >= deadline) return Error(ErrorKind::kTimeout, "timed out setting up the sandbox namespaces");
-      struct pollfd p = {err_rd.get(), POLLIN, 0};
+      struct pollfd p = {l.err_rd.get(), POLLIN, 0};
       int r = ::poll(&p, 1, static_cast<int>((deadline - now) / 1000000 + 1));
       if (r < 0 && errno != EINTR) return sys::errno_error("poll", "error pipe");
       if (r <= 0) continue;
-      ssize_t n = ::read(err_rd.get(), reinterpret_cast<char*>(&ce) + got, sizeof ce - got);
+      ssize_t n = ::read(l.err_rd.get(), reinterpret_cast<char*>(&ce) + got, sizeof ce - got);
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // EOF: execve succeeded
       got += static_cast<size_t>(n);
     }
-    if (got == sizeof ce)
-      return sys::errno_error(describe_step(static_cast<ChildStep>(ce.step), a), "", ce.err);
+    if (got == sizeof ce) return sys::errno_error(describe_step(static_cast<ChildStep>(ce.step), l.a), "", ce.err);
     if (got != 0) return internal_error("sandbox init reported a truncated error");
 
-    if (Status rs = read_ready_frame(host_chan.get(), sb.pidfd_.get(), deadline); !rs) {
-      std::string log = sys::read_tail(log_path, 2000);
+    if (Status rs = read_ready_frame(l.host_chan.get(), sb.pidfd_.get(), deadline); !rs) {
+      std::string log = sys::read_tail(l.log_path, 2000);
       if (!log.empty()) return Error(rs.error().kind(), rs.error().message() + "; agent log: " + log);
       return rs;
     }
-    sb.channel_ = std::move(host_chan);
+    sb.channel_ = std::move(l.host_chan);
     // The channel now belongs to the host Mux; nothing after ready is buffered.
     std::lock_guard<std::mutex> cl(sb.chan_mu_);
     sb.host_channel_ = std::make_shared<HostChannel>(spec.id, sb.channel_.get(), cfg_.open_service);
     return Status::Ok();
   }
 
-  // A sandbox's user namespace, as the child needs it: both descriptors
-  // >= 10 (ChildArgs sources never collide with the fixed fds 0..5).
-  struct SandboxUserns {
-    UidSlots::Slot slot;
-    UniqueFd tree;  // the idmapped template
-    UniqueFd ns;    // a copy of the slot's namespace, for fd 5
-  };
-  // nullopt: the sandbox runs without one (off, or auto where this host or
+  // A sandbox's user namespace, or nullopt: the sandbox runs without one (off, or auto where this host or
   // the template's filesystem cannot have one). The slot, once taken, is
   // the sandbox's (released by kill_locked).
   Result<std::optional<SandboxUserns>> user_namespace_for(ProcessSandbox& sb, const std::string& rootfs) {

@@ -406,6 +406,103 @@ struct ModelProxy::Impl {
     cx.gate = nullptr;
   }
 
+  // The request upstream and its answer to the client: a pooled
+  // connection first, a fresh one when that fails before any response byte.
+  asio::awaitable<Outcome> forward(http::HttpRequest& req, const Upstream& up, Provider prov,
+                                   const std::vector<wait::WaitCoordinator::Ticket>& tickets,
+                                   http::ResponseWriter& out) {
+    // A client that leaves while the model thinks cancels the upstream call.
+    Cancel cx;
+    out.watch_closed([&cx] {
+      cx.gone = true;
+      if (cx.current) cx.current->close();
+      if (cx.gate) cx.gate->timer.cancel();
+    });
+    bhttp::request<bhttp::string_body> ureq = upstream_request(req, up);
+    Outcome o;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::unique_ptr<UpConn> c = attempt == 0 ? take(pool_key(up)) : nullptr;
+      bool pooled = c != nullptr;
+      if (!c) {
+        Result<std::unique_ptr<UpConn>> fresh = co_await connect(up);
+        if (!fresh) {
+          o = Outcome{};
+          o.outcome = cx.gone ? "client_gone" : "upstream_error";
+          o.status = cx.gone ? 0 : -1;
+          LOG_INFO("model proxy: " << fresh.error().message());
+          break;
+        }
+        c = std::move(*fresh);
+      }
+      cx.current = c.get();
+      if (c->tls)
+        o = co_await exchange(*c->secure, *c, pooled, ureq, prov, tickets, out, cx);
+      else
+        o = co_await exchange(*c->plain, *c, pooled, ureq, prov, tickets, out, cx);
+      cx.current = nullptr;
+      if (o.reusable && !cx.gone) put(std::move(c));
+      if (!o.retry) break;
+    }
+    out.unwatch_closed();
+    // A failure before any response byte: answer 502, but only once the
+    // bound sandboxes run again.
+    if (o.status == -1) {
+      co_await await_gate(open_gate(co_await asio::this_coro::executor, tickets, &o.stopped), cx);
+      co_await out.respond(provider_error(prov, 502, std::string("the ") + provider_name(prov) +
+                                                         " upstream could not be reached or broke off the response"));
+      o.status = 502;
+      o.outcome = "upstream_error";
+    }
+    if (o.stopped && o.delivered_ns && o.head_ns)
+      resume_to_delivery.observe(static_cast<double>(o.delivered_ns - o.head_ns) / 1e9);
+    if (o.delivered_ns && o.head_ns) held_to_delivery_all.observe(static_cast<double>(o.delivered_ns - o.head_ns) / 1e9);
+    co_return o;
+  }
+
+  // Who is calling, and where to: from memory when the caches know, else
+  // on the blocking pool (SQLite), back on the connection's executor after.
+  asio::awaitable<Resolved> resolve(const http::HttpRequest& req, Provider prov) {
+    if (deps.resolve_fast)
+      if (std::optional<Resolved> fast = deps.resolve_fast(req, prov)) co_return std::move(*fast);
+    auto ex = co_await asio::this_coro::executor;
+    co_await asio::post(blocking, asio::use_awaitable);
+    Result<Caller> c = deps.authenticate ? deps.authenticate(req, prov) : Result<Caller>(internal_error("no authenticator"));
+    Result<std::optional<Upstream>> u = c && deps.upstream ? deps.upstream(c->tenant_id, prov)
+                                                           : Result<std::optional<Upstream>>(std::nullopt);
+    co_await asio::post(ex, asio::use_awaitable);
+    co_return Resolved{std::move(c), std::move(u)};
+  }
+
+  // The tenant's budgets: requests per second, then tokens per minute.
+  // The 429 to send, or nullopt.
+  std::optional<http::HttpResponse> admit(Provider prov, const std::string& tenant_id) {
+    int64_t wait_s = deps.admit_request ? deps.admit_request(tenant_id) : 0;
+    const char* which = "request";
+    if (wait_s <= 0 && deps.admit_tokens) {
+      wait_s = deps.admit_tokens(tenant_id);
+      which = "token";
+    }
+    if (wait_s <= 0) return std::nullopt;
+    http::HttpResponse r = provider_error(prov, 429, std::string(which) + " rate limit reached for this tenant; retry later");
+    r.header("retry-after", std::to_string(wait_s));
+    return r;
+  }
+
+  // The waits end, with how the request ended; the longest pause of a
+  // bound sandbox (ms), for the usage row.
+  int64_t end_waits(const Outcome& o, const std::vector<wait::WaitCoordinator::Ticket>& tickets) {
+    if (!deps.coordinator) return 0;
+    wait::Outcome wo = o.outcome == "completed"     ? wait::Outcome::kCompleted
+                       : o.outcome == "client_gone" ? wait::Outcome::kClientGone
+                                                    : wait::Outcome::kUpstreamError;
+    // An upstream error status is still a completed wait for the sandbox.
+    if (o.outcome == "upstream_error" && o.status > 0 && o.status != 502) wo = wait::Outcome::kCompleted;
+    int64_t paused_ms = 0;
+    for (const auto& t : tickets)
+      paused_ms = std::max<int64_t>(paused_ms, static_cast<int64_t>(deps.coordinator->end(t, wo) / 1000000));
+    return paused_ms;
+  }
+
   template <class S>
   asio::awaitable<Outcome> exchange(S& s, UpConn& c, bool pooled, bhttp::request<bhttp::string_body>& ureq,
                                     Provider prov, const std::vector<wait::WaitCoordinator::Ticket>& tickets,
@@ -608,9 +705,31 @@ http::StreamHooks ModelProxy::hooks(size_t body_limit) {
   return h;
 }
 
+namespace {
+
+// The body's fields into rec (model, stream): a JSON object naming the
+// model. Returns the 400's message when the body is not one.
+std::optional<std::string> read_fields(const http::HttpRequest& req, const RouteInfo& ri, UsageRecord& rec) {
+  if (!ri.needs_body) {
+    if (ri.route == "/v1/models/{id}") rec.model = req.path.substr(11, 256);
+    return std::nullopt;
+  }
+  RequestFields f = inspect_request(req.body);
+  if (!f.valid_json || !f.object)
+    return req.body.empty() ? "the request needs a JSON body"
+           : !f.valid_json  ? "the request body is not valid JSON (or nests deeper than 512)"
+                            : "the request body is not a JSON object";
+  if (f.model_not_string || !f.model || f.model->empty()) return "the request body needs a \"model\" string";
+  rec.model = f.model->substr(0, 256);
+  if (f.stream_not_bool) return "\"stream\" must be a boolean";
+  rec.stream = f.stream.value_or(false);
+  return std::nullopt;
+}
+
+}  // namespace
+
 asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWriter& out) {
   Impl& m = *impl_;
-  auto ex = co_await asio::this_coro::executor;
   uint64_t t0 = now_ns();
   std::optional<RouteInfo> ri = classify(req);
   if (!ri) {
@@ -642,20 +761,9 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
     finish_rec(status, "refused");
   };
 
-  // Who is calling, and where to: from memory when the caches know, else
-  // on the pool (SQLite).
-  std::optional<Resolved> fast = m.deps.resolve_fast ? m.deps.resolve_fast(req, prov) : std::nullopt;
-  if (!fast) {
-    co_await asio::post(m.blocking, asio::use_awaitable);
-    Result<Caller> c = m.deps.authenticate ? m.deps.authenticate(req, prov)
-                                           : Result<Caller>(internal_error("no authenticator"));
-    Result<std::optional<Upstream>> u = c && m.deps.upstream ? m.deps.upstream(c->tenant_id, prov)
-                                                             : Result<std::optional<Upstream>>(std::nullopt);
-    fast.emplace(Resolved{std::move(c), std::move(u)});
-    co_await asio::post(ex, asio::use_awaitable);
-  }
-  Result<Caller>& caller = fast->caller;
-  Result<std::optional<Upstream>>& up = fast->upstream;
+  Resolved who = co_await m.resolve(req, prov);
+  Result<Caller>& caller = who.caller;
+  Result<std::optional<Upstream>>& up = who.upstream;
   if (!caller) {
     ErrorKind k = caller.error().kind();
     int status = k == ErrorKind::kUnauthorized ? 401 : k == ErrorKind::kNotFound ? 404 : k == ErrorKind::kInvalid ? 400 : 500;
@@ -666,30 +774,10 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
   rec.tenant_id = caller->tenant_id;
   if (!caller->sandboxes.empty()) rec.sandbox_id = caller->sandboxes.front();
 
-  // The body: a JSON object naming the model.
-  bool stream = false;
-  if (ri->needs_body) {
-    RequestFields f = inspect_request(req.body);
-    if (!f.valid_json || !f.object) {
-      co_await refuse(400, req.body.empty() ? "the request needs a JSON body"
-                           : !f.valid_json ? "the request body is not valid JSON (or nests deeper than 512)"
-                                           : "the request body is not a JSON object");
-      co_return;
-    }
-    if (f.model_not_string || !f.model || f.model->empty()) {
-      co_await refuse(400, "the request body needs a \"model\" string");
-      co_return;
-    }
-    rec.model = f.model->substr(0, 256);
-    if (f.stream_not_bool) {
-      co_await refuse(400, "\"stream\" must be a boolean");
-      co_return;
-    }
-    stream = f.stream.value_or(false);
-  } else if (ri->route == "/v1/models/{id}") {
-    rec.model = req.path.substr(11, 256);
+  if (std::optional<std::string> bad = read_fields(req, *ri, rec)) {
+    co_await refuse(400, *bad);
+    co_return;
   }
-  rec.stream = stream;
 
   if (!up) {
     co_await refuse(500, "upstream configuration: " + http::client_message(up.error()));
@@ -701,17 +789,8 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
                              provider_name(prov) + "-base-url)");
     co_return;
   }
-  // The tenant's budgets: requests per second, then tokens per minute.
-  int64_t wait_s = m.deps.admit_request ? m.deps.admit_request(caller->tenant_id) : 0;
-  const char* which = "request";
-  if (wait_s <= 0 && m.deps.admit_tokens) {
-    wait_s = m.deps.admit_tokens(caller->tenant_id);
-    which = "token";
-  }
-  if (wait_s > 0) {
-    http::HttpResponse r = provider_error(prov, 429, std::string(which) + " rate limit reached for this tenant; retry later");
-    r.header("retry-after", std::to_string(wait_s));
-    co_await out.respond(std::move(r));
+  if (std::optional<http::HttpResponse> r = m.admit(prov, caller->tenant_id)) {
+    co_await out.respond(std::move(*r));
     finish_rec(429, "refused");
     co_return;
   }
@@ -722,64 +801,8 @@ asio::awaitable<void> ModelProxy::serve(http::HttpRequest req, http::ResponseWri
     for (const std::string& sb : caller->sandboxes)
       tickets.push_back(m.deps.coordinator->begin(sb, caller->tenant_id + "\n" + rec.model));
 
-  // A client that leaves while the model thinks cancels the upstream call.
-  Cancel cx;
-  const bool& client_gone = cx.gone;
-  out.watch_closed([&cx] {
-    cx.gone = true;
-    if (cx.current) cx.current->close();
-    if (cx.gate) cx.gate->timer.cancel();
-  });
-
-  bhttp::request<bhttp::string_body> ureq = m.upstream_request(req, **up);
-  Outcome o;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    std::unique_ptr<UpConn> c = attempt == 0 ? m.take(Impl::pool_key(**up)) : nullptr;
-    bool pooled = c != nullptr;
-    if (!c) {
-      Result<std::unique_ptr<UpConn>> fresh = co_await m.connect(**up);
-      if (!fresh) {
-        o = Outcome{};
-        o.outcome = client_gone ? "client_gone" : "upstream_error";
-        o.status = client_gone ? 0 : -1;
-        LOG_INFO("model proxy: " << fresh.error().message());
-        break;
-      }
-      c = std::move(*fresh);
-    }
-    cx.current = c.get();
-    if (c->tls)
-      o = co_await m.exchange(*c->secure, *c, pooled, ureq, prov, tickets, out, cx);
-    else
-      o = co_await m.exchange(*c->plain, *c, pooled, ureq, prov, tickets, out, cx);
-    cx.current = nullptr;
-    if (o.reusable && !client_gone) m.put(std::move(c));
-    if (!o.retry) break;
-  }
-  out.unwatch_closed();
-
-  // A failure before any response byte: answer 502 — but only once the
-  // bound sandboxes run again.
-  if (o.status == -1) {
-    co_await m.await_gate(m.open_gate(ex, tickets, &o.stopped), cx);
-    co_await out.respond(provider_error(prov, 502, std::string("the ") + provider_name(prov) +
-                                                       " upstream could not be reached or broke off the response"));
-    o.status = 502;
-    o.outcome = "upstream_error";
-  }
-  if (o.stopped && o.delivered_ns && o.head_ns) m.resume_to_delivery.observe(static_cast<double>(o.delivered_ns - o.head_ns) / 1e9);
-  if (o.delivered_ns && o.head_ns) m.held_to_delivery_all.observe(static_cast<double>(o.delivered_ns - o.head_ns) / 1e9);
-
-  if (m.deps.coordinator) {
-    wait::Outcome wo = o.outcome == "completed" ? wait::Outcome::kCompleted
-                       : o.outcome == "client_gone" ? wait::Outcome::kClientGone
-                                                    : wait::Outcome::kUpstreamError;
-    // An upstream error status is still a completed wait for the sandbox.
-    if (o.outcome == "upstream_error" && o.status > 0 && o.status != 502) wo = wait::Outcome::kCompleted;
-    for (const auto& t : tickets)
-      rec.wait_paused_ms = std::max<int64_t>(rec.wait_paused_ms,
-                                             static_cast<int64_t>(m.deps.coordinator->end(t, wo) / 1000000));
-  }
+  Outcome o = co_await m.forward(req, **up, prov, tickets, out);
+  rec.wait_paused_ms = m.end_waits(o, tickets);
   rec.usage = o.usage;
   if (o.usage.found && m.deps.charge_tokens) m.deps.charge_tokens(caller->tenant_id, o.usage.input + o.usage.output);
   finish_rec(o.status, o.outcome);

@@ -259,6 +259,160 @@ Status MemoryEngine::attach(Sandbox& s, const std::string& id, const OffloadTarg
   return Status::Ok();
 }
 
+// What one offload builds as it goes: its report, the prefetched pages
+// found written, the records put (taken out again if it stops), and a
+// dictionary training sample.
+struct MemoryEngine::Pass {
+  OffloadReport rep;
+  std::vector<uint64_t> used;     // prefetched pages written since (their content changed)
+  std::vector<uint64_t> put_now;  // taken out again if the offload stops
+  std::vector<std::string> sample;
+  size_t seen_for_sample = 0;
+};
+
+// Reads the pages from the VMM in batches and puts each into the pool
+// encoded (pages equal to the template's, or zero where it has none, are
+// dropped instead). kConflict when cancelled, kUnavailable on a read or
+// pool failure.
+Status MemoryEngine::encode_pages(const std::string& id, Sandbox& s, const std::vector<uint64_t>& pages,
+                                  const Dictionary* dict, bool want_sample, Pass& p,
+                                  const std::atomic<bool>& cancel) {
+  std::vector<uint8_t> buf(kReadBatch * kPage);
+  std::string rec;
+  CodecContext& cc = codec();
+  if (!cc.ok()) return Error(ErrorKind::kUnavailable, "zstd contexts could not be allocated");
+  for (size_t at = 0; at < pages.size(); at += kReadBatch) {
+    size_t n = std::min(kReadBatch, pages.size() - at);
+    if (cancel.load(std::memory_order_acquire)) return Error(ErrorKind::kConflict, "offload cancelled");
+    if (Status r = read_pages(s.pid, s.base, pages.data() + at, n, buf.data()); !r)
+      return Error(ErrorKind::kUnavailable, r.error().message());
+    for (size_t i = 0; i < n; ++i) {
+      if (cancel.load(std::memory_order_acquire)) return Error(ErrorKind::kConflict, "offload cancelled");
+      uint64_t page = pages[at + i];
+      const uint8_t* data = buf.data() + i * kPage;
+      if (!s.prefetch_crc.empty()) {
+        auto pc = s.prefetch_crc.find(page);
+        if (pc != s.prefetch_crc.end() && pc->second != page_crc32c(data, kPage)) p.used.push_back(page);
+      }
+      const uint8_t* tp = s.template_page(page);
+      rec.clear();
+      EncodeResult er = encode_page(cc, data, EncodeOptions{tp, dict, cfg_.zstd_level}, rec);
+      ++p.rep.pages_read;
+      bool base_equal = er.kind == PageKind::kTemplateSame || (!tp && er.kind == PageKind::kZero);
+      if (base_equal) {
+        pool_->erase(id, page);  // an older record, if any (a no-op otherwise)
+        ++p.rep.pages_base;
+        continue;
+      }
+      if (Status put = pool_->put(id, page, static_cast<uint8_t>(er.kind), rec); !put)
+        return Error(ErrorKind::kUnavailable, put.error().message());
+      if (want_sample && er.kind != PageKind::kZero && er.kind != PageKind::kRuns) {
+        // Every page until the sample is full, then one in (seen / cap)
+        // in place: an even spread over the offload, bounded memory.
+        ++p.seen_for_sample;
+        if (p.sample.size() < cfg_.train_sample_pages)
+          p.sample.emplace_back(reinterpret_cast<const char*>(data), kPage);
+        else if (size_t k = spread(p.seen_for_sample) % p.seen_for_sample; k < p.sample.size())
+          p.sample[k].assign(reinterpret_cast<const char*>(data), kPage);
+      }
+      p.put_now.push_back(page);
+      ++p.rep.pages_stored;
+      p.rep.bytes_stored += rec.size();
+    }
+  }
+  return Status::Ok();
+}
+
+// The last resume's outcome, for the predictor: a prefetched page counts
+// as used when it faulted or when its content changed since it was
+// installed. A page only read is not visible to a userfaultfd, so
+// precision is a lower bound (docs/memory-offload.md).
+void MemoryEngine::report_last_resume(const std::string& id, Sandbox& s, const std::vector<uint64_t>& used) {
+  std::vector<uint64_t> trace;
+  {
+    std::lock_guard<std::mutex> g(s.trace_mu);
+    trace.swap(s.trace);
+  }
+  std::vector<uint64_t> touched = trace;
+  touched.insert(touched.end(), used.begin(), used.end());
+  {
+    std::lock_guard<std::mutex> g(pred_mu_);
+    if (!s.prefetched.empty()) predictor_.report_outcome(id, s.prefetched, touched);
+    predictor_.record_trace(id, s.cohort, s.rounds - 1, trace);
+  }
+  used_.fetch_add(used.size(), std::memory_order_relaxed);
+  wasted_.fetch_add(s.prefetched.size() - std::min(s.prefetched.size(), used.size()), std::memory_order_relaxed);
+  s.prefetched.clear();
+  s.prefetch_crc.clear();
+}
+
+// Serves a sandbox's released guest RAM from now on: a fault server on the
+// VMM's userfaultfd, pages from the pool (or the template, or zeros). A
+// failure to serve is a lost sandbox (take_lost()).
+Status MemoryEngine::serve_released(const std::string& id, const std::shared_ptr<Sandbox>& sp, UniqueFd uffd,
+                                    uint64_t features) {
+  // Raw pointers: the fault server that calls these is owned by the
+  // Sandbox (a shared_ptr here would be a cycle) and stopped before it.
+  Sandbox* raw = sp.get();
+  Sandbox& s = *sp;
+  auto lost = [this, id, raw](const std::string& why) {
+    if (raw->lost.exchange(true)) return;
+    lost_.fetch_add(1, std::memory_order_relaxed);
+    LOG_ERROR("sandbox " << id << ": guest memory lost: " << why);
+    {
+      std::lock_guard<std::mutex> g(lost_mu_);
+      lost_list_.emplace_back(id, why);
+    }
+    if (cfg_.on_lost) cfg_.on_lost(id, why);
+  };
+  if (!uffd) {
+    lost("the VMM released guest RAM without handing over its userfaultfd");
+    return internal_error("sandbox " + id + ": no userfaultfd from the VMM");
+  }
+  PageSource src = [this, id, raw](uint64_t page, uint8_t* out) -> Result<PageFill> {
+    if (!t_in_prefetch) {
+      std::lock_guard<std::mutex> g(raw->trace_mu);
+      if (raw->trace.size() < cfg_.predictor.max_trace_pages) raw->trace.push_back(page);
+    }
+    Result<Record> r = pool_->get(id, page);
+    const uint8_t* tp = raw->template_page(page);
+    if (!r) {
+      if (r.error().kind() != ErrorKind::kNotFound) return r.error();
+      if (t_in_prefetch) raw->prefetch_crc[page] = tp ? page_crc32c(tp, kPage) : kZeroPageCrc;
+      if (!tp) return PageFill::kZero;
+      std::memcpy(out, tp, kPage);
+      return PageFill::kData;
+    }
+    std::optional<Dictionary> dict = record_kind(r->payload) == static_cast<uint8_t>(PageKind::kZstdDict)
+                                         ? raw->dictionary()
+                                         : std::nullopt;
+    if (Status d = decode_page(codec(), r->payload, tp, dict ? &*dict : nullptr, out); !d)
+      return d.error().with_context("page " + std::to_string(page));
+    if (t_in_prefetch) raw->prefetch_crc[page] = page_crc32c(out, kPage);
+    // The record stays until the page is installed (fo.installed): the
+    // fault thread and a prefetch may both be here for one page, and
+    // the one that finds no record would install the template's page
+    // (or zeros) instead, if it won the UFFDIO_COPY.
+    return PageFill::kData;
+  };
+  FaultServerOptions fo;
+  fo.features = features;
+  fo.on_failure = [lost](const Error& e) { lost(e.message()); };
+  // Resident from now on: the pool's copy would only cost memory.
+  fo.installed = [this, id](uint64_t page) { pool_->erase(id, page); };
+  auto fs = FaultServer::adopt(std::move(uffd), s.base, s.size, std::move(src), std::move(fo));
+  if (fs) {
+    if (Status st = (*fs)->start(); !st) fs = st.error();
+  }
+  if (!fs) {
+    lost(fs.error().message());
+    return internal_error("sandbox " + id + ": guest RAM released but not served: " + fs.error().message());
+  }
+  std::lock_guard<std::mutex> g(s.fs_mu);
+  s.fs = std::move(*fs);
+  return Status::Ok();
+}
+
 Result<OffloadReport> MemoryEngine::offload(const std::string& id, const OffloadTarget& t,
                                             const std::atomic<bool>& cancel) {
   uint64_t t0 = sys::monotonic_ns();
@@ -289,11 +443,10 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
   for (uint64_t i = 0; i < npages; ++i)
     if (all || ((*pm)[i] & (kPmPresent | kPmSwapped))) pages.push_back(i);
 
-  OffloadReport rep;
-  std::vector<uint64_t> used;     // prefetched pages written since (their content changed)
-  std::vector<uint64_t> put_now;  // taken out again if the offload stops
+  Pass pass;
+  OffloadReport& rep = pass.rep;
   auto abandon = [&](Error e) -> Result<OffloadReport> {
-    for (uint64_t p : put_now) pool_->erase(id, p);
+    for (uint64_t p : pass.put_now) pool_->erase(id, p);
     (e.kind() == ErrorKind::kConflict ? cancelled_ : failed_).fetch_add(1, std::memory_order_relaxed);
     return e;
   };
@@ -313,146 +466,23 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
   rep.dictionary = dict ? dict->id() : 0;
   // Training sample: pages that neither equal the template nor are zero.
   bool want_sample = use_dicts && !held && !s.dict_tried;
-  std::vector<std::string> sample;
-  size_t seen_for_sample = 0;
-  std::vector<uint8_t> buf(kReadBatch * kPage);
-  std::string rec;
-  CodecContext& cc = codec();
-  if (!cc.ok()) return abandon(Error(ErrorKind::kUnavailable, "zstd contexts could not be allocated"));
-  for (size_t at = 0; at < pages.size(); at += kReadBatch) {
-    size_t n = std::min(kReadBatch, pages.size() - at);
-    if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
-    if (Status r = read_pages(s.pid, s.base, pages.data() + at, n, buf.data()); !r)
-      return abandon(Error(ErrorKind::kUnavailable, r.error().message()));
-    for (size_t i = 0; i < n; ++i) {
-      if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
-      uint64_t page = pages[at + i];
-      const uint8_t* data = buf.data() + i * kPage;
-      if (!s.prefetch_crc.empty()) {
-        auto pc = s.prefetch_crc.find(page);
-        if (pc != s.prefetch_crc.end() && pc->second != page_crc32c(data, kPage)) used.push_back(page);
-      }
-      const uint8_t* tp = s.template_page(page);
-      rec.clear();
-      EncodeResult er = encode_page(cc, data, EncodeOptions{tp, dict, cfg_.zstd_level}, rec);
-      ++rep.pages_read;
-      bool base_equal = er.kind == PageKind::kTemplateSame || (!tp && er.kind == PageKind::kZero);
-      if (base_equal) {
-        pool_->erase(id, page);  // an older record, if any (a no-op otherwise)
-        ++rep.pages_base;
-        continue;
-      }
-      if (Status p = pool_->put(id, page, static_cast<uint8_t>(er.kind), rec); !p)
-        return abandon(Error(ErrorKind::kUnavailable, p.error().message()));
-      if (want_sample && er.kind != PageKind::kZero && er.kind != PageKind::kRuns) {
-        // Every page until the sample is full, then one in (seen / cap)
-        // in place: an even spread over the offload, bounded memory.
-        ++seen_for_sample;
-        if (sample.size() < cfg_.train_sample_pages)
-          sample.emplace_back(reinterpret_cast<const char*>(data), kPage);
-        else if (size_t k = spread(seen_for_sample) % seen_for_sample; k < sample.size())
-          sample[k].assign(reinterpret_cast<const char*>(data), kPage);
-      }
-      put_now.push_back(page);
-      ++rep.pages_stored;
-      rep.bytes_stored += rec.size();
-    }
-  }
+  if (Status e = encode_pages(id, s, pages, dict, want_sample, pass, cancel); !e) return abandon(e.error());
   if (cancel.load(std::memory_order_acquire)) return abandon(Error(ErrorKind::kConflict, "offload cancelled"));
-  // The last resume's outcome: a prefetched page counts as used when it
-  // faulted or when its content changed since it was installed. A page
-  // only read is not visible to a userfaultfd, so precision is a lower
-  // bound (docs/memory-offload.md).
-  if (s.rounds > 0) {
-    std::vector<uint64_t> trace;
-    {
-      std::lock_guard<std::mutex> g(s.trace_mu);
-      trace.swap(s.trace);
-    }
-    std::vector<uint64_t> touched = trace;
-    touched.insert(touched.end(), used.begin(), used.end());
-    {
-      std::lock_guard<std::mutex> g(pred_mu_);
-      if (!s.prefetched.empty()) predictor_.report_outcome(id, s.prefetched, touched);
-      predictor_.record_trace(id, s.cohort, s.rounds - 1, trace);
-    }
-    used_.fetch_add(used.size(), std::memory_order_relaxed);
-    wasted_.fetch_add(s.prefetched.size() - std::min(s.prefetched.size(), used.size()), std::memory_order_relaxed);
-    s.prefetched.clear();
-    s.prefetch_crc.clear();
-  }
+  if (s.rounds > 0) report_last_resume(id, s, pass.used);
   auto rel = t.release();
   if (!rel) return abandon(Error(ErrorKind::kUnavailable, rel.error().message()));
-  if (!s.fs) {
-    // Raw pointers: the fault server that calls these is owned by the
-    // Sandbox (a shared_ptr here would be a cycle) and stopped before it.
-    Sandbox* raw = sp.get();
-    auto lost = [this, id, raw](const std::string& why) {
-      if (raw->lost.exchange(true)) return;
-      lost_.fetch_add(1, std::memory_order_relaxed);
-      LOG_ERROR("sandbox " << id << ": guest memory lost: " << why);
-      {
-        std::lock_guard<std::mutex> g(lost_mu_);
-        lost_list_.emplace_back(id, why);
-      }
-      if (cfg_.on_lost) cfg_.on_lost(id, why);
-    };
-    if (!rel->first) {
-      lost("the VMM released guest RAM without handing over its userfaultfd");
-      return internal_error("sandbox " + id + ": no userfaultfd from the VMM");
-    }
-    PageSource src = [this, id, raw](uint64_t page, uint8_t* out) -> Result<PageFill> {
-      if (!t_in_prefetch) {
-        std::lock_guard<std::mutex> g(raw->trace_mu);
-        if (raw->trace.size() < cfg_.predictor.max_trace_pages) raw->trace.push_back(page);
-      }
-      Result<Record> r = pool_->get(id, page);
-      const uint8_t* tp = raw->template_page(page);
-      if (!r) {
-        if (r.error().kind() != ErrorKind::kNotFound) return r.error();
-        if (t_in_prefetch) raw->prefetch_crc[page] = tp ? page_crc32c(tp, kPage) : kZeroPageCrc;
-        if (!tp) return PageFill::kZero;
-        std::memcpy(out, tp, kPage);
-        return PageFill::kData;
-      }
-      std::optional<Dictionary> dict = record_kind(r->payload) == static_cast<uint8_t>(PageKind::kZstdDict)
-                                           ? raw->dictionary()
-                                           : std::nullopt;
-      if (Status d = decode_page(codec(), r->payload, tp, dict ? &*dict : nullptr, out); !d)
-        return d.error().with_context("page " + std::to_string(page));
-      if (t_in_prefetch) raw->prefetch_crc[page] = page_crc32c(out, kPage);
-      // The record stays until the page is installed (fo.installed): the
-      // fault thread and a prefetch may both be here for one page, and
-      // the one that finds no record would install the template's page
-      // (or zeros) instead, if it won the UFFDIO_COPY.
-      return PageFill::kData;
-    };
-    FaultServerOptions fo;
-    fo.features = rel->second;
-    fo.on_failure = [lost](const Error& e) { lost(e.message()); };
-    // Resident from now on: the pool's copy would only cost memory.
-    fo.installed = [this, id](uint64_t page) { pool_->erase(id, page); };
-    auto fs = FaultServer::adopt(std::move(rel->first), s.base, s.size, std::move(src), std::move(fo));
-    if (fs) {
-      if (Status st = (*fs)->start(); !st) fs = st.error();
-    }
-    if (!fs) {
-      lost(fs.error().message());
-      return internal_error("sandbox " + id + ": guest RAM released but not served: " + fs.error().message());
-    }
-    std::lock_guard<std::mutex> g(s.fs_mu);
-    s.fs = std::move(*fs);
-  }
+  if (!s.fs)
+    if (Status st = serve_released(id, sp, std::move(rel->first), rel->second); !st) return st.error();
   s.released = true;
   ++s.rounds;
-  if (want_sample && sample.size() >= cfg_.train.min_train_pages) {
+  if (want_sample && pass.sample.size() >= cfg_.train.min_train_pages) {
     // Training costs seconds of CPU: the trainer thread does it, so this
     // offload (and the resume a response may be waiting for) ends now. The
     // dictionary applies from the sandbox's next offload on.
     s.dict_tried = true;
     rep.trained = true;
     std::lock_guard<std::mutex> g(train_mu_);
-    train_queue_.push_back(TrainJob{id, sp, std::move(sample)});
+    train_queue_.push_back(TrainJob{id, sp, std::move(pass.sample)});
     ++trains_queued_;
     train_cv_.notify_all();
   }

@@ -157,6 +157,12 @@ class MemoryEngine final : public lifecycle::GuestMemoryStore {
   explicit MemoryEngine(MemoryEngineConfig cfg, std::unique_ptr<Pool> pool);
   std::shared_ptr<Sandbox> find(const std::string& id);
   Status attach(Sandbox& s, const std::string& id, const OffloadTarget& t);
+  // The parts of offload(), in its order (offload.cpp).
+  struct Pass;
+  Status encode_pages(const std::string& id, Sandbox& s, const std::vector<uint64_t>& pages, const Dictionary* dict,
+                      bool want_sample, Pass& p, const std::atomic<bool>& cancel);
+  void report_last_resume(const std::string& id, Sandbox& s, const std::vector<uint64_t>& used);
+  Status serve_released(const std::string& id, const std::shared_ptr<Sandbox>& sp, UniqueFd uffd, uint64_t features);
 
   MemoryEngineConfig cfg_;
   std::unique_ptr<Pool> pool_;
