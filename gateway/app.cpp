@@ -22,7 +22,7 @@
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
-#include "gateway/model_gateway.h"
+#include "wait-engine/llm/model_gateway.h"
 #include "wait-engine/memory/offload.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
@@ -410,6 +410,23 @@ Result<std::unique_ptr<memory::MemoryEngine>> open_memory_engine(const AppConfig
   return e;
 }
 
+llm::ModelGatewayConfig model_gateway_config(const AppConfig& cfg) {
+  llm::ModelGatewayConfig m;
+  m.openai_base_url = cfg.openai_base_url;
+  m.openai_key_file = cfg.openai_key_file;
+  m.anthropic_base_url = cfg.anthropic_base_url;
+  m.anthropic_key_file = cfg.anthropic_key_file;
+  m.body_limit = cfg.llm_body_limit;
+  m.requests_per_s = cfg.llm_requests_per_s;
+  m.tokens_per_min = cfg.llm_tokens_per_min;
+  m.pause = cfg.llm_pause;
+  m.grace_ms = cfg.llm_grace_ms;
+  m.cooldown_ms = cfg.llm_cooldown_ms;
+  m.memory_offload = cfg.memory_offload;
+  m.offload_min_wait_ms = cfg.offload_min_wait_ms;
+  return m;
+}
+
 http::ServerConfig server_config(const AppConfig& cfg) {
   http::ServerConfig scfg;
   scfg.address = cfg.listen_address;
@@ -428,7 +445,7 @@ http::ServerConfig server_config(const AppConfig& cfg) {
 // plane.
 struct Routes {
   const std::string& metrics_token;
-  ModelGateway& models;
+  llm::ModelGateway& models;
   tenancy::Tenants& tenants;
   storage::Store& store;
   tenancy::RateLimiter& request_limit;
@@ -519,7 +536,7 @@ class GatewayServices {
 // The stop, in order: no new connections or service streams, then the
 // sandboxes, then what served them.
 void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
-              std::optional<EgressProxy>& egress, ModelGateway& models, runtime::Runtime& rt) {
+              std::optional<EgressProxy>& egress, llm::ModelGateway& models, runtime::Runtime& rt) {
   services.attach(nullptr, nullptr);
   server.stop();
   sandboxes.shutdown();
@@ -587,7 +604,8 @@ int serve(const AppConfig& cfg_in) {
   }
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
 
-  Result<std::unique_ptr<ModelGateway>> models = ModelGateway::create(cfg, **store, sandboxes, memory_engine->get());
+  Result<std::unique_ptr<llm::ModelGateway>> models =
+      llm::ModelGateway::create(model_gateway_config(cfg), **store, sandboxes, memory_engine->get());
   if (!models) return fail(Error(models.error().kind(), "model proxy: " + models.error().message()));
   auto mono = [] { return sys::monotonic_ns(); };
   tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);

@@ -39,10 +39,10 @@ LAYERS = {
     'wait-engine/metrics': ['base'],
     'wait-engine/coordinator': ['wait-engine/metrics'],
     'wait-engine/memory': ['wait-engine/metrics', 'storage', 'sandbox-runtime/lifecycle'],
-    'wait-engine/llm': ['wait-engine/coordinator', 'base/http'],
+    'wait-engine/llm': ['wait-engine/coordinator', 'wait-engine/memory', 'base/http', 'sandbox-runtime/lifecycle'],
     'api-e2b': ['sandbox-runtime/lifecycle'],
     'gateway': ['api-e2b', 'sandbox-runtime/process', 'sandbox-runtime/microvm', 'sandbox-runtime/templates',
-                'wait-engine/llm', 'wait-engine/memory'],
+                'wait-engine/llm'],
     # The tests may include anything, from the root like everyone else.
     'tests': ['gateway', 'sandbox-runtime/agent', 'sandbox-runtime/vmm'],
 }

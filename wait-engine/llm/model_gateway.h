@@ -16,7 +16,6 @@
 #include <memory>
 #include <string>
 
-#include "gateway/app.h"
 #include "base/http/stream_handler.h"
 #include "base/fd.h"
 #include "base/status.h"
@@ -32,13 +31,36 @@ namespace sg::memory {
 class MemoryEngine;
 }
 
-namespace sg::gateway {
+namespace sg::llm {
+
+// The model proxy's settings (sandgate serve's --openai-*, --anthropic-*,
+// --llm-* and --memory-offload flags).
+struct ModelGatewayConfig {
+  // Global upstreams; a tenant's own (sandgate llm upstream set) win over
+  // these. Key files hold the provider key (read once, never logged).
+  std::string openai_base_url;  // empty: none
+  std::string openai_key_file;
+  std::string anthropic_base_url;
+  std::string anthropic_key_file;
+  size_t body_limit = 32 << 20;       // model request bodies
+  double requests_per_s = 50;         // per tenant
+  double tokens_per_min = 2'000'000;  // per tenant (input + output)
+  // Wait pauses: a sandbox that waits on a model is paused after grace,
+  // never sooner than cooldown after a resume.
+  bool pause = true;
+  int64_t grace_ms = 30;
+  int64_t cooldown_ms = 250;
+  // Offload of wait-paused microVMs: "auto" (under host memory pressure),
+  // "always", "off"; only waits expected to last offload_min_wait_ms.
+  std::string memory_offload = "auto";
+  int64_t offload_min_wait_ms = 2000;
+};
 
 class ModelGateway {
  public:
   // Reads the serve flags' key files (errors name the file, never the key).
   // memory: the offload engine (kvm runtime), or null; it outlives this.
-  static Result<std::unique_ptr<ModelGateway>> create(const AppConfig& cfg, storage::Store& store,
+  static Result<std::unique_ptr<ModelGateway>> create(const ModelGatewayConfig& cfg, storage::Store& store,
                                                       lifecycle::SandboxService& sandboxes,
                                                       memory::MemoryEngine* memory = nullptr);
   ~ModelGateway();  // flushes the writer
@@ -58,4 +80,4 @@ class ModelGateway {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace sg::gateway
+}  // namespace sg::llm

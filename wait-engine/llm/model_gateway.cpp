@@ -1,5 +1,5 @@
 // ModelGateway: wiring of the model proxy and the wait coordinator.
-#include "gateway/model_gateway.h"
+#include "wait-engine/llm/model_gateway.h"
 
 #include <condition_variable>
 #include <deque>
@@ -23,7 +23,7 @@
 #include "tenancy/rate_limiter.h"
 #include "tenancy/token_budget.h"
 
-namespace sg::gateway {
+namespace sg::llm {
 
 namespace {
 
@@ -74,7 +74,7 @@ std::vector<std::string> split_ids(const std::string& v) {
 }  // namespace
 
 struct ModelGateway::Impl {
-  AppConfig cfg;
+  ModelGatewayConfig cfg;
   storage::Store& store;
   lifecycle::SandboxService& sandboxes;
   tenancy::LlmKeys keys{store};
@@ -98,12 +98,12 @@ struct ModelGateway::Impl {
   std::thread writer;
   static constexpr size_t kMaxQueued = 100000;
 
-  Impl(const AppConfig& c, storage::Store& s, lifecycle::SandboxService& sb)
+  Impl(const ModelGatewayConfig& c, storage::Store& s, lifecycle::SandboxService& sb)
       : cfg(c),
         store(s),
         sandboxes(sb),
-        request_limit(c.llm_requests_per_s, c.llm_requests_per_s * 2, [] { return sys::monotonic_ns(); }),
-        token_budget(c.llm_tokens_per_min, [] { return sys::monotonic_ns(); }) {}
+        request_limit(c.requests_per_s, c.requests_per_s * 2, [] { return sys::monotonic_ns(); }),
+        token_budget(c.tokens_per_min, [] { return sys::monotonic_ns(); }) {}
 
   ~Impl() {
     // The proxy and coordinator first (no more rows), then the writer.
@@ -252,7 +252,7 @@ struct ModelGateway::Impl {
 ModelGateway::ModelGateway(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 ModelGateway::~ModelGateway() = default;
 
-Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg, storage::Store& store,
+Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const ModelGatewayConfig& cfg, storage::Store& store,
                                                            lifecycle::SandboxService& sandboxes,
                                                            memory::MemoryEngine* memory) {
   auto m = std::make_unique<Impl>(cfg, store, sandboxes);
@@ -277,10 +277,10 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const AppConfig& cfg,
     return s.error();
 
   Impl* im = m.get();
-  if (cfg.llm_pause) {
+  if (cfg.pause) {
     wait::CoordinatorConfig cc;
-    cc.wait.grace_ns = static_cast<uint64_t>(cfg.llm_grace_ms) * 1000000ull;
-    cc.wait.cooldown_ns = static_cast<uint64_t>(cfg.llm_cooldown_ms) * 1000000ull;
+    cc.wait.grace_ns = static_cast<uint64_t>(cfg.grace_ms) * 1000000ull;
+    cc.wait.cooldown_ns = static_cast<uint64_t>(cfg.cooldown_ms) * 1000000ull;
     wait::CoordinatorHooks hooks;
     hooks.pause = [im](const std::string& id) { return im->sandboxes.wait_pause(id); };
     hooks.resume = [im](const std::string& id) { return im->sandboxes.wait_resume(id); };
@@ -342,7 +342,7 @@ void ModelGateway::shutdown() {
   impl_->coordinator.reset();
 }
 
-http::StreamHooks ModelGateway::hooks() { return impl_->proxy->hooks(impl_->cfg.llm_body_limit); }
+http::StreamHooks ModelGateway::hooks() { return impl_->proxy->hooks(impl_->cfg.body_limit); }
 
 std::string ModelGateway::metrics() {
   std::string out;
@@ -362,4 +362,4 @@ std::string ModelGateway::metrics() {
   return out;
 }
 
-}  // namespace sg::gateway
+}  // namespace sg::llm

@@ -1,4 +1,4 @@
-// ModelGateway (gateway/model_gateway.h), the model proxy with its wait
+// ModelGateway (wait-engine/llm/model_gateway.h), the model proxy with its wait
 // coordinator, without root: SandboxService on a FakeRuntime, SQLite in a
 // temp dir, the gateway's StreamHooks on a real listener (port 0) and an
 // upstream that is another HttpServer on 127.0.0.1 whose handler thinks
@@ -18,7 +18,7 @@
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "base/sys.h"
 #include "gateway/http/server.h"
-#include "gateway/model_gateway.h"
+#include "wait-engine/llm/model_gateway.h"
 #include "storage/store.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
@@ -50,7 +50,7 @@ struct Rig {
   std::string seen_auth;
   std::atomic<int> think_ms{1200};
   std::unique_ptr<sg::http::HttpServer> upstream;
-  std::unique_ptr<sg::gateway::ModelGateway> models;
+  std::unique_ptr<sg::llm::ModelGateway> models;
   std::unique_ptr<sg::http::HttpServer> gateway;
 
   Rig() {
@@ -82,13 +82,12 @@ struct Rig {
     REQUIRE(upstream->start());
     REQUIRE(sg::sys::write_file_atomic(dir.sub("upstream.key"), "sk-upstream-secret\n"));
 
-    sg::gateway::AppConfig cfg;
-    cfg.data_dir = dir.path();
+    sg::llm::ModelGatewayConfig cfg;
     cfg.openai_base_url = "http://127.0.0.1:" + std::to_string(upstream->port());
     cfg.openai_key_file = dir.sub("upstream.key");
-    cfg.llm_grace_ms = 20;
-    cfg.llm_cooldown_ms = 0;
-    auto m = sg::gateway::ModelGateway::create(cfg, *store, *svc);
+    cfg.grace_ms = 20;
+    cfg.cooldown_ms = 0;
+    auto m = sg::llm::ModelGateway::create(cfg, *store, *svc);
     REQUIRE_MESSAGE(m, (m ? "" : m.error().message()));
     models = std::move(*m);
     gateway = std::make_unique<sg::http::HttpServer>(
