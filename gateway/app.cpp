@@ -24,10 +24,12 @@
 #include "gateway/http/server.h"
 #include "wait-engine/llm/model_gateway.h"
 #include "wait-engine/memory/offload.h"
+#include "wait-engine/memory/pressure.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
 #include "sandbox-runtime/templates/template_builder.h"
+#include "storage/batch_writer.h"
 #include "storage/store.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -419,12 +421,28 @@ llm::ModelGatewayConfig model_gateway_config(const AppConfig& cfg) {
   m.body_limit = cfg.llm_body_limit;
   m.requests_per_s = cfg.llm_requests_per_s;
   m.tokens_per_min = cfg.llm_tokens_per_min;
-  m.pause = cfg.llm_pause;
-  m.grace_ms = cfg.llm_grace_ms;
-  m.cooldown_ms = cfg.llm_cooldown_ms;
-  m.memory_offload = cfg.memory_offload;
-  m.offload_min_wait_ms = cfg.offload_min_wait_ms;
   return m;
+}
+
+// Model-wait pauses in the lifecycle core: pause after the grace, never
+// sooner than the cooldown after a resume; offload the paused microVM's
+// RAM when the wait is expected to last (and, in auto mode, only under
+// host memory pressure: on under 20% MemAvailable, off over 30%).
+lifecycle::ServiceConfig::Waits wait_config(const AppConfig& cfg, bool can_offload, memory::PressureGate& pressure) {
+  lifecycle::ServiceConfig::Waits w;
+  w.enabled = cfg.llm_pause;
+  w.coordinator.wait.grace_ns = static_cast<uint64_t>(cfg.llm_grace_ms) * 1000000ull;
+  w.coordinator.wait.cooldown_ns = static_cast<uint64_t>(cfg.llm_cooldown_ms) * 1000000ull;
+  if (can_offload && cfg.memory_offload != "off") {
+    w.coordinator.wait.offload_enabled = true;
+    w.coordinator.wait.offload_min_remaining_ns = static_cast<uint64_t>(cfg.offload_min_wait_ms) * 1000000ull;
+    if (cfg.memory_offload == "auto")
+      w.offload_wanted = [&pressure] {
+        Result<memory::HostMemory> h = memory::read_host_memory();
+        return h ? pressure.update(h->available, h->total) : pressure.on();
+      };
+  }
+  return w;
 }
 
 http::ServerConfig server_config(const AppConfig& cfg) {
@@ -544,9 +562,10 @@ void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::Sa
   egress.reset();  // its connections' sandboxes are gone: their threads end
   // The model gateway outlives the server object (whose destruction drops
   // suspended request coroutines that refer to it) but lets go of the
-  // server's sockets and of the sandboxes now.
-  sandboxes.set_wait_hooks({}, {});
+  // server's sockets now; then the waits end (pending deliveries are
+  // released, posted to the stopped io_context).
   models.shutdown();
+  sandboxes.stop_waits();
   // The instance's cgroup parents and state root are empty now: remove them.
   if (Status s = rt.cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
 }
@@ -584,12 +603,16 @@ int serve(const AppConfig& cfg_in) {
   // Declared before the service it serves, so it goes after every sandbox
   // (and VMM) is gone.
   memory::DictionaryRegistry dictionaries(**store);  // cohort dictionaries, in SQLite
+  storage::BatchWriter rows(**store);  // model usage and wait events; outlives all that writes them
+  memory::PressureGate pressure{0.2, 0.3};
   Result<std::unique_ptr<memory::MemoryEngine>> memory_engine = open_memory_engine(cfg, *use_kvm, dictionaries);
   if (!memory_engine) return fail(memory_engine.error());
 
   lifecycle::ServiceConfig svc_cfg;
   svc_cfg.egress = cfg.egress;
   svc_cfg.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
+  svc_cfg.waits = wait_config(cfg, *memory_engine != nullptr, pressure);
+  svc_cfg.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   lifecycle::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); }, memory_engine->get());
   std::optional<EgressProxy> egress;
   if (cfg.egress) {
@@ -605,7 +628,7 @@ int serve(const AppConfig& cfg_in) {
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
 
   Result<std::unique_ptr<llm::ModelGateway>> models =
-      llm::ModelGateway::create(model_gateway_config(cfg), **store, sandboxes, memory_engine->get());
+      llm::ModelGateway::create(model_gateway_config(cfg), **store, sandboxes, rows, memory_engine->get(), &pressure);
   if (!models) return fail(Error(models.error().kind(), "model proxy: " + models.error().message()));
   auto mono = [] { return sys::monotonic_ns(); };
   tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);

@@ -31,7 +31,7 @@ LAYERS = {
     'sandbox-runtime/vmm': ['base'],
     'sandbox-runtime/network': ['base'],
     'sandbox-runtime/lifecycle': ['base/http', 'tenancy', 'sandbox-runtime/runtime.h', 'sandbox-runtime/channel',
-                                  'sandbox-runtime/network'],
+                                  'sandbox-runtime/network', 'wait-engine/coordinator'],
     'sandbox-runtime/agent': ['sandbox-runtime/channel'],
     'sandbox-runtime/host': ['sandbox-runtime/channel', 'sandbox-runtime/runtime.h'],
     'sandbox-runtime/process': ['sandbox-runtime/host', 'sandbox-runtime/templates'],

@@ -38,7 +38,52 @@ SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, Serv
       cfg_(cfg),
       clock_(std::move(clock)),
       memory_(memory),
-      offload_slots_(std::max<size_t>(1, cfg.offload_concurrency)) {}
+      offload_slots_(std::max<size_t>(1, cfg.offload_concurrency)) {
+  if (cfg_.waits.enabled)
+    waits_ = std::make_unique<wait::WaitCoordinator>(cfg_.waits.coordinator, wait_actions(),
+                                                     [] { return sys::monotonic_ns(); });
+}
+
+// The coordinator acts through this service. Its action threads call
+// these with no lock of the service held.
+wait::CoordinatorHooks SandboxService::wait_actions() {
+  wait::CoordinatorHooks h;
+  h.pause = [this](const std::string& id) { return wait_pause(id); };
+  h.resume = [this](const std::string& id) { return wait_resume(id); };
+  h.idle = [this](const std::string& id) { return wait_idle(id, std::chrono::milliseconds(500)); };
+  h.transition = [this](const std::string& id, const wait::Transition& t) {
+    if (!cfg_.record_event) return;
+    storage::EventRow e;
+    e.at = clock_();
+    e.sandbox_id = id;
+    if (Result<std::string> tenant = live_tenant(id)) e.tenant_id = *tenant;
+    e.kind = "wait";
+    nlohmann::json d = {{"from", wait::state_name(t.from)},
+                        {"to", wait::state_name(t.to)},
+                        {"reason", t.reason},
+                        {"mono_ns", t.at}};
+    e.detail = d.dump();
+    cfg_.record_event(std::move(e));
+  };
+  h.kill = [this](const std::string& id) {
+    Status s = kill_lost(id, "could not be resumed after a model-wait pause");
+    if (!s && s.error().kind() != ErrorKind::kNotFound)
+      LOG_ERROR("sandbox " << id << ": kill after a failed resume: " << s.error().message());
+  };
+  if (memory_) h.offload = [this](const std::string& id, const std::atomic<bool>& cancel) {
+    return wait_offload(id, cancel);
+  };
+  h.offload_wanted = cfg_.waits.offload_wanted;
+  return h;
+}
+
+void SandboxService::before_traffic(const std::string& id) {
+  if (!waits_) return;
+  if (Status s = waits_->ensure_running(id, std::chrono::milliseconds(10000)); !s)
+    LOG_WARN("sandbox " << id << ": " << s.error().message());
+}
+
+void SandboxService::stop_waits() { waits_.reset(); }
 
 SandboxService::~SandboxService() = default;
 
@@ -280,14 +325,8 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
   } else if (*done) {
     event(tenant_id, id, state, reason);
   }
-  if (gone_) gone_(id);
+  if (waits_) waits_->forget(id);
   return st;
-}
-
-void SandboxService::set_wait_hooks(std::function<void(const std::string& id)> before_traffic,
-                                    std::function<void(const std::string& id)> gone) {
-  before_traffic_ = std::move(before_traffic);
-  gone_ = std::move(gone);
 }
 
 Status SandboxService::wait_pause(const std::string& id) {
@@ -467,7 +506,7 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
   }
   // A running offload holds the sandbox's lock for seconds: this stops it
   // within a page (and resumes the sandbox, which is then killed).
-  if (before_traffic_) before_traffic_(id);
+  before_traffic(id);
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   return kill_locked(*live, id, tenant_id, State::kKilled, "killed by client");
@@ -477,7 +516,7 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
   std::shared_ptr<Live> live = found->live;
-  if (before_traffic_) before_traffic_(id);  // a running offload stops first (kill() says why)
+  before_traffic(id);  // a running offload stops first (kill() says why)
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->state == State::kPaused) return conflict_error("sandbox \"" + id + "\" is already paused");
@@ -500,7 +539,7 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   if (Status s = check_timeout(timeout_s); !s) return s.error();
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
-  if (before_traffic_) before_traffic_(id);
+  before_traffic(id);
   SandboxRow* row = &found->row;
   std::shared_ptr<Live> live = found->live;
   MutexLock g(live->op_mu);
@@ -541,7 +580,7 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
     return Error(ErrorKind::kUnauthorized, "the ports of sandbox \"" + id +
                                                "\" are private (allowPublicTraffic false): send its "
                                                "trafficAccessToken as the e2b-traffic-access-token header");
-  if (before_traffic_) before_traffic_(id);
+  before_traffic(id);
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->state == State::kPaused) {
@@ -726,7 +765,7 @@ void SandboxService::sweep_revoked(const std::vector<std::pair<std::string, std:
   }
   for (auto& [id, live] : all) {
     if (!revoked[live->tenant_id]) continue;
-    if (before_traffic_) before_traffic_(id);  // a running offload stops first
+    before_traffic(id);  // a running offload stops first
     MutexLock g(live->op_mu);
     if (!live->sb) continue;
     (void)kill_locked(*live, id, live->tenant_id, State::kKilled, "its tenant was revoked");

@@ -50,6 +50,7 @@
 #include "sandbox-runtime/lifecycle/state.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
+#include "wait-engine/coordinator/coordinator.h"
 
 namespace sg::lifecycle {
 
@@ -77,6 +78,20 @@ struct ServiceConfig {
   // Memory offload (with a memory engine): at most this many offloads at
   // once, the CPU budget of the encoders.
   size_t offload_concurrency = 1;
+  // Model-wait pauses: the service owns the wait coordinator
+  // (wait-engine/coordinator), whose actions are its own wait_pause,
+  // wait_resume, wait_idle, wait_offload and kill_lost. Off unless enabled.
+  struct Waits {
+    bool enabled = false;
+    wait::CoordinatorConfig coordinator;  // offload needs a memory store too
+    // Whether offloading is wanted now (host memory pressure, "auto");
+    // empty: always.
+    std::function<bool()> offload_wanted;
+  } waits;
+  // Wait transitions as event rows (kind "wait"), for a batched writer
+  // (storage/batch_writer.h); empty: not recorded. Called on the
+  // coordinator's threads: must not block.
+  std::function<void(storage::EventRow)> record_event;
 };
 
 // The in-sandbox model proxy address (the agent forwards it over the channel).
@@ -160,13 +175,14 @@ class SandboxService {
   // Waits for an operation in progress on it (tests, diagnostics).
   Result<State> state(const std::string& id);
 
-  // Wait coordination (wait-engine/coordinator): hooks set once, before
-  // serving. before_traffic runs before traffic reaches a sandbox (ports,
-  // envd, connect) so a wait-paused sandbox runs first; gone runs when a
-  // sandbox is killed or lost. Neither may call back into this service
-  // while it holds a sandbox lock: they are called without one.
-  void set_wait_hooks(std::function<void(const std::string& id)> before_traffic,
-                      std::function<void(const std::string& id)> gone);
+  // The wait coordinator (null when waits are off), for the model proxy's
+  // tickets. Before traffic reaches a sandbox (ports, envd, connect,
+  // pause, kill) the service has it run the sandbox first; it forgets a
+  // sandbox that is killed or lost. Both without a sandbox lock held.
+  wait::WaitCoordinator* waits() { return waits_.get(); }
+  // Stops the coordinator's threads; pending deliveries are released. At
+  // shutdown, after the model proxy and the sandboxes.
+  void stop_waits();
   // Freeze / thaw for a model wait. They leave the stored state alone (a
   // wait pause is invisible to clients) and never undo a client's pause.
   Status wait_pause(const std::string& id);
@@ -242,6 +258,10 @@ class SandboxService {
   storage::SandboxRow new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t, const CreateParams& p);
   runtime::SandboxSpec new_spec(const storage::SandboxRow& row, const storage::TemplateRow& t,
                                 const CreateParams& p) const;
+  // A wait-paused sandbox runs before traffic reaches it; a running
+  // offload stops within a page.
+  void before_traffic(const std::string& id);
+  wait::CoordinatorHooks wait_actions();
   // The parts of tick(), in its order.
   void sweep_timeouts(int64_t now);
   void retry_deferred();
@@ -259,8 +279,6 @@ class SandboxService {
   Mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Live>> live_ GUARDED_BY(mu_);
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
-  std::function<void(const std::string&)> before_traffic_;       // set before serving
-  std::function<void(const std::string&)> gone_;
   std::function<void(const std::string&)> network_changed_;     // set before serving
   GuestMemoryStore* const memory_;  // may be null
   const size_t offload_slots_;
@@ -275,6 +293,9 @@ class SandboxService {
   std::vector<Unrecorded> unrecorded_ GUARDED_BY(lost_mu_);
   // Ended sandboxes whose runtime kill failed; tick() kills them again.
   std::vector<std::pair<std::string, std::unique_ptr<runtime::Sandbox>>> unkilled_ GUARDED_BY(lost_mu_);
+  // Last: built once everything its threads call into exists, and stopped
+  // (destroyed) before any of it goes.
+  std::unique_ptr<wait::WaitCoordinator> waits_;
 };
 
 // A new sandbox id: 20 characters of [a-z0-9], never '-' or '.'.

@@ -19,6 +19,7 @@
 #include "base/sys.h"
 #include "gateway/http/server.h"
 #include "wait-engine/llm/model_gateway.h"
+#include "storage/batch_writer.h"
 #include "storage/store.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
@@ -40,6 +41,7 @@ const char* kAnswer =
 struct Rig {
   sg::test::TempDir dir;
   std::unique_ptr<sg::storage::Store> store;
+  std::unique_ptr<sg::storage::BatchWriter> rows;
   sg::test::FakeRuntime rt;
   std::unique_ptr<sg::lifecycle::SandboxService> svc;
   sg::storage::TenantRow tenant, other;
@@ -67,8 +69,13 @@ struct Rig {
     auto k2 = keys.create("beta", "test");
     REQUIRE(k2);
     other_llm_key = k2->key;
-    svc = std::make_unique<sg::lifecycle::SandboxService>(*store, rt, sg::lifecycle::ServiceConfig{},
-                                                    [] { return sg::sys::unix_seconds(); });
+    rows = std::make_unique<sg::storage::BatchWriter>(*store);
+    sg::lifecycle::ServiceConfig sc;
+    sc.waits.enabled = true;
+    sc.waits.coordinator.wait.grace_ns = 20'000'000;
+    sc.waits.coordinator.wait.cooldown_ns = 0;
+    sc.record_event = [this](sg::storage::EventRow e) { rows->add_event(std::move(e)); };
+    svc = std::make_unique<sg::lifecycle::SandboxService>(*store, rt, sc, [] { return sg::sys::unix_seconds(); });
 
     upstream = std::make_unique<sg::http::HttpServer>(sg::http::ServerConfig{}, [this](sg::http::HttpRequest& req) {
       upstream_calls.fetch_add(1);
@@ -85,9 +92,7 @@ struct Rig {
     sg::llm::ModelGatewayConfig cfg;
     cfg.openai_base_url = "http://127.0.0.1:" + std::to_string(upstream->port());
     cfg.openai_key_file = dir.sub("upstream.key");
-    cfg.grace_ms = 20;
-    cfg.cooldown_ms = 0;
-    auto m = sg::llm::ModelGateway::create(cfg, *store, *svc);
+    auto m = sg::llm::ModelGateway::create(cfg, *store, *svc, *rows);
     REQUIRE_MESSAGE(m, (m ? "" : m.error().message()));
     models = std::move(*m);
     gateway = std::make_unique<sg::http::HttpServer>(
@@ -100,8 +105,8 @@ struct Rig {
     // serve()'s stop order.
     gateway->stop();
     svc->shutdown();
-    svc->set_wait_hooks({}, {});
     models->shutdown();
+    svc->stop_waits();
     gateway.reset();
     models.reset();
     upstream->stop();
@@ -141,6 +146,18 @@ TEST_CASE("model gateway: a bound request freezes its sandbox while the upstream
   CHECK(rec.resumes == rec.pauses);
   CHECK_FALSE(rec.paused);  // running when the answer came
   CHECK(rig.svc->state(id).value() == sg::lifecycle::State::kRunning);
+  // The wait's transitions, recorded by the lifecycle core, written in a batch.
+  CHECK(sg::test::eventually([&] {
+    auto ev = rig.store->events_for_sandbox(id);
+    if (!ev) return false;
+    bool paused = false, running = false;
+    for (auto& e : *ev)
+      if (e.kind == "wait") {
+        paused |= e.detail.find(R"("to":"paused")") != std::string::npos;
+        running |= e.detail.find(R"("to":"running")") != std::string::npos;
+      }
+    return paused && running;
+  }));
   // Usage is written by the gateway's writer thread.
   sg::storage::LlmUsageQuery q;
   q.tenant_id = rig.tenant.id;

@@ -15,6 +15,7 @@
 #include "wait-engine/memory/offload.h"
 #include "wait-engine/memory/pressure.h"
 #include "wait-engine/metrics/histogram.h"
+#include "storage/batch_writer.h"
 #include "storage/store.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -83,60 +84,18 @@ struct ModelGateway::Impl {
   tenancy::TokenBudget token_budget;
   TtlCache<std::string> key_cache{5'000'000'000ull, 10000};  // key hash -> tenant id
   TtlCache<std::optional<llm::Upstream>> upstream_cache{2'000'000'000ull, 10000};
-  std::unique_ptr<wait::WaitCoordinator> coordinator;
+  storage::BatchWriter& rows;
   std::unique_ptr<llm::ModelProxy> proxy;
   memory::MemoryEngine* memory = nullptr;
-  // --memory-offload auto: on under 20% MemAvailable, off over 30%.
-  memory::PressureGate pressure{0.2, 0.3};
+  const memory::PressureGate* pressure = nullptr;
 
-  // The writer: usage rows and transition events, batched.
-  std::mutex w_mu;
-  std::condition_variable w_cv;
-  std::vector<storage::LlmUsageRow> usage_q;  // GUARDED_BY(w_mu)
-  std::vector<storage::EventRow> event_q;     // GUARDED_BY(w_mu)
-  bool w_stop = false;                         // GUARDED_BY(w_mu)
-  std::thread writer;
-  static constexpr size_t kMaxQueued = 100000;
-
-  Impl(const ModelGatewayConfig& c, storage::Store& s, lifecycle::SandboxService& sb)
+  Impl(const ModelGatewayConfig& c, storage::Store& s, lifecycle::SandboxService& sb, storage::BatchWriter& w)
       : cfg(c),
         store(s),
         sandboxes(sb),
+        rows(w),
         request_limit(c.requests_per_s, c.requests_per_s * 2, [] { return sys::monotonic_ns(); }),
         token_budget(c.tokens_per_min, [] { return sys::monotonic_ns(); }) {}
-
-  ~Impl() {
-    // The proxy and coordinator first (no more rows), then the writer.
-    proxy.reset();
-    coordinator.reset();
-    {
-      std::lock_guard<std::mutex> g(w_mu);
-      w_stop = true;
-    }
-    w_cv.notify_all();
-    if (writer.joinable()) writer.join();
-  }
-
-  void write_loop() {
-    for (;;) {
-      std::vector<storage::LlmUsageRow> u;
-      std::vector<storage::EventRow> e;
-      {
-        std::unique_lock<std::mutex> l(w_mu);
-        w_cv.wait(l, [&] { return w_stop || !usage_q.empty() || !event_q.empty(); });
-        // Gather a batch (one SQLite transaction for many rows), at most 20 ms.
-        w_cv.wait_for(l, std::chrono::milliseconds(20),
-                      [&] { return w_stop || usage_q.size() + event_q.size() >= 512; });
-        u.swap(usage_q);
-        e.swap(event_q);
-        if (u.empty() && e.empty() && w_stop) return;
-      }
-      if (!u.empty())
-        if (Status s = store.insert_llm_usage(u); !s) LOG_ERROR("model usage: " << s.error().message());
-      if (!e.empty())
-        if (Status s = store.add_events(e); !s) LOG_ERROR("wait events: " << s.error().message());
-    }
-  }
 
   void queue_usage(const llm::UsageRecord& r) {
     storage::LlmUsageRow row;
@@ -156,36 +115,7 @@ struct ModelGateway::Impl {
     row.usage_found = r.usage.found;
     row.duration_ms = r.duration_ms;
     row.wait_paused_ms = r.wait_paused_ms;
-    {
-      std::lock_guard<std::mutex> g(w_mu);
-      if (usage_q.size() >= kMaxQueued) {
-        LOG_WARN("model usage queue full: a row is dropped");
-        return;
-      }
-      usage_q.push_back(std::move(row));
-      if (usage_q.size() + event_q.size() != 1 && usage_q.size() + event_q.size() < 512) return;
-    }
-    w_cv.notify_one();
-  }
-
-  void queue_transition(const std::string& sandbox, const wait::Transition& t) {
-    storage::EventRow e;
-    e.at = sys::unix_seconds();
-    e.sandbox_id = sandbox;
-    if (Result<std::string> tenant = sandboxes.live_tenant(sandbox)) e.tenant_id = *tenant;
-    e.kind = "wait";
-    nlohmann::json d = {{"from", wait::state_name(t.from)},
-                        {"to", wait::state_name(t.to)},
-                        {"reason", t.reason},
-                        {"mono_ns", t.at}};
-    e.detail = d.dump();
-    {
-      std::lock_guard<std::mutex> g(w_mu);
-      if (event_q.size() >= kMaxQueued) return;
-      event_q.push_back(std::move(e));
-      if (usage_q.size() + event_q.size() != 1 && usage_q.size() + event_q.size() < 512) return;
-    }
-    w_cv.notify_one();
+    rows.add_usage(std::move(row));
   }
 
   // cache_only: answer only from memory (nullopt when SQLite is needed).
@@ -254,9 +184,11 @@ ModelGateway::~ModelGateway() = default;
 
 Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const ModelGatewayConfig& cfg, storage::Store& store,
                                                            lifecycle::SandboxService& sandboxes,
-                                                           memory::MemoryEngine* memory) {
-  auto m = std::make_unique<Impl>(cfg, store, sandboxes);
+                                                           storage::BatchWriter& rows, memory::MemoryEngine* memory,
+                                                           const memory::PressureGate* pressure) {
+  auto m = std::make_unique<Impl>(cfg, store, sandboxes, rows);
   m->memory = memory;
+  m->pressure = pressure;
   auto flag = [](const std::string& url, const std::string& key_file, llm::Provider p,
                  std::optional<llm::Upstream>& out) -> Status {
     if (url.empty()) return Status::Ok();
@@ -277,43 +209,6 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const ModelGatewayCon
     return s.error();
 
   Impl* im = m.get();
-  if (cfg.pause) {
-    wait::CoordinatorConfig cc;
-    cc.wait.grace_ns = static_cast<uint64_t>(cfg.grace_ms) * 1000000ull;
-    cc.wait.cooldown_ns = static_cast<uint64_t>(cfg.cooldown_ms) * 1000000ull;
-    wait::CoordinatorHooks hooks;
-    hooks.pause = [im](const std::string& id) { return im->sandboxes.wait_pause(id); };
-    hooks.resume = [im](const std::string& id) { return im->sandboxes.wait_resume(id); };
-    hooks.idle = [im](const std::string& id) { return im->sandboxes.wait_idle(id, std::chrono::milliseconds(500)); };
-    hooks.transition = [im](const std::string& id, const wait::Transition& t) { im->queue_transition(id, t); };
-    hooks.kill = [im](const std::string& id) {
-      Status s = im->sandboxes.kill_lost(id, "could not be resumed after a model-wait pause");
-      if (!s && s.error().kind() != ErrorKind::kNotFound)
-        LOG_ERROR("sandbox " << id << ": kill after a failed resume: " << s.error().message());
-    };
-    if (memory && cfg.memory_offload != "off") {
-      cc.wait.offload_enabled = true;
-      cc.wait.offload_min_remaining_ns = static_cast<uint64_t>(cfg.offload_min_wait_ms) * 1000000ull;
-      hooks.offload = [im](const std::string& id, const std::atomic<bool>& cancel) {
-        return im->sandboxes.wait_offload(id, cancel);
-      };
-      if (cfg.memory_offload == "auto") {
-        hooks.offload_wanted = [im] {
-          Result<memory::HostMemory> h = memory::read_host_memory();
-          return h ? im->pressure.update(h->available, h->total) : im->pressure.on();
-        };
-      }
-    }
-    m->coordinator = std::make_unique<wait::WaitCoordinator>(cc, std::move(hooks), [] { return sys::monotonic_ns(); });
-    wait::WaitCoordinator* co = m->coordinator.get();
-    sandboxes.set_wait_hooks(
-        [co](const std::string& id) {
-          if (Status s = co->ensure_running(id, std::chrono::milliseconds(10000)); !s)
-            LOG_WARN("sandbox " << id << ": " << s.error().message());
-        },
-        [co](const std::string& id) { co->forget(id); });
-  }
-
   llm::ProxyDeps deps;
   deps.authenticate = [im](const http::HttpRequest& req, llm::Provider) { return *im->authenticate(req, false); };
   deps.upstream = [im](const std::string& tenant, llm::Provider p) { return *im->upstream(tenant, p, false); };
@@ -330,30 +225,25 @@ Result<std::unique_ptr<ModelGateway>> ModelGateway::create(const ModelGatewayCon
   deps.admit_tokens = [im](const std::string& tenant) { return im->token_budget.admit(tenant); };
   deps.charge_tokens = [im](const std::string& tenant, uint64_t n) { im->token_budget.charge(tenant, n); };
   deps.key_well_formed = [](std::string_view key) { return tenancy::is_well_formed_llm_key(key); };
-  deps.coordinator = m->coordinator.get();
+  deps.coordinator = sandboxes.waits();
   m->proxy = std::make_unique<llm::ModelProxy>(llm::ProxyConfig{}, std::move(deps));
-  m->writer = std::thread([im] { im->write_loop(); });
   return std::unique_ptr<ModelGateway>(new ModelGateway(std::move(m)));
 }
 
-void ModelGateway::shutdown() {
-  impl_->proxy->shutdown();
-  // Pending deliveries are released (posted to the stopped io_context).
-  impl_->coordinator.reset();
-}
+void ModelGateway::shutdown() { impl_->proxy->shutdown(); }
 
 http::StreamHooks ModelGateway::hooks() { return impl_->proxy->hooks(impl_->cfg.body_limit); }
 
 std::string ModelGateway::metrics() {
   std::string out;
   impl_->proxy->render_metrics(out);
-  // (The coordinator is gone only after shutdown(), when no request comes.)
-  if (impl_->coordinator) impl_->coordinator->render_metrics(out);
+  // (The coordinator is gone only after shutdown, when no request comes.)
+  if (wait::WaitCoordinator* co = impl_->sandboxes.waits()) co->render_metrics(out);
   if (impl_->memory) {
     impl_->memory->render_metrics(out);
     metrics::render_count(out, "sandgate_memory_pressure", "gauge",
                           "Whether host memory pressure has turned offloading on (auto mode).",
-                          impl_->pressure.on() ? 1 : 0);
+                          impl_->pressure && impl_->pressure->on() ? 1 : 0);
   }
   // M(t) over every live sandbox: resident memory + pool bytes, sampled
   // every second.

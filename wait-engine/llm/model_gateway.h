@@ -1,16 +1,15 @@
-// ModelGateway: the model API proxy and the wait coordinator, wired to the
-// store, the tenancy services and the sandbox service (docs/llm-gateway.md).
+// ModelGateway: the model API proxy wired to the store, the tenancy
+// services and the lifecycle core (docs/llm-gateway.md).
 //
-// Owns: the WaitCoordinator (its hooks freeze / thaw through
-// SandboxService::wait_pause/wait_resume and ask the agent for idle
-// evidence), the ModelProxy (its deps authenticate virtual keys and channel
+// Owns the ModelProxy (its deps authenticate virtual keys and channel
 // bindings, find upstreams: the tenant's, the global one in SQLite, then the
-// serve flags), per-tenant request and token budgets, and one writer
-// thread that batches usage rows and wait transitions into SQLite.
+// serve flags) and per-tenant request and token budgets. Usage rows go to
+// a BatchWriter (storage/batch_writer.h); a request's wait tickets go to
+// the lifecycle core's wait coordinator (SandboxService::waits()), which
+// pauses and resumes the bound sandboxes.
 //
-// Threads: the writer thread; the coordinator's threads; everything else is
-// called from the HTTP server (io threads for the proxy, workers for the
-// rest).
+// Threads: none of its own; it is called from the HTTP server (io threads
+// for the proxy, workers for the rest).
 #pragma once
 
 #include <memory>
@@ -29,6 +28,10 @@ class SandboxService;
 
 namespace sg::memory {
 class MemoryEngine;
+class PressureGate;
+}
+namespace sg::storage {
+class BatchWriter;
 }
 
 namespace sg::llm {
@@ -45,31 +48,26 @@ struct ModelGatewayConfig {
   size_t body_limit = 32 << 20;       // model request bodies
   double requests_per_s = 50;         // per tenant
   double tokens_per_min = 2'000'000;  // per tenant (input + output)
-  // Wait pauses: a sandbox that waits on a model is paused after grace,
-  // never sooner than cooldown after a resume.
-  bool pause = true;
-  int64_t grace_ms = 30;
-  int64_t cooldown_ms = 250;
-  // Offload of wait-paused microVMs: "auto" (under host memory pressure),
-  // "always", "off"; only waits expected to last offload_min_wait_ms.
-  std::string memory_offload = "auto";
-  int64_t offload_min_wait_ms = 2000;
 };
 
 class ModelGateway {
  public:
   // Reads the serve flags' key files (errors name the file, never the key).
-  // memory: the offload engine (kvm runtime), or null; it outlives this.
+  // rows outlives this. memory: the offload engine (kvm runtime), or null,
+  // and pressure its gate in auto mode, or null (for /metrics); both
+  // outlive this.
   static Result<std::unique_ptr<ModelGateway>> create(const ModelGatewayConfig& cfg, storage::Store& store,
                                                       lifecycle::SandboxService& sandboxes,
-                                                      memory::MemoryEngine* memory = nullptr);
-  ~ModelGateway();  // flushes the writer
+                                                      storage::BatchWriter& rows,
+                                                      memory::MemoryEngine* memory = nullptr,
+                                                      const memory::PressureGate* pressure = nullptr);
+  ~ModelGateway();
 
   http::StreamHooks hooks();
   // After the HttpServer stopped (its io_context still exists) and the
-  // sandboxes are gone: closes upstream connections and stops the
-  // coordinator. The ModelGateway itself must be destroyed after the
-  // HttpServer.
+  // sandboxes are gone: closes upstream connections (then the lifecycle
+  // core's stop_waits()). The ModelGateway itself must be destroyed after
+  // the HttpServer.
   void shutdown();
   // Prometheus text format (the /metrics body).
   std::string metrics();
