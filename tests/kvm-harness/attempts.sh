@@ -8,9 +8,13 @@
 # its control port; harness.sh). That is QEMU 7.2's multi-threaded TCG
 # livelocking the outer kernel while it patches its own text
 # (text_poke_bp's int3 on a static-key flip; docs/kvm-harness.md), a fault
-# of the emulator, not of sandgate. A failing test in a guest that still
-# runs is never retried, so an intermittent sandgate fault is not hidden.
-# Each frozen attempt's output stays in the log, marked.
+# of the emulator, not of sandgate. It also exits 75 when the outer
+# guest answers pings but starts no process (a wedged kernel), and when
+# the tests failed only by timeouts and dropped connections while sandgate
+# neither exited nor crashed (a stalled vCPU in the outer guest or a
+# microVM; harness.sh, stalled_only). A test that gets a wrong answer, or a
+# sandgate that exits, is never retried. Each retried attempt's output
+# stays in the log, marked.
 set -uo pipefail
 [ $# -ge 2 ] && [[ $1 =~ ^[1-9]$ ]] || { echo "usage: attempts.sh N(1-9) COMMAND [ARGS...]" >&2; exit 2; }
 n=$1; shift
