@@ -15,8 +15,6 @@ import os
 import glob
 import re
 import secrets
-import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -28,7 +26,7 @@ import pytest
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from sandgate_server import spawn_sandgate  # noqa: E402
+from sandgate_server import fail_unless_all_ran, required_env, spawn_sandgate, stop_sandgate  # noqa: E402
 
 FUZZ_MAX_SANDBOXES = 3
 
@@ -46,28 +44,11 @@ class Server:
 
     def stop(self) -> Optional[int]:
         """SIGTERM; returns the exit status (None if it had to be killed)."""
-        status = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                status = self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        else:
-            status = self.proc.returncode
-        shutil.rmtree(self.dir, ignore_errors=True)
-        return status
+        return stop_sandgate(self.proc, self.dir)
 
 
 def _required_env(name: str) -> str:
-    value = os.environ.get(name)
-    if not value:
-        raise RuntimeError(
-            f"{name} is not set: run this suite through ctest (openapi_fuzz), "
-            "which sets SANDGATE_BIN and SANDGATE_TESTS_TEMPLATES_DIR"
-        )
-    return value
+    return required_env(name, "openapi_fuzz")
 
 
 def sandgate_cli(data: str, *args: str) -> str:
@@ -117,12 +98,4 @@ def server():
 
 
 def pytest_sessionfinish(session, exitstatus):
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    stats = reporter.stats if reporter else {}
-    bad = {k: len(stats.get(k, [])) for k in ("skipped", "xfailed", "xpassed", "deselected") if stats.get(k)}
-    if bad and session.exitstatus == 0:
-        session.exitstatus = 1
-        if reporter:
-            reporter.write_line(f"FAILED: tests that did not run count as failures here: {bad}", red=True)
-    if session.testscollected == 0 and session.exitstatus == 0:
-        session.exitstatus = 5
+    fail_unless_all_ran(session)
