@@ -431,3 +431,23 @@ TEST_CASE("offload with cohort dictionaries: trained after a first offload, used
   CHECK_FALSE(row->has_value());
   CHECK(engine.totals().dictionaries_published == 1);
 }
+
+TEST_CASE("a release without a userfaultfd loses the sandbox: reported once by take_lost, and on_lost") {
+  Env env;
+  auto mem = vmm::GuestMemory::map_private_file(env.tmpl_path);
+  REQUIRE(mem);
+  OffloadTarget t = env.target(*mem, true);
+  t.release = []() -> Result<std::pair<UniqueFd, uint64_t>> { return std::make_pair(UniqueFd(), uint64_t{0}); };
+  std::atomic<bool> cancel{false};
+  auto rep = env.engine->offload("sb-lost", t, cancel);
+  REQUIRE_FALSE(rep);
+  CHECK(rep.error().kind() == ErrorKind::kInternal);
+  CHECK(env.lost == 1);
+  auto lost = env.engine->take_lost();
+  REQUIRE(lost.size() == 1);
+  CHECK(lost[0].first == "sb-lost");
+  CHECK(lost[0].second.find("userfaultfd") != std::string::npos);
+  CHECK(env.engine->take_lost().empty());  // once
+  // A lost sandbox is not offloaded again.
+  CHECK_FALSE(env.engine->offload("sb-lost", env.target(*mem, true), cancel));
+}
