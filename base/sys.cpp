@@ -50,9 +50,9 @@ Result<std::string> read_file(const std::string& path, size_t limit) {
   return out;
 }
 
-static Status write_all(int fd, std::string_view data, const std::string& path) {
+static Status write_all(Os& os, int fd, std::string_view data, const std::string& path) {
   while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), data.size());
+    ssize_t n = os.write(fd, data.data(), data.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       return errno_error("write", path);
@@ -62,21 +62,25 @@ static Status write_all(int fd, std::string_view data, const std::string& path) 
   return Status::Ok();
 }
 
-Status write_file(const std::string& path, std::string_view data) {
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_CREAT | O_TRUNC, 0644));
+Status write_file(const std::string& path, std::string_view data, Os& os) {
+  UniqueFd fd(os.open(path.c_str(), O_WRONLY | O_CLOEXEC | O_CREAT | O_TRUNC, 0644));
   if (!fd) return errno_error("open", path);
-  return write_all(fd.get(), data, path);
+  return write_all(os, fd.get(), data, path);
 }
 
-Status write_file_atomic(const std::string& path, std::string_view data) {
+Status write_file_atomic(const std::string& path, std::string_view data, Os& os) {
   std::string tmp = path + ".tmp." + random_hex(4);
   {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0600));
+    UniqueFd fd(os.open(tmp.c_str(), O_WRONLY | O_CLOEXEC | O_CREAT | O_EXCL, 0600));
     if (!fd) return errno_error("open", tmp);
-    if (Status s = write_all(fd.get(), data, tmp); !s) return s;
-    if (::fsync(fd.get()) != 0) return errno_error("fsync", tmp);
+    Status s = write_all(os, fd.get(), data, tmp);
+    if (s && os.fsync(fd.get()) != 0) s = errno_error("fsync", tmp);
+    if (!s) {
+      ::unlink(tmp.c_str());
+      return s;
+    }
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (os.rename(tmp.c_str(), path.c_str()) != 0) {
     Error e = errno_error("rename", tmp);
     ::unlink(tmp.c_str());
     return e;
@@ -105,7 +109,7 @@ Result<UniqueFd> lock_file(const std::string& path) {
   return fd;
 }
 
-Status make_dirs(const std::string& path, unsigned mode) {
+Status make_dirs(const std::string& path, unsigned mode, Os& os) {
   if (path.empty()) return invalid_error("make_dirs: empty path");
   std::string cur;
   size_t i = 0;
@@ -113,7 +117,7 @@ Status make_dirs(const std::string& path, unsigned mode) {
     size_t j = path.find('/', i);
     if (j == std::string::npos) j = path.size();
     cur = path.substr(0, j);
-    if (!cur.empty() && ::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno_error("mkdir", cur);
+    if (!cur.empty() && os.mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno_error("mkdir", cur);
     i = j + 1;
   }
   struct stat st;
@@ -125,7 +129,7 @@ Status make_dirs(const std::string& path, unsigned mode) {
 // Removes the entries of the directory open at dfd, then nothing else; the
 // caller removes the directory itself. Never follows symlinks, never crosses
 // into another filesystem (a mount left behind is an error, not a target).
-static Status remove_children(int dfd, const std::string& path, dev_t dev) {
+static Status remove_children(Os& os, int dfd, const std::string& path, dev_t dev) {
   int dup = ::dup(dfd);
   if (dup < 0) return errno_error("dup", path);
   DIR* d = ::fdopendir(dup);
@@ -153,15 +157,15 @@ static Status remove_children(int dfd, const std::string& path, dev_t dev) {
         result = errno_error("openat", path + "/" + e->d_name);
         break;
       }
-      if (Status s = remove_children(child.get(), path + "/" + e->d_name, dev); !s) {
+      if (Status s = remove_children(os, child.get(), path + "/" + e->d_name, dev); !s) {
         result = s;
         break;
       }
-      if (::unlinkat(dfd, e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      if (os.unlinkat(dfd, e->d_name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
         result = errno_error("rmdir", path + "/" + e->d_name);
         break;
       }
-    } else if (::unlinkat(dfd, e->d_name, 0) != 0 && errno != ENOENT) {
+    } else if (os.unlinkat(dfd, e->d_name, 0) != 0 && errno != ENOENT) {
       result = errno_error("unlink", path + "/" + e->d_name);
       break;
     }
@@ -170,20 +174,20 @@ static Status remove_children(int dfd, const std::string& path, dev_t dev) {
   return result;
 }
 
-Status remove_tree(const std::string& path) {
+Status remove_tree(const std::string& path, Os& os) {
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return Status::Ok();
     return errno_error("lstat", path);
   }
   if (!S_ISDIR(st.st_mode)) {
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) return errno_error("unlink", path);
+    if (os.unlinkat(AT_FDCWD, path.c_str(), 0) != 0 && errno != ENOENT) return errno_error("unlink", path);
     return Status::Ok();
   }
   UniqueFd dfd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
   if (!dfd) return errno_error("open", path);
-  if (Status s = remove_children(dfd.get(), path, st.st_dev); !s) return s;
-  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) return errno_error("rmdir", path);
+  if (Status s = remove_children(os, dfd.get(), path, st.st_dev); !s) return s;
+  if (os.rmdir(path.c_str()) != 0 && errno != ENOENT) return errno_error("rmdir", path);
   return Status::Ok();
 }
 

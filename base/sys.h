@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::sys {
@@ -18,19 +19,20 @@ Error errno_error(std::string_view op, std::string_view object);
 Error errno_error(std::string_view op, std::string_view object, int err);
 
 // Whole-file helpers (small control files: cgroup knobs, /proc entries).
+// The helpers that change files take the Os to change them through.
 Result<std::string> read_file(const std::string& path, size_t limit = 1 << 20);
-Status write_file(const std::string& path, std::string_view data);
+Status write_file(const std::string& path, std::string_view data, Os& os = Os::real());
 // Writes to a temp file beside path, fsyncs and renames over path.
-Status write_file_atomic(const std::string& path, std::string_view data);
+Status write_file_atomic(const std::string& path, std::string_view data, Os& os = Os::real());
 
 // The last n bytes of a (log) file, trailing newlines and spaces trimmed;
 // "" if it cannot be read. For error messages that quote a log.
 std::string read_tail(const std::string& path, size_t n);
 
 // mkdir -p; ok if it exists.
-Status make_dirs(const std::string& path, unsigned mode = 0755);
+Status make_dirs(const std::string& path, unsigned mode = 0755, Os& os = Os::real());
 // rm -rf that stays on one filesystem and never follows symlinks.
-Status remove_tree(const std::string& path);
+Status remove_tree(const std::string& path, Os& os = Os::real());
 bool path_exists(const std::string& path);
 
 // An exclusive advisory lock (flock) on the file at path, created 0600 if

@@ -21,6 +21,10 @@
 #include "base/fd.h"
 #include "base/status.h"
 
+namespace sg::sys {
+class Os;
+}
+
 namespace sg::runtime {
 
 // Serves a stream a sandbox process opened to a gateway service: the agent
@@ -72,6 +76,9 @@ struct RuntimeConfig {
   // instance on a host.
   uint32_t first_sandbox_uid = 1u << 30;
   uint32_t sandbox_uid_slots = 16384;
+  // The host's syscalls (base/os.h) for every change a sandbox makes to
+  // the host; null: the real host. Tests pass one that fails the Nth call.
+  sys::Os* os = nullptr;
 };
 
 struct SandboxSpec {

@@ -156,9 +156,11 @@ const std::string& Cgroup::dir_for(const std::string& controller) const {
   return it == by_controller_.end() ? kNone : it->second;
 }
 
-Cgroup Cgroup::attach(const CgroupLayout& layout, const std::string& parent, const std::string& name) {
+Cgroup Cgroup::attach(const CgroupLayout& layout, const std::string& parent, const std::string& name,
+                      sys::Os& os) {
   Cgroup cg;
   cg.version_ = layout.version;
+  cg.os_ = &os;
   if (layout.version == CgroupVersion::kV2) {
     std::string dir = layout.unified + "/" + parent + "/" + name;
     for (const char* c : {"memory", "cpu", "cpuacct", "pids", "freezer"}) cg.by_controller_[c] = dir;
@@ -174,9 +176,11 @@ Cgroup Cgroup::attach(const CgroupLayout& layout, const std::string& parent, con
 }
 
 Result<Cgroup> Cgroup::create(const CgroupLayout& layout, const std::string& parent, const std::string& name,
-                              const CgroupLimits& limits) {
-  Cgroup cg = attach(layout, parent, name);
+                              const CgroupLimits& limits, sys::Os& os) {
+  Cgroup cg = attach(layout, parent, name, os);
   std::vector<std::string> made;
+  // Undoing uses the host directly: a cleanup that could itself fail would
+  // leave the directories it was meant to remove.
   auto fail = [&](Error e) -> Result<Cgroup> {
     for (auto it = made.rbegin(); it != made.rend(); ++it) ::rmdir(it->c_str());
     return e;
@@ -186,23 +190,23 @@ Result<Cgroup> Cgroup::create(const CgroupLayout& layout, const std::string& par
     // The root is allowed processes and controllers at once; writes that
     // fail because a controller is already enabled are harmless.
     std::string enable = "+cpu +memory +pids";
-    (void)sys::write_file(layout.unified + "/cgroup.subtree_control", enable);
+    (void)sys::write_file(layout.unified + "/cgroup.subtree_control", enable, os);
     std::string pdir = layout.unified + "/" + parent;
-    if (Status s = sys::make_dirs(pdir); !s) return s.error();
-    if (Status s = sys::write_file(pdir + "/cgroup.subtree_control", enable); !s)
+    if (Status s = sys::make_dirs(pdir, 0755, os); !s) return s.error();
+    if (Status s = sys::write_file(pdir + "/cgroup.subtree_control", enable, os); !s)
       return s.error().with_context("enable cgroup controllers for " + pdir);
   }
   for (const std::string& dir : cg.dirs_) {
     std::string pdir = dir.substr(0, dir.rfind('/'));
-    if (Status s = sys::make_dirs(pdir); !s) return fail(s.error());
-    if (::mkdir(dir.c_str(), 0755) != 0) {
+    if (Status s = sys::make_dirs(pdir, 0755, os); !s) return fail(s.error());
+    if (os.mkdir(dir.c_str(), 0755) != 0) {
       if (errno == EEXIST) return fail(conflict_error("cgroup " + dir + " already exists"));
       return fail(sys::errno_error("mkdir", dir));
     }
     made.push_back(dir);
   }
   auto put = [&](const std::string& path, const std::string& value) -> Status {
-    if (Status s = sys::write_file(path, value); !s) return s.error().with_context("set cgroup limit " + value);
+    if (Status s = sys::write_file(path, value, os); !s) return s.error().with_context("set cgroup limit " + value);
     return Status::Ok();
   };
   uint32_t cpus = std::max<uint32_t>(limits.cpu_count, 1);
@@ -235,7 +239,7 @@ Result<Cgroup> Cgroup::create(const CgroupLayout& layout, const std::string& par
 Status Cgroup::add_process(int pid) {
   std::string p = std::to_string(pid);
   for (const std::string& dir : dirs_) {
-    if (Status s = sys::write_file(dir + "/cgroup.procs", p); !s)
+    if (Status s = sys::write_file(dir + "/cgroup.procs", p, *os_); !s)
       return s.error().with_context("move pid " + p + " into cgroup");
   }
   return Status::Ok();
@@ -256,7 +260,7 @@ Status Cgroup::freeze(std::chrono::milliseconds timeout) {
   const std::string& d = dir_for("freezer");
   uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
   if (version_ == CgroupVersion::kV2) {
-    if (Status s = sys::write_file(d + "/cgroup.freeze", "1"); !s) return s;
+    if (Status s = sys::write_file(d + "/cgroup.freeze", "1", *os_); !s) return s;
     // cgroup.events raises POLLPRI when "frozen" changes.
     UniqueFd ev(::open((d + "/cgroup.events").c_str(), O_RDONLY | O_CLOEXEC));
     if (!ev) return sys::errno_error("open", d + "/cgroup.events");
@@ -276,7 +280,10 @@ Status Cgroup::freeze(std::chrono::milliseconds timeout) {
     int round = 0;
     for (;;) {
       // Rewriting FROZEN retries tasks that were busy in the kernel.
-      if (Status s = sys::write_file(d + "/freezer.state", "FROZEN"); !s) return s;
+      if (Status s = sys::write_file(d + "/freezer.state", "FROZEN", *os_); !s) {
+        (void)thaw();  // a partly frozen cgroup is not left so
+        return s;
+      }
       auto f = frozen();
       if (!f) return f.error();
       if (*f) return Status::Ok();
@@ -291,8 +298,8 @@ Status Cgroup::freeze(std::chrono::milliseconds timeout) {
 
 Status Cgroup::thaw() {
   const std::string& d = dir_for("freezer");
-  if (version_ == CgroupVersion::kV2) return sys::write_file(d + "/cgroup.freeze", "0");
-  return sys::write_file(d + "/freezer.state", "THAWED");
+  if (version_ == CgroupVersion::kV2) return sys::write_file(d + "/cgroup.freeze", "0", *os_);
+  return sys::write_file(d + "/freezer.state", "THAWED", *os_);
 }
 
 Result<std::vector<int>> Cgroup::pids() {
@@ -359,14 +366,14 @@ Status Cgroup::destroy(std::chrono::milliseconds timeout) {
     if (!any) return Status::Ok();
     std::vector<int> left;
     if (auto p = pids(); p) left = *p;
-    for (int pid : left) ::kill(pid, SIGKILL);
+    for (int pid : left) os_->kill(pid, SIGKILL);
     // Frozen tasks (v1) only act on SIGKILL once thawed.
     if (dir_exists(dir_for("freezer"))) (void)thaw();
     Error last = internal_error("");
     bool busy = false;
     if (left.empty()) {
       for (const std::string& dir : dirs_) {
-        if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) {
+        if (os_->rmdir(dir.c_str()) != 0 && errno != ENOENT) {
           busy = true;
           last = sys::errno_error("rmdir", dir);
         }
@@ -384,7 +391,7 @@ Status Cgroup::destroy(std::chrono::milliseconds timeout) {
 }
 
 Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& parent,
-                            std::chrono::milliseconds timeout) {
+                            std::chrono::milliseconds timeout, sys::Os& os) {
   std::set<std::string> roots;
   if (layout.version == CgroupVersion::kV2) {
     roots.insert(layout.unified);
@@ -396,11 +403,11 @@ Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& paren
     for (const std::string& n : subdirs(r + "/" + parent)) names.insert(n);
   Status result;
   for (const std::string& n : names) {
-    if (Status s = Cgroup::attach(layout, parent, n).destroy(timeout); !s && result) result = s;
+    if (Status s = Cgroup::attach(layout, parent, n, os).destroy(timeout); !s && result) result = s;
   }
   for (const std::string& r : roots) {
     std::string p = r + "/" + parent;
-    if (::rmdir(p.c_str()) != 0 && errno != ENOENT && result) result = sys::errno_error("rmdir", p);
+    if (os.rmdir(p.c_str()) != 0 && errno != ENOENT && result) result = sys::errno_error("rmdir", p);
   }
   return result;
 }

@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::process {
@@ -54,10 +55,12 @@ class Cgroup {
   Cgroup() = default;
   // Creates <root>/<parent>/<name> in every needed hierarchy and applies
   // limits. Fails if it already exists. On failure nothing is left behind.
+  // Every change it makes to the host, then and later, goes through os.
   static Result<Cgroup> create(const CgroupLayout& layout, const std::string& parent, const std::string& name,
-                               const CgroupLimits& limits);
+                               const CgroupLimits& limits, sys::Os& os = sys::Os::real());
   // Attaches to an existing cgroup (no limits applied): cleanup uses it.
-  static Cgroup attach(const CgroupLayout& layout, const std::string& parent, const std::string& name);
+  static Cgroup attach(const CgroupLayout& layout, const std::string& parent, const std::string& name,
+                       sys::Os& os = sys::Os::real());
 
   Status add_process(int pid);
   Status freeze(std::chrono::milliseconds timeout);
@@ -80,12 +83,14 @@ class Cgroup {
 
  private:
   CgroupVersion version_ = CgroupVersion::kV1;
+  sys::Os* os_ = &sys::Os::real();
   std::vector<std::string> dirs_;
   std::map<std::string, std::string> by_controller_;
 };
 
 // Removes every cgroup under <root>/<parent> in every hierarchy (killing
 // their tasks first), then the parent directories themselves.
-Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& parent, std::chrono::milliseconds timeout);
+Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& parent, std::chrono::milliseconds timeout,
+                            sys::Os& os = sys::Os::real());
 
 }  // namespace sg::process

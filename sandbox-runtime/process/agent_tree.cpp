@@ -68,8 +68,8 @@ Result<UniqueFd> make_agent_tree(const std::string& agent_path) {
   return tree;
 }
 
-Result<UniqueFd> clone_agent(int tree) {
-  UniqueFd c(::open_tree(tree, kAgentName, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+Result<UniqueFd> clone_agent(int tree, sys::Os& os) {
+  UniqueFd c(os.open_tree(tree, kAgentName, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
   if (!c) return sys::errno_error("open_tree OPEN_TREE_CLONE", "the agent's tmpfs copy");
   int hi = ::fcntl(c.get(), F_DUPFD_CLOEXEC, 10);
   if (hi < 0) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "the agent's mount");

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "base/fd.h"
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::process {
@@ -24,6 +25,6 @@ Result<UniqueFd> make_agent_tree(const std::string& agent_path);
 
 // A detached clone of the agent file in tree, for one sandbox's child to
 // move_mount onto its /.sandgate/sandgate-agent. Close-on-exec, >= 10.
-Result<UniqueFd> clone_agent(int tree);
+Result<UniqueFd> clone_agent(int tree, sys::Os& os = sys::Os::real());
 
 }  // namespace sg::process

@@ -71,15 +71,19 @@ namespace {
 // No journal (the layer dies with the sandbox), no blocks reserved for
 // root (the sandbox gets the size it asked for), an inode per 8 KiB
 // (package trees are many small files), inode tables left unwritten.
-Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_mb) {
+Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_mb, sys::Os& os) {
   std::string path = cache_dir + "/ext4-" + std::to_string(size_mb) + "m.img";
   if (sys::path_exists(path)) return path;
-  if (Status s = sys::make_dirs(cache_dir, 0700); !s) return s.error();
+  if (Status s = sys::make_dirs(cache_dir, 0700, os); !s) return s.error();
   std::string tmp = path + ".tmp-" + sys::random_hex(6);
   {
-    UniqueFd img(::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    UniqueFd img(os.open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
     if (!img) return sys::errno_error("create", tmp);
-    if (::ftruncate(img.get(), static_cast<off_t>(size_mb << 20)) != 0) return sys::errno_error("ftruncate", tmp);
+    if (os.ftruncate(img.get(), static_cast<off_t>(size_mb << 20)) != 0) {
+      Error e = sys::errno_error("ftruncate", tmp);
+      ::unlink(tmp.c_str());
+      return e;
+    }
   }
   Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-m", "0", "-i", "8192", "-E",
                                 "lazy_itable_init=1,nodiscard", "-L", "sandgate-disk", tmp},
@@ -89,7 +93,11 @@ Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_
     ::unlink(tmp.c_str());
     return s.error().with_context("make the writable layer's filesystem");
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return sys::errno_error("rename", tmp);
+  if (os.rename(tmp.c_str(), path.c_str()) != 0) {
+    Error e = sys::errno_error("rename", tmp);
+    ::unlink(tmp.c_str());
+    return e;
+  }
   return path;
 }
 
@@ -97,12 +105,12 @@ Result<std::string> prototype_image(const std::string& cache_dir, uint64_t size_
 // metadata for any size) are read, and blocks of zeros in them are left as
 // holes, so the copy stays sparse even where the filesystem reports the
 // whole file as data (no SEEK_HOLE support).
-Status sparse_copy(const std::string& from, const std::string& to, uint64_t size) {
+Status sparse_copy(const std::string& from, const std::string& to, uint64_t size, sys::Os& os) {
   UniqueFd in(::open(from.c_str(), O_RDONLY | O_CLOEXEC));
   if (!in) return sys::errno_error("open", from);
-  UniqueFd out(::open(to.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  UniqueFd out(os.open(to.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!out) return sys::errno_error("create", to);
-  if (::ftruncate(out.get(), static_cast<off_t>(size)) != 0) return sys::errno_error("ftruncate", to);
+  if (os.ftruncate(out.get(), static_cast<off_t>(size)) != 0) return sys::errno_error("ftruncate", to);
   constexpr size_t kBlock = 64 << 10;
   static const char kZeros[kBlock] = {};
   std::vector<char> buf(kBlock);
@@ -138,39 +146,40 @@ Status sparse_copy(const std::string& from, const std::string& to, uint64_t size
 
 }  // namespace
 
-Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb) {
+Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb,
+                                        sys::Os& os) {
   if (size_mb == 0 || size_mb > kMaxWritableDiskMb)
     return invalid_error("disk size " + std::to_string(size_mb) + " MiB");
   WritableDisk d;
   d.image = writable_disk_image(dir);
   d.node = dir + "/disk.dev";
-  Result<std::string> proto = prototype_image(cache_dir, size_mb);
+  Result<std::string> proto = prototype_image(cache_dir, size_mb, os);
   if (!proto) return proto.error();
-  if (Status s = sparse_copy(*proto, d.image, size_mb << 20); !s) return s.error().with_context("make the writable layer");
+  if (Status s = sparse_copy(*proto, d.image, size_mb << 20, os); !s) return s.error().with_context("make the writable layer");
 
   // Every reader of /sys/block/loopN/loop/backing_file, sandboxes
   // included, sees the backing file's path as d_path makes it, which stops
   // at the root of a detached mount: opened through a detached clone of
   // dir, it reads "/disk.img" rather than the host's state path.
-  UniqueFd dir_tree(::open_tree(AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+  UniqueFd dir_tree(os.open_tree(AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
   if (!dir_tree) return sys::errno_error("open_tree", dir);
-  UniqueFd img(::openat(dir_tree.get(), kImageName, O_RDWR | O_CLOEXEC));
+  UniqueFd img(os.openat(dir_tree.get(), kImageName, O_RDWR | O_CLOEXEC, 0));
   if (!img) return sys::errno_error("open", d.image);
-  UniqueFd ctl(::open("/dev/loop-control", O_RDWR | O_CLOEXEC));
+  UniqueFd ctl(os.open("/dev/loop-control", O_RDWR | O_CLOEXEC, 0));
   if (!ctl) return sys::errno_error("open", "/dev/loop-control");
   for (int attempt = 0; attempt < kAttachTries; ++attempt) {
-    int n = ::ioctl(ctl.get(), LOOP_CTL_GET_FREE);
+    int n = os.ioctl(ctl.get(), LOOP_CTL_GET_FREE, 0);
     if (n < 0) return sys::errno_error("ioctl LOOP_CTL_GET_FREE", "/dev/loop-control");
     Result<dev_t> num = loop_dev_number(n);
     if (!num) return num.error();
     ::unlink(d.node.c_str());
-    if (::mknod(d.node.c_str(), S_IFBLK | 0600, *num) != 0) return sys::errno_error("mknod", d.node);
-    UniqueFd loop(::open(d.node.c_str(), O_RDWR | O_CLOEXEC));
+    if (os.mknod(d.node.c_str(), S_IFBLK | 0600, *num) != 0) return sys::errno_error("mknod", d.node);
+    UniqueFd loop(os.open(d.node.c_str(), O_RDWR | O_CLOEXEC, 0));
     if (!loop) return sys::errno_error("open", d.node + " (loop" + std::to_string(n) + ")");
     loop_config lc{};
     lc.fd = static_cast<__u32>(img.get());
     lc.info.lo_flags = LO_FLAGS_AUTOCLEAR;
-    if (::ioctl(loop.get(), LOOP_CONFIGURE, &lc) == 0) {
+    if (os.ioctl(loop.get(), LOOP_CONFIGURE, reinterpret_cast<unsigned long>(&lc)) == 0) {
       d.loop = std::move(loop);
       return d;
     }

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "base/fd.h"
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::process {
@@ -40,7 +41,8 @@ struct WritableDisk {
 // to mount. On failure nothing is left attached (files in dir go with the
 // state directory). Every sandbox's filesystem has the same UUID, which
 // ext4 does not mind: each is mounted in its own mount namespace only.
-Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb);
+Result<WritableDisk> make_writable_disk(const std::string& dir, const std::string& cache_dir, uint64_t size_mb,
+                                        sys::Os& os = sys::Os::real());
 
 // Sizes make_writable_disk accepts: 1 MiB to this.
 inline constexpr uint64_t kMaxWritableDiskMb = 1ull << 24;

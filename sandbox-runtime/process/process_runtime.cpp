@@ -45,6 +45,7 @@
 #include "sandbox-runtime/host/host_channel.h"
 #include "sandbox-runtime/process/userns.h"
 #include "base/log.h"
+#include "base/os.h"
 #include "base/sys.h"
 
 namespace sg::process {
@@ -106,8 +107,6 @@ class Spawner {
   std::thread thread_;
 };
 
-int pidfd_send_signal(int pidfd, int sig) { return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0)); }
-
 // Bytes allocated to files under dir (st_blocks), not following symlinks or
 // crossing mounts. Hard links inside the layer are counted once per name.
 uint64_t disk_usage(int dfd, dev_t dev, int depth) {
@@ -137,7 +136,8 @@ uint64_t disk_usage(int dfd, dev_t dev, int depth) {
 
 class ProcessSandbox final : public runtime::Sandbox {
  public:
-  ProcessSandbox(std::string id, std::string state_dir) : id_(std::move(id)), state_dir_(std::move(state_dir)) {}
+  ProcessSandbox(std::string id, std::string state_dir, sys::Os& os)
+      : os_(os), id_(std::move(id)), state_dir_(std::move(state_dir)) {}
   ~ProcessSandbox() override { stop_channel(); }
 
   const std::string& id() const override { return id_; }
@@ -210,8 +210,10 @@ class ProcessSandbox final : public runtime::Sandbox {
     // agent goes; the Mux thread never takes mu_, so joining it here is safe.
     stop_channel();
     if (pid_ > 0 && !reaped_) {
-      // Killing a PID namespace's init kills the whole namespace.
-      if (pidfd_) pidfd_send_signal(pidfd_.get(), SIGKILL);
+      // Killing a PID namespace's init kills the whole namespace. Unless
+      // it is signalled (or already gone), waiting for it would never end.
+      if (os_.pidfd_send_signal(pidfd_.get(), SIGKILL) != 0 && errno != ESRCH)
+        return sys::errno_error("pidfd_send_signal SIGKILL", "sandbox " + id_ + " init " + std::to_string(pid_));
       // v1 frozen tasks act on SIGKILL only once thawed.
       if (has_cgroup_) (void)cgroup_.thaw();
       int status = 0;
@@ -234,7 +236,7 @@ class ProcessSandbox final : public runtime::Sandbox {
       uid_slots_->release(uid_slot_);
       uid_slots_.reset();
     }
-    if (Status s = sys::remove_tree(state_dir_); !s) return s.error().with_context("kill sandbox " + id_);
+    if (Status s = sys::remove_tree(state_dir_, os_); !s) return s.error().with_context("kill sandbox " + id_);
     // Its disk image is gone: what it could have grown into is free again.
     disk_reservation_.reset();
     killed_ = true;
@@ -256,6 +258,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   }
 
   // Filled by create() before the sandbox is shared.
+  sys::Os& os_;
   std::mutex chan_mu_;
   std::shared_ptr<HostChannel> host_channel_;  // GUARDED_BY(chan_mu_); null before ready and after kill
   std::mutex mu_;
@@ -274,8 +277,8 @@ class ProcessSandbox final : public runtime::Sandbox {
   bool killed_ = false;     // GUARDED_BY(mu_)
 };
 
-Result<UniqueFd> high_fd(UniqueFd fd, const char* what) {
-  int n = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 10);
+Result<UniqueFd> high_fd(sys::Os& os, UniqueFd fd, const char* what) {
+  int n = os.dup_high(fd.get(), 10);
   if (n < 0) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", what);
   return UniqueFd(n);
 }
@@ -283,7 +286,7 @@ Result<UniqueFd> high_fd(UniqueFd fd, const char* what) {
 class ProcessRuntime final : public runtime::Runtime {
  public:
   explicit ProcessRuntime(runtime::RuntimeConfig cfg)
-      : cfg_(std::move(cfg)), layout_(detect_cgroup_layout()),
+      : cfg_(std::move(cfg)), os_(cfg_.os ? *cfg_.os : sys::Os::real()), layout_(detect_cgroup_layout()),
         disk_(cfg_.disk_limits == runtime::DiskLimits::kOff ? Status::Ok() : writable_disk_available()),
         userns_(cfg_.user_namespaces == runtime::UserNamespaces::kOff ? Status::Ok() : user_namespaces_available()),
         uid_slots_(std::make_shared<UidSlots>(cfg_.first_sandbox_uid, cfg_.sandbox_uid_slots)),
@@ -301,7 +304,7 @@ class ProcessRuntime final : public runtime::Runtime {
   Status cleanup_stale() override {
     if (!layout_) return layout_.error();
     Status result;
-    if (Status s = remove_cgroup_parent(*layout_, cfg_.cgroup_parent, kTeardownTimeout); !s) result = s;
+    if (Status s = remove_cgroup_parent(*layout_, cfg_.cgroup_parent, kTeardownTimeout, os_); !s) result = s;
     DIR* d = ::opendir(cfg_.state_root.c_str());
     if (d) {
       std::vector<std::string> names;
@@ -311,7 +314,7 @@ class ProcessRuntime final : public runtime::Runtime {
       }
       ::closedir(d);
       for (const std::string& n : names) {
-        if (Status s = sys::remove_tree(cfg_.state_root + "/" + n); !s && result) result = s;
+        if (Status s = sys::remove_tree(cfg_.state_root + "/" + n, os_); !s && result) result = s;
       }
     }
     return result;
@@ -319,7 +322,7 @@ class ProcessRuntime final : public runtime::Runtime {
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
-    auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id);
+    auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
     bool created_dir = false;
     Status s = start(spec, *sb, t0, created_dir);
@@ -386,7 +389,7 @@ class ProcessRuntime final : public runtime::Runtime {
     lim.cpu_count = spec.cpu_count;
     lim.memory_bytes = spec.memory_mb * 1024 * 1024;
     lim.max_pids = spec.max_pids;
-    auto cg = Cgroup::create(*layout_, cfg_.cgroup_parent, spec.id, lim);
+    auto cg = Cgroup::create(*layout_, cfg_.cgroup_parent, spec.id, lim, os_);
     if (!cg) return cg.error();
     sb.cgroup_ = std::move(*cg);
     sb.has_cgroup_ = true;
@@ -418,7 +421,7 @@ class ProcessRuntime final : public runtime::Runtime {
 
   // The sandbox's state directory, after its disk is reserved.
   Status make_state_dir(const runtime::SandboxSpec& spec, ProcessSandbox& sb, Launch& l, bool& created_dir) {
-    if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
+    if (Status s = sys::make_dirs(cfg_.state_root, 0700, os_); !s) return s;
     char real_state[PATH_MAX];
     if (!::realpath(cfg_.state_root.c_str(), real_state)) return sys::errno_error("realpath", cfg_.state_root);
     l.real_state = real_state;
@@ -435,7 +438,7 @@ class ProcessRuntime final : public runtime::Runtime {
     Result<DiskSpace::Reservation> reservation =
         disk_space_->reserve(l.limit_disk ? spec.disk_mb << 20 : 0, writable_disk_image(l.dir));
     if (!reservation) return reservation.error();
-    if (::mkdir(l.dir.c_str(), 0700) != 0) {
+    if (os_.mkdir(l.dir.c_str(), 0700) != 0) {
       if (errno == EEXIST) return conflict_error("state directory " + l.dir + " already exists");
       return sys::errno_error("mkdir", l.dir);
     }
@@ -456,13 +459,13 @@ class ProcessRuntime final : public runtime::Runtime {
     if (l.userns) l.slot = l.userns->slot;
     l.layer_owner = l.slot ? static_cast<int>(l.slot->uid_base) : -1;
     l.lower_dir = l.dir + "/lower";
-    if (::mkdir(l.lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", l.lower_dir);
+    if (os_.mkdir(l.lower_dir.c_str(), 0755) != 0) return sys::errno_error("mkdir", l.lower_dir);
     // The child attaches the template on lower_dir, so the overlay's
     // options name "lower", not the template's host path.
     if (!l.slot) {
-      UniqueFd t(::open_tree(AT_FDCWD, l.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+      UniqueFd t(os_.open_tree(AT_FDCWD, l.rootfs.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
       if (!t) return sys::errno_error("open_tree", l.rootfs);
-      Result<UniqueFd> hi = high_fd(std::move(t), "template tree");
+      Result<UniqueFd> hi = high_fd(os_, std::move(t), "template tree");
       if (!hi) return hi.error();
       l.plain_lower = std::move(*hi);
     }
@@ -475,17 +478,17 @@ class ProcessRuntime final : public runtime::Runtime {
     l.upper = (l.limit_disk ? l.disk_dir : l.dir) + "/upper";
     l.work = (l.limit_disk ? l.disk_dir : l.dir) + "/work";
     if (l.limit_disk) {
-      Result<WritableDisk> d = make_writable_disk(l.dir, l.real_state + "/.disk-images", spec.disk_mb);
+      Result<WritableDisk> d = make_writable_disk(l.dir, l.real_state + "/.disk-images", spec.disk_mb, os_);
       if (!d) return d.error();
       l.disk = std::move(*d);
       sb.disk_image_ = l.disk->image;
       for (const std::string& d : {l.disk_dir, l.merged})
-        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+        if (os_.mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
     } else {
       for (const std::string& d : {l.upper, l.work, l.merged})
-        if (::mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
+        if (os_.mkdir(d.c_str(), 0755) != 0) return sys::errno_error("mkdir", d);
       // The overlay's root takes the upper directory's owner.
-      if (l.layer_owner >= 0 && ::chown(l.upper.c_str(), l.layer_owner, l.layer_owner) != 0)
+      if (l.layer_owner >= 0 && os_.chown(l.upper.c_str(), l.layer_owner, l.layer_owner) != 0)
         return sys::errno_error("chown", l.upper);
     }
     return Status::Ok();
@@ -493,26 +496,26 @@ class ProcessRuntime final : public runtime::Runtime {
 
   Status make_descriptors(Launch& l) {
     int sv[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return sys::errno_error("socketpair", "channel");
+    if (os_.socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) return sys::errno_error("socketpair", "channel");
     l.host_chan.reset(sv[0]);
-    auto child_chan = high_fd(UniqueFd(sv[1]), "channel");
+    auto child_chan = high_fd(os_, UniqueFd(sv[1]), "channel");
     int sp[2], ep[2];
     // A socket, not a pipe, so writing to a child that already died is an
     // EPIPE error rather than a SIGPIPE (MSG_NOSIGNAL).
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return sys::errno_error("socketpair", "sync");
+    if (os_.socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) != 0) return sys::errno_error("socketpair", "sync");
     UniqueFd sync_rd(sp[0]);
     l.sync_wr.reset(sp[1]);
-    if (::pipe2(ep, O_CLOEXEC) != 0) return sys::errno_error("pipe2", "error pipe");
+    if (os_.pipe2(ep, O_CLOEXEC) != 0) return sys::errno_error("pipe2", "error pipe");
     l.err_rd.reset(ep[0]);
-    auto err_wr = high_fd(UniqueFd(ep[1]), "error pipe");
-    auto sync_rd_hi = high_fd(std::move(sync_rd), "sync pipe");
-    UniqueFd null_fd(::open("/dev/null", O_RDWR | O_CLOEXEC));
+    auto err_wr = high_fd(os_, UniqueFd(ep[1]), "error pipe");
+    auto sync_rd_hi = high_fd(os_, std::move(sync_rd), "sync pipe");
+    UniqueFd null_fd(os_.open("/dev/null", O_RDWR | O_CLOEXEC, 0));
     if (!null_fd) return sys::errno_error("open", "/dev/null");
-    auto null_hi = high_fd(std::move(null_fd), "/dev/null");
+    auto null_hi = high_fd(os_, std::move(null_fd), "/dev/null");
     l.log_path = l.dir + "/agent.log";
-    UniqueFd log_fd(::open(l.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
+    UniqueFd log_fd(os_.open(l.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600));
     if (!log_fd) return sys::errno_error("open", l.log_path);
-    auto log_hi = high_fd(std::move(log_fd), "agent log");
+    auto log_hi = high_fd(os_, std::move(log_fd), "agent log");
     for (auto* r : {&child_chan, &err_wr, &sync_rd_hi, &null_hi, &log_hi})
       if (!*r) return r->error();
     l.child_chan = std::move(*child_chan);
@@ -642,7 +645,7 @@ class ProcessRuntime final : public runtime::Runtime {
       // 16-byte aligned; without CLONE_VM the child gets its own copy of it.
       char* top = stack.get() + kChildStackSize;
       top = reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(top) & ~uintptr_t{15});
-      pid = ::clone(child_main, top, flags, &l.a, &pidfd);
+      pid = os_.clone(child_main, top, flags, &l.a, &pidfd);
       clone_errno = errno;
     });
     if (pid < 0) return sys::errno_error("clone", "sandbox init", clone_errno);
@@ -652,7 +655,7 @@ class ProcessRuntime final : public runtime::Runtime {
 
     if (Status s = sb.cgroup_.add_process(pid); !s) return s;
     char go = 1;
-    if (::send(l.sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
+    if (os_.send(l.sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
     l.sync_wr.reset();
 
     uint64_t deadline = t0 + static_cast<uint64_t>(spec.ready_timeout.count()) * 1000000ull;
@@ -697,7 +700,7 @@ class ProcessRuntime final : public runtime::Runtime {
     }
     Result<UidSlots::Slot> got = uid_slots_->acquire();
     if (!got) return got.error();
-    Result<UniqueFd> tree = idmapped_tree(rootfs, got->userns_fd);
+    Result<UniqueFd> tree = idmapped_tree(rootfs, got->userns_fd, os_);
     if (!tree) {
       uid_slots_->release(got->index);
       if (cfg_.user_namespaces == UserNamespaces::kOn || tree.error().kind() != ErrorKind::kUnavailable)
@@ -710,10 +713,10 @@ class ProcessRuntime final : public runtime::Runtime {
     sb.uid_slot_ = got->index;
     SandboxUserns u;
     u.slot = *got;
-    Result<UniqueFd> tree_hi = high_fd(std::move(*tree), "idmapped template");
+    Result<UniqueFd> tree_hi = high_fd(os_, std::move(*tree), "idmapped template");
     if (!tree_hi) return tree_hi.error();
     u.tree = std::move(*tree_hi);
-    u.ns.reset(::fcntl(got->userns_fd, F_DUPFD_CLOEXEC, 10));
+    u.ns.reset(os_.dup_high(got->userns_fd, 10));
     if (!u.ns) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "user namespace");
     return std::optional<SandboxUserns>(std::move(u));
   }
@@ -736,10 +739,11 @@ class ProcessRuntime final : public runtime::Runtime {
       agent_tree_tried_ = true;
     }
     if (!agent_tree_) return UniqueFd();
-    return clone_agent(agent_tree_.get());
+    return clone_agent(agent_tree_.get(), os_);
   }
 
   runtime::RuntimeConfig cfg_;
+  sys::Os& os_;
   Result<CgroupLayout> layout_;
   Status disk_;  // whether size-limited writable layers can be made here
   Status userns_;  // whether sandboxes can have user namespaces here

@@ -64,8 +64,8 @@ Result<UniqueFd> make_user_namespace(uint32_t host_base, uint32_t count) {
   return ns;
 }
 
-Result<UniqueFd> idmapped_tree(const std::string& dir, int userns_fd) {
-  UniqueFd tree(::open_tree(AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
+Result<UniqueFd> idmapped_tree(const std::string& dir, int userns_fd, sys::Os& os) {
+  UniqueFd tree(os.open_tree(AT_FDCWD, dir.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE));
   if (!tree) return sys::errno_error("open_tree", dir);
   struct mount_attr attr {};
   attr.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NODEV;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::process {
@@ -39,7 +40,7 @@ Result<UniqueFd> make_user_namespace(uint32_t host_base, uint32_t count);
 // appear through userns's mapping (open_tree + mount_setattr
 // MOUNT_ATTR_IDMAP). kUnavailable when dir's filesystem cannot be
 // idmapped.
-Result<UniqueFd> idmapped_tree(const std::string& dir, int userns_fd);
+Result<UniqueFd> idmapped_tree(const std::string& dir, int userns_fd, sys::Os& os = sys::Os::real());
 
 class UidSlots {
  public:

@@ -6,6 +6,7 @@
 #include "tests/support/skip.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -41,6 +42,7 @@
 #include "sandbox-runtime/agent/harden.h"
 #include "base/sys.h"
 #include "tests/sandbox-runtime/test_rootfs.h"
+#include "tests/support/faulty_os.h"
 
 using namespace sg;
 using nlohmann::json;
@@ -53,7 +55,10 @@ struct Env {
   std::unique_ptr<runtime::Runtime> rt;
   std::string rootfs;
 
-  Env() {
+  // os: the host's syscalls for the runtime (null: the real host).
+  explicit Env(sys::Os* os = nullptr, uint32_t uid_slots = 16384) {
+    cfg.os = os;
+    cfg.sandbox_uid_slots = uid_slots;
     cfg.state_root = "/tmp/" + tag;
     // A sanitizer build's agent is dynamic and cannot run on the rootfs;
     // SANDGATE_TEST_AGENT lets such a build use a static one.
@@ -1473,4 +1478,186 @@ TEST_CASE("process runtime: an unlimited writable layer is refused while the sta
   int pid = (*sb)->init_pid();
   REQUIRE((*sb)->kill());
   check_gone(env, id, pid);
+}
+
+namespace {
+
+// Processes whose parent is this one (the runtime clones sandboxes and
+// helpers as children of the test process).
+std::vector<int> own_children() {
+  std::vector<int> out;
+  DIR* d = ::opendir("/proc");
+  REQUIRE(d);
+  std::string me = std::to_string(::getpid());
+  while (struct dirent* e = ::readdir(d)) {
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    auto st = sys::read_file(std::string("/proc/") + e->d_name + "/status", 1 << 16);
+    if (!st) continue;  // gone meanwhile
+    size_t at = st->find("\nPPid:\t");
+    if (at != std::string::npos && st->compare(at + 7, me.size() + 1, me + "\n") == 0)
+      out.push_back(std::atoi(e->d_name));
+  }
+  ::closedir(d);
+  return out;
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  DIR* d = ::opendir("/proc/self/fd");
+  REQUIRE(d);
+  while (struct dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+  ::closedir(d);
+  return n - 1;  // the directory's own descriptor
+}
+
+// Loop devices still bound to an image whose file was removed: a sandbox
+// disk whose teardown lost track of its loop device.
+int orphaned_loops() {
+  int n = 0;
+  DIR* d = ::opendir("/sys/block");
+  REQUIRE(d);
+  while (struct dirent* e = ::readdir(d)) {
+    if (std::string_view(e->d_name).rfind("loop", 0) != 0) continue;
+    auto f = sys::read_file(std::string("/sys/block/") + e->d_name + "/loop/backing_file", 4096);
+    if (f && f->find("disk.img (deleted)") != std::string::npos) ++n;
+  }
+  ::closedir(d);
+  return n;
+}
+
+// What a sandbox may leave on the host, for a before/after comparison.
+struct HostTrace {
+  std::vector<int> children;
+  size_t fds = 0;
+  int loops = 0;
+  bool operator==(const HostTrace&) const = default;
+};
+
+HostTrace host_trace() { return HostTrace{own_children(), open_fds(), orphaned_loops()}; }
+
+std::string describe(const HostTrace& t) {
+  std::string s = "children [";
+  for (int p : t.children) s += std::to_string(p) + " ";
+  return s + "], " + std::to_string(t.fds) + " fds, " + std::to_string(t.loops) + " orphaned loop devices";
+}
+
+}  // namespace
+
+// The syscall seam (base/os.h): every host call that create, pause, resume
+// and kill make is failed in turn (tests/support/faulty_os.h). A failed
+// create must leave nothing (process, descriptor, cgroup, mount, state
+// directory, loop device, uid range); a failed pause or resume leaves the
+// sandbox killable; a failed kill leaves it killable by a second kill,
+// which then leaves nothing.
+TEST_CASE("process runtime: every host call of create, pause, resume and kill failed in turn leaves nothing behind" *
+          doctest::test_suite("own-entry")) {
+  test::FaultyOs os;
+  Env env(&os, 2);  // two uid ranges: a leaked one shows as a refused create
+  bool disk = static_cast<bool>(process::writable_disk_available());
+  auto spec = [&](bool limited) {
+    runtime::SandboxSpec s = env.spec(new_id());
+    if (limited) s.disk_mb = 64;
+    return s;
+  };
+  // The runtime's first create makes what it keeps for every later one
+  // (the agent's private copy, the uid ranges' namespaces, the disk
+  // prototype): make it before the baseline.
+  for (bool limited : {false, disk}) {
+    auto warm = env.rt->create(spec(limited));
+    REQUIRE_MESSAGE(warm, (warm ? "" : warm.error().message()));
+    REQUIRE((*warm)->kill());
+  }
+  const HostTrace base = host_trace();
+  int failed_creates = 0, failed_others = 0;
+
+  for (bool limited : {false, disk}) {
+    CAPTURE(limited);
+    // create: count its calls, then fail each.
+    os.reset();
+    runtime::SandboxSpec s0 = spec(limited);
+    auto probe = env.rt->create(s0);
+    REQUIRE_MESSAGE(probe, (probe ? "" : probe.error().message()));
+    uint64_t n_create = os.calls();
+    std::vector<std::string> names = os.names();
+    REQUIRE((*probe)->kill());
+    MESSAGE(std::string(limited ? "disk-limited" : "unlimited") << " create: " << n_create << " host calls");
+    REQUIRE(n_create >= 15);
+    for (uint64_t n = 1; n <= n_create; ++n) {
+      runtime::SandboxSpec sp = spec(limited);
+      os.reset();
+      os.fail_at(n);
+      auto sb = env.rt->create(sp);
+      std::string fired = os.fired();
+      CAPTURE(fired);
+      CAPTURE(names[n - 1]);
+      if (sb) {
+        // A failure the runtime may absorb (a best-effort call): the
+        // sandbox must then be whole.
+        CHECK_MESSAGE(!fired.empty(), "the run made fewer calls than the count");
+        CHECK((*sb)->alive());
+        REQUIRE((*sb)->kill());
+      } else {
+        ++failed_creates;
+        CHECK(!fired.empty());
+      }
+      check_gone(env, sp.id, -1);
+      HostTrace now = host_trace();
+      CHECK_MESSAGE(now == base, "after " << fired << ": " << describe(now) << ", before: " << describe(base));
+    }
+
+    // pause, resume and kill of a running sandbox.
+    enum class Op { kPause, kResume, kKill };
+    for (Op op : {Op::kPause, Op::kResume, Op::kKill}) {
+      CAPTURE(static_cast<int>(op));
+      for (uint64_t n = 1;; ++n) {
+        os.reset();
+        runtime::SandboxSpec sp = spec(limited);
+        auto sb = env.rt->create(sp);
+        REQUIRE_MESSAGE(sb, (sb ? "" : sb.error().message()));
+        runtime::Sandbox& box = **sb;
+        int pid = box.init_pid();
+        if (op == Op::kResume) REQUIRE(box.pause());
+        os.reset();
+        os.fail_at(n);
+        Status s = op == Op::kPause ? box.pause() : op == Op::kResume ? box.resume() : box.kill();
+        std::string fired = os.fired();
+        os.fail_at(0);
+        CAPTURE(fired);
+        if (fired.empty()) {  // past the last call: the loop is done
+          REQUIRE(s);
+          REQUIRE(box.kill());
+          check_gone(env, sp.id, pid);
+          break;
+        }
+        ++failed_others;
+        if (s && op != Op::kKill) {
+          // Absorbed (a retried write): the operation took effect.
+          auto frozen = process::Cgroup::attach(*process::detect_cgroup_layout(), env.tag, sp.id).frozen();
+          REQUIRE(frozen);
+          CHECK(*frozen == (op == Op::kPause));
+        }
+        if (!s && op != Op::kKill) {
+          // Refused: the sandbox is as it was, and answers once running.
+          if (op == Op::kResume) REQUIRE(box.resume());
+          CHECK(box.alive());
+          CHECK(control(box, {{"type", "ping"}, {"id", 1}})["type"] == "pong");
+        }
+        Status k = box.kill();  // a kill after a failed one finishes it
+        CHECK_MESSAGE(k, (k ? "" : k.error().message()));
+        check_gone(env, sp.id, pid);
+        HostTrace now = host_trace();
+        CHECK_MESSAGE(now == base, "after " << fired << ": " << describe(now) << ", before: " << describe(base));
+        REQUIRE(n < 200);
+      }
+    }
+  }
+  MESSAGE(failed_creates << " creates and " << failed_others << " pauses, resumes and kills failed by injection");
+  CHECK(failed_creates >= 15);
+  // Both uid ranges are free again: two sandboxes at once.
+  auto a = env.rt->create(spec(false));
+  auto b = env.rt->create(spec(false));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  CHECK((*a)->kill());
+  CHECK((*b)->kill());
 }

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <filesystem>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -21,6 +22,7 @@
 #include "wait-engine/memory/offload.h"
 #include "wait-engine/memory/pressure.h"
 #include "storage/store.h"
+#include "tests/support/faulty_os.h"
 #include "tests/support/temp_dir.h"
 #include "base/sys.h"
 
@@ -450,4 +452,90 @@ TEST_CASE("a release without a userfaultfd loses the sandbox: reported once by t
   CHECK(env.engine->take_lost().empty());  // once
   // A lost sandbox is not offloaded again.
   CHECK_FALSE(env.engine->offload("sb-lost", env.target(*mem, true), cancel));
+}
+
+// The syscall seam (base/os.h, tests/support/faulty_os.h): every host call
+// an offload makes up to the release (the pool file's creation, each pool
+// write, the cut after a failed write, the VMM's release) is failed in
+// turn. An offload that fails must leave the guest's RAM whole and
+// resident, the pool without a record of it, and the engine ready for the
+// next offload of the same sandbox, which then succeeds and reads back.
+TEST_CASE("offload: every host call up to the release failed in turn: RAM stays whole, the pool keeps nothing") {
+  test::TempDir dir;
+  std::string tmpl_path = dir.sub("memory");
+  std::vector<uint8_t> tmpl = make_template();
+  REQUIRE(sys::write_file(tmpl_path, std::string(tmpl.begin(), tmpl.end())));
+  test::FaultyOs os;
+  MemoryEngineConfig cfg;
+  cfg.pool.dir = dir.sub("pool");
+  cfg.pool.memory_budget = 0;  // every record through the file tier
+  cfg.pool.os = &os;
+  cfg.pool.inject_io_error = [&os](bool write, uint64_t offset, uint32_t) {
+    return os.inject(write ? "pool write" : "pool read", "offset " + std::to_string(offset)) ? EIO : 0;
+  };
+  auto engine = MemoryEngine::open(cfg);
+  REQUIRE_MESSAGE(engine, (engine ? "" : engine.error().message()));
+  MemoryEngine& e = **engine;
+
+  // One guest: the template with every fifth page rewritten.
+  uint64_t offload_calls = 0;  // the calls of the last run's offload itself
+  auto run = [&](const std::string& id, uint64_t fail_at, std::string* fired) -> bool {
+    auto mem = vmm::GuestMemory::map_private_file(tmpl_path);
+    REQUIRE(mem);
+    std::vector<uint8_t> want = tmpl;
+    uint8_t* base = mem->host_base();
+    for (uint64_t p = 0; p < kPages; p += 5)
+      for (uint64_t i = 0; i < kPg; i += 64) base[p * kPg + i] = want[p * kPg + i] = static_cast<uint8_t>(p + i);
+    OffloadTarget t = target_for(*mem, tmpl_path);
+    auto release = t.release;
+    t.release = [&os, release]() -> Result<std::pair<UniqueFd, uint64_t>> {
+      if (os.inject("release", "guest RAM")) return Error(ErrorKind::kUnavailable, "release: injected failure");
+      return release();
+    };
+    const uint64_t resident = present_pages(base, kPages);
+    os.reset();
+    os.fail_at(fail_at);
+    std::atomic<bool> cancel{false};
+    auto rep = e.offload(id, t, cancel);
+    offload_calls = os.calls();
+    *fired = os.fired();
+    os.fail_at(0);
+    std::string why;
+    if (rep) {
+      CHECK(std::string(mem->backing()) == "userfaultfd");
+      CHECK_MESSAGE(reads_back(base, want, &why), why);
+    } else {
+      CHECK(std::string(mem->backing()) == "file");  // not released
+      CHECK(present_pages(base, kPages) == resident);
+      CHECK(std::memcmp(base, want.data(), want.size()) == 0);
+      auto st = e.stats(id);
+      CHECK((!st || st->pool.records == 0));
+      // The next offload of the same sandbox goes through.
+      auto again = e.offload(id, t, cancel);
+      CHECK_MESSAGE(again, (again ? "" : again.error().message()));
+      if (again) CHECK_MESSAGE(reads_back(base, want, &why), why);
+    }
+    e.forget(id);
+    return rep.ok();
+  };
+
+  std::string fired;
+  REQUIRE(run("probe", 0, &fired));
+  const uint64_t calls = offload_calls;
+  MESSAGE("offload up to the release: " << calls << " host calls");
+  REQUIRE(calls >= 3);
+  int failed = 0;
+  for (uint64_t n = 1; n <= calls; ++n) {
+    CAPTURE(n);
+    bool ok = run("sb" + std::to_string(n), n, &fired);
+    CAPTURE(fired);
+    CHECK_FALSE(fired.empty());
+    CHECK_FALSE(ok);  // each of these calls is needed: its failure fails the offload
+    failed += !ok;
+  }
+  CHECK(failed == static_cast<int>(calls));
+  CHECK(e.take_lost().empty());
+  CHECK(e.totals().pool.bytes.records == 0);
+  // No pool file outlives its sandbox.
+  for (const auto& entry : std::filesystem::directory_iterator(cfg.pool.dir)) CHECK_MESSAGE(false, entry.path());
 }

@@ -327,7 +327,7 @@ Pool::Sandbox& Pool::get_or_create(const std::string& id) {
 Status Pool::open_file(Sandbox& s) {
   if (s.fd) return Status::Ok();
   s.path = config_.dir + "/" + pool_file_name(s.id);
-  int fd = ::open(s.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = os().open(s.path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return sys::errno_error("open", s.path);
   UniqueFd f(fd);
   std::string h = file_header();
@@ -445,7 +445,7 @@ Status Pool::spill_pages(Sandbox& s, std::vector<uint64_t> pages) {
       // Cut whatever part of the batch did land: records past s.end would
       // otherwise be read by a recovery as newer than the ones written
       // there later. The batch stays in the memory tier.
-      if (::ftruncate(s.fd.get(), static_cast<off_t>(s.end)) != 0)
+      if (os().ftruncate(s.fd.get(), static_cast<off_t>(s.end)) != 0)
         LOG_WARN("memory pool spill " << s.id << ": ftruncate " << s.path << ": " << std::strerror(errno));
       return e;
     }
@@ -547,7 +547,7 @@ void Pool::drop(const std::string& sandbox) {
   memory_bytes_ -= s.mem_record_bytes + s.meta_bytes;
   if (s.fd) {
     s.fd.reset();
-    if (::unlink(s.path.c_str()) != 0 && errno != ENOENT)
+    if (os().unlinkat(AT_FDCWD, s.path.c_str(), 0) != 0 && errno != ENOENT)
       LOG_WARN("memory pool drop " << sandbox << ": unlink " << s.path << ": " << std::strerror(errno));
   }
   sandboxes_.erase(it);

@@ -32,6 +32,7 @@
 
 #include "wait-engine/memory/record.h"
 #include "base/fd.h"
+#include "base/os.h"
 #include "base/status.h"
 
 namespace sg::memory {
@@ -51,6 +52,9 @@ struct PoolConfig {
   // Test seam (fault injection): called before each file read or write is
   // issued; a nonzero errno fails that operation without doing it.
   std::function<int(bool write, uint64_t offset, uint32_t len)> inject_io_error;
+  // The host's syscalls for creating, cutting and removing a sandbox's
+  // file (base/os.h); null: the real host.
+  sys::Os* os = nullptr;
 };
 
 // Per sandbox, or over the pool (totals()).
@@ -134,6 +138,7 @@ class Pool {
   void erase_file(Sandbox& s, uint64_t page);                  // mu_ held
   PoolStats stats_locked(const Sandbox& s) const;
 
+  sys::Os& os() const { return config_.os ? *config_.os : sys::Os::real(); }
   PoolConfig config_;
   std::unique_ptr<FileIo> io_;                                      // GUARDED_BY(mu_)
   mutable std::mutex mu_;
