@@ -76,40 +76,106 @@ json listed_json(const ControlPlaneConfig& cfg, const storage::SandboxRow& r) {
 
 }  // namespace
 
-ControlPlane::ControlPlane(tenancy::Tenants& tenants, SandboxService& sandboxes, tenancy::RateLimiter& requests,
-                           tenancy::RateLimiter& creates, ControlPlaneConfig cfg)
-    : tenants_(tenants), sandboxes_(sandboxes), requests_(requests), creates_(creates), cfg_(std::move(cfg)) {}
+ControlPlane::ControlPlane(tenancy::Tenants& tenants, storage::Store& store, SandboxService& sandboxes,
+                           tenancy::RateLimiter& requests, tenancy::RateLimiter& creates, ControlPlaneConfig cfg)
+    : tenants_(tenants), store_(store), sandboxes_(sandboxes), requests_(requests), creates_(creates),
+      cfg_(std::move(cfg)) {}
+
+namespace {
+// The first segments of every path E2B's API has (the SDKs' OpenAPI
+// schema); a path under one of them that no route serves is E2B's, and
+// answered here (404 or 405), never passed on as envd traffic.
+constexpr const char* kApiRoots[] = {"sandboxes", "v2", "v3", "templates", "snapshots", "secrets",
+                                     "volumes",   "teams", "health"};
+}  // namespace
 
 bool ControlPlane::owns(const HttpRequest& req) {
-  const std::string& p = req.path;
-  auto starts = [&](const char* pre) { return p.rfind(pre, 0) == 0; };
-  return p == "/sandboxes" || starts("/sandboxes/") || p == "/v2/sandboxes" || starts("/v2/sandboxes/") ||
-         p == "/health";
+  std::vector<std::string> seg = path_segments(req.path);
+  if (seg.empty()) return false;
+  for (const char* root : kApiRoots)
+    if (seg[0] == root) return true;
+  return false;
 }
 
-// The routes: one row each, matched on method, version and path shape.
-// A path some row serves with another method is a 405 with Allow.
+// The routes: one row each, matched on method and path pattern ("{}"
+// matches one non-empty segment, captured in order). Rows are tried in
+// order, so a literal segment is listed before a capture in the same
+// place. A path some row serves with another method is a 405 with Allow.
 struct ControlPlane::Route {
-  enum Shape { kCollection, kSandbox, kAction } shape;
-  const char* action;  // kAction: the last segment
   const char* method;
-  bool v1, v2;  // served under /sandboxes, under /v2/sandboxes
+  const char* pattern;
   HttpResponse (ControlPlane::*serve)(const Call&);
 };
 
 const ControlPlane::Route ControlPlane::kRoutes[] = {
-    {Route::kCollection, "", "POST", true, true, &ControlPlane::create},
-    {Route::kCollection, "", "GET", true, true, &ControlPlane::list},
-    {Route::kSandbox, "", "GET", true, false, &ControlPlane::get},
-    {Route::kSandbox, "", "DELETE", true, false, &ControlPlane::kill},
-    {Route::kAction, "connect", "POST", true, true, &ControlPlane::connect},
+    {"POST", "/sandboxes", &ControlPlane::create},
+    {"GET", "/sandboxes", &ControlPlane::list},
+    {"POST", "/v2/sandboxes", &ControlPlane::create},
+    {"GET", "/v2/sandboxes", &ControlPlane::list},
+    {"GET", "/sandboxes/metrics", &ControlPlane::unsupported},
+    {"GET", "/sandboxes/{}", &ControlPlane::get},
+    {"DELETE", "/sandboxes/{}", &ControlPlane::kill},
+    {"POST", "/sandboxes/{}/connect", &ControlPlane::connect},
+    {"POST", "/v2/sandboxes/{}/connect", &ControlPlane::connect},
     // Deprecated in E2B's API (connect resumes); kept for old clients.
-    {Route::kAction, "resume", "POST", true, false, &ControlPlane::resume},
-    {Route::kAction, "pause", "POST", true, false, &ControlPlane::pause},
-    {Route::kAction, "network", "PUT", true, false, &ControlPlane::update_network},
-    {Route::kAction, "timeout", "POST", true, false, &ControlPlane::set_timeout},
-    {Route::kAction, "metrics", "GET", true, false, &ControlPlane::metrics},
+    {"POST", "/sandboxes/{}/resume", &ControlPlane::resume},
+    {"POST", "/sandboxes/{}/pause", &ControlPlane::pause},
+    {"PUT", "/sandboxes/{}/network", &ControlPlane::update_network},
+    {"POST", "/sandboxes/{}/timeout", &ControlPlane::set_timeout},
+    {"GET", "/sandboxes/{}/metrics", &ControlPlane::metrics},
+    {"POST", "/sandboxes/{}/fork", &ControlPlane::unsupported},
+    {"POST", "/sandboxes/{}/snapshots", &ControlPlane::unsupported},
+    {"POST", "/sandboxes/{}/refreshes", &ControlPlane::unsupported},
+    {"GET", "/sandboxes/{}/logs", &ControlPlane::unsupported},
+    {"GET", "/v2/sandboxes/{}/logs", &ControlPlane::unsupported},
+    // Templates (api-e2b/templates.cpp).
+    {"GET", "/templates", &ControlPlane::list_templates},
+    {"GET", "/v2/templates", &ControlPlane::list_templates},
+    {"POST", "/templates/tags", &ControlPlane::unsupported},
+    {"DELETE", "/templates/tags", &ControlPlane::unsupported},
+    {"GET", "/templates/aliases/{}", &ControlPlane::template_alias},
+    {"GET", "/templates/{}", &ControlPlane::get_template},
+    {"DELETE", "/templates/{}", &ControlPlane::delete_template},
+    {"PATCH", "/templates/{}", &ControlPlane::update_template},
+    {"PATCH", "/v2/templates/{}", &ControlPlane::update_template},
+    {"GET", "/templates/{}/tags", &ControlPlane::template_tags},
+    {"POST", "/v3/templates", &ControlPlane::unsupported},
+    {"POST", "/v2/templates/{}/builds/{}", &ControlPlane::unsupported},
+    {"GET", "/templates/{}/builds/{}/status", &ControlPlane::unsupported},
+    {"GET", "/templates/{}/builds/{}/logs", &ControlPlane::unsupported},
+    {"GET", "/templates/{}/files/{}", &ControlPlane::unsupported},
+    // The rest of E2B's API, not served by this server.
+    {"GET", "/snapshots", &ControlPlane::unsupported},
+    {"GET", "/secrets", &ControlPlane::unsupported},
+    {"POST", "/secrets", &ControlPlane::unsupported},
+    {"GET", "/secrets/{}", &ControlPlane::unsupported},
+    {"POST", "/secrets/{}", &ControlPlane::unsupported},
+    {"DELETE", "/secrets/{}", &ControlPlane::unsupported},
+    {"GET", "/volumes", &ControlPlane::unsupported},
+    {"POST", "/volumes", &ControlPlane::unsupported},
+    {"GET", "/volumes/{}", &ControlPlane::unsupported},
+    {"DELETE", "/volumes/{}", &ControlPlane::unsupported},
+    {"GET", "/teams", &ControlPlane::unsupported},
+    {"GET", "/teams/{}/metrics", &ControlPlane::unsupported},
+    {"GET", "/teams/{}/metrics/max", &ControlPlane::unsupported},
 };
+
+namespace {
+// Matches path segments against a pattern; the captures in order.
+bool match(const char* pattern, const std::vector<std::string>& seg, std::vector<std::string>* args) {
+  std::vector<std::string> pat = path_segments(pattern);
+  if (pat.size() != seg.size()) return false;
+  args->clear();
+  for (size_t i = 0; i < pat.size(); ++i) {
+    if (pat[i] == "{}") {
+      args->push_back(seg[i]);
+    } else if (pat[i] != seg[i]) {
+      return false;
+    }
+  }
+  return true;
+}
+}  // namespace
 
 HttpResponse ControlPlane::handle(const HttpRequest& req) {
   std::vector<std::string> seg = path_segments(req.path);
@@ -131,26 +197,31 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
   }
 
   bool v2 = !seg.empty() && seg[0] == "v2";
-  size_t base = v2 ? 1 : 0;
-  if (seg.size() <= base || seg[base] != "sandboxes") return http::json_error(404, "no route for " + req.path);
-  size_t n = seg.size() - base;  // segments from "sandboxes" on
-  if (n > 3) return http::json_error(404, "no route for " + m + " " + req.path);
-  Route::Shape shape = n == 1 ? Route::kCollection : n == 2 ? Route::kSandbox : Route::kAction;
-  static const std::string kNone;
-  const std::string& id = n >= 2 ? seg[base + 1] : kNone;
-  const std::string& action = n == 3 ? seg[base + 2] : kNone;
-  if (n >= 2 && (id.empty() || id.size() > 64)) return http::json_error(404, "sandbox \"" + id + "\" not found");
-
   std::string allow;
+  std::vector<std::string> args;
   for (const Route& r : kRoutes) {
-    if (r.shape != shape || (v2 ? !r.v2 : !r.v1) || action != r.action) continue;
-    if (m == r.method) return (this->*r.serve)(Call{req, *tenant, id, v2});
-    allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+    if (!match(r.pattern, seg, &args)) continue;
+    if (m != r.method) {
+      if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + std::string(r.method);
+      continue;
+    }
+    for (const std::string& a : args)
+      if (a.size() > 256) return http::json_error(404, "no route for " + m + " " + req.path);
+    static const std::string kNone;
+    const std::string& id = args.empty() ? kNone : args[0];
+    const std::string& arg2 = args.size() < 2 ? kNone : args[1];
+    if (std::string_view(r.pattern).rfind("/sandboxes/{}", 0) == 0 && (id.empty() || id.size() > 64))
+      return http::json_error(404, "sandbox \"" + id + "\" not found");
+    return (this->*r.serve)(Call{req, *tenant, id, v2, arg2, r.pattern});
   }
   if (allow.empty()) return http::json_error(404, "no route for " + m + " " + req.path);
   HttpResponse r = http::json_error(405, "method " + m + " not allowed on " + req.path);
   r.header("Allow", allow);
   return r;
+}
+
+HttpResponse ControlPlane::unsupported(const Call& c) {
+  return http::json_error(501, c.req.method + " " + c.req.path + " is not supported by this server");
 }
 
 HttpResponse ControlPlane::create(const Call& c) {

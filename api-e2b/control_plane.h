@@ -27,11 +27,12 @@ struct ControlPlaneConfig {
 
 class ControlPlane {
  public:
-  ControlPlane(tenancy::Tenants& tenants, SandboxService& sandboxes, tenancy::RateLimiter& requests,
-               tenancy::RateLimiter& creates, ControlPlaneConfig cfg);
+  ControlPlane(tenancy::Tenants& tenants, storage::Store& store, SandboxService& sandboxes,
+               tenancy::RateLimiter& requests, tenancy::RateLimiter& creates, ControlPlaneConfig cfg);
 
-  // True for the paths this class serves (so the gateway can route envd
-  // traffic elsewhere).
+  // True for the paths of E2B's API (so the gateway can route envd traffic
+  // elsewhere): those it serves, and those it answers 501 (not supported
+  // here), 404 or 405.
   static bool owns(const http::HttpRequest& req);
   // Health, then authentication and the request budget, then the route
   // table (control_plane.cpp, kRoutes): one handler per route.
@@ -42,8 +43,10 @@ class ControlPlane {
   struct Call {
     const http::HttpRequest& req;
     const storage::TenantRow& tenant;
-    const std::string& id;  // the sandbox id ("" for the collection)
+    const std::string& id;  // the first path capture: a sandbox or template id, an alias ("" for none)
     bool v2;
+    const std::string& arg2;  // the second capture (a build id, a files hash), or ""
+    const char* pattern;      // the route's pattern
   };
   struct Route;
   static const Route kRoutes[];
@@ -58,8 +61,19 @@ class ControlPlane {
   http::HttpResponse update_network(const Call& c);
   http::HttpResponse set_timeout(const Call& c);
   http::HttpResponse metrics(const Call& c);
+  // A route of E2B's API this server does not serve: 501, so that no SDK
+  // reads it as "not found".
+  http::HttpResponse unsupported(const Call& c);
+  // Templates (api-e2b/templates.cpp).
+  http::HttpResponse list_templates(const Call& c);
+  http::HttpResponse get_template(const Call& c);
+  http::HttpResponse template_alias(const Call& c);
+  http::HttpResponse delete_template(const Call& c);
+  http::HttpResponse update_template(const Call& c);
+  http::HttpResponse template_tags(const Call& c);
 
   tenancy::Tenants& tenants_;
+  storage::Store& store_;
   SandboxService& sandboxes_;
   tenancy::RateLimiter& requests_;
   tenancy::RateLimiter& creates_;

@@ -310,6 +310,13 @@ Result<int64_t> parse_timeout_request(const HttpRequest& req) {
   return **timeout;
 }
 
+Result<std::optional<bool>> parse_template_update(const HttpRequest& req) {
+  Result<json> body = parse_body(req, true);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"public"}); !s) return s.error();
+  return opt_bool(*body, "public");
+}
+
 Result<storage::SandboxQuery> parse_list_query(const std::string& query, bool v2) {
   std::vector<std::pair<std::string, std::string>> q;
   if (!http::parse_query(query, q)) return invalid_error("malformed query string");

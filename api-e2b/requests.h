@@ -46,6 +46,10 @@ Status parse_pause_request(const http::HttpRequest& req);
 // POST .../timeout {"timeout"}: required.
 Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
 
+// PATCH /templates/{id}, /v2/templates/{id} {"public"}: an empty body
+// changes nothing.
+Result<std::optional<bool>> parse_template_update(const http::HttpRequest& req);
+
 // GET /sandboxes (v1: running only) and /v2/sandboxes?state=&limit=&
 // nextToken=&order=&startedAfter=&template=&metadata=. tenant_id is left
 // for the caller.

@@ -633,7 +633,9 @@ int serve(const AppConfig& cfg_in) {
   auto mono = [] { return sys::monotonic_ns(); };
   tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);
   tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
-  api::ControlPlane control(tenants, sandboxes, request_limit, create_limit, api::ControlPlaneConfig{});
+  api::ControlPlaneConfig control_cfg;
+  if (!cfg.domain.empty()) control_cfg.domain = cfg.domain;  // create and connect hand it to the SDKs
+  api::ControlPlane control(tenants, **store, sandboxes, request_limit, create_limit, control_cfg);
 
   http::ProxyHooks proxy;
   proxy.route = [domain = cfg.domain](const http::HttpRequest& head) { return http::route_to_sandbox(head, domain); };

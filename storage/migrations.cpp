@@ -140,6 +140,13 @@ CREATE INDEX memory_dictionaries_cohort ON memory_dictionaries(tenant_id, cohort
        R"sql(
 ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
 )sql"},
+      // Templates a tenant owns and shares (E2B's "public"); a deleted
+      // template keeps its row for the sandboxes that ran it.
+      {5, "template visibility",
+       R"sql(
+ALTER TABLE templates ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX sandboxes_template ON sandboxes(template_id);
+)sql"},
   };
   return kList;
 }

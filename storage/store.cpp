@@ -14,7 +14,7 @@ using internal::kTenantCols;
 using internal::tenant_from;
 
 constexpr const char* kTemplateCols =
-    "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at";
+    "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at, public";
 
 TemplateRow template_from(const Stmt& s) {
   TemplateRow t;
@@ -28,6 +28,7 @@ TemplateRow template_from(const Stmt& s) {
   t.disk_size_mb = s.int64(7);
   t.created_at = s.int64(8);
   t.updated_at = s.int64(9);
+  t.is_public = s.int64(10) != 0 || !t.tenant_id;
   return t;
 }
 
@@ -187,14 +188,14 @@ Status Store::upsert_template(const TemplateRow& t) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
               "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
-              "disk_size_mb, created_at, updated_at) VALUES(?,?,?,?,?,?,?,?,?,?) "
+              "disk_size_mb, created_at, updated_at, public) VALUES(?,?,?,?,?,?,?,?,?,?,?) "
               "ON CONFLICT(id) DO UPDATE SET name = excluded.name, status = excluded.status, "
               "rootfs_path = excluded.rootfs_path, cpu_count = excluded.cpu_count, "
               "memory_mb = excluded.memory_mb, disk_size_mb = excluded.disk_size_mb, "
-              "updated_at = excluded.updated_at");
+              "updated_at = excluded.updated_at, public = excluded.public");
   st.bind(1, t.id).bind(2, t.name).bind(3, t.tenant_id).bind(4, t.status).bind(5, t.rootfs_path)
       .bind(6, t.cpu_count).bind(7, t.memory_mb).bind(8, t.disk_size_mb).bind(9, t.created_at)
-      .bind(10, t.updated_at);
+      .bind(10, t.updated_at).bind(11, static_cast<int64_t>(t.is_public));
   return st.run();
 }
 
@@ -202,10 +203,83 @@ Result<std::optional<TemplateRow>> Store::find_template(const std::string& tenan
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
               std::string("SELECT ") + kTemplateCols +
-                  " FROM templates WHERE (id = ?1 OR name = ?1) AND (tenant_id IS NULL OR tenant_id = ?2) "
-                  "ORDER BY (id = ?1) DESC LIMIT 1");
+                  " FROM templates WHERE (id = ?1 OR name = ?1) AND status != 'deleted' "
+                  "AND (tenant_id IS NULL OR tenant_id = ?2 OR public != 0) "
+                  "ORDER BY (id = ?1) DESC, (tenant_id = ?2) DESC LIMIT 1");
   st.bind(1, ref).bind(2, tenant_id);
   return first<TemplateRow>(st, template_from);
+}
+
+Result<std::vector<TemplateRow>> Store::list_templates(const std::string& tenant_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              std::string("SELECT ") + kTemplateCols +
+                  " FROM templates WHERE status != 'deleted' "
+                  "AND (tenant_id IS NULL OR tenant_id = ?1 OR public != 0) ORDER BY created_at, id");
+  st.bind(1, tenant_id);
+  return collect<TemplateRow>(st, template_from);
+}
+
+Result<TemplateUsage> Store::template_usage(const std::string& id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "SELECT COUNT(*), MAX(started_at), "
+              "SUM(CASE WHEN state IN ('creating', 'running', 'paused') THEN 1 ELSE 0 END) "
+              "FROM sandboxes WHERE template_id = ?");
+  st.bind(1, id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  TemplateUsage u;
+  u.spawn_count = st.int64(0);
+  if (!st.is_null(1)) u.last_spawned_at = st.int64(1);
+  u.live = st.is_null(2) ? 0 : st.int64(2);
+  return u;
+}
+
+namespace {
+// The template the tenant owns, within tx; kNotFound when it cannot see
+// it, kInvalid when it sees but does not own it.
+Status check_owner(Db::Tx& tx, const std::string& tenant_id, const std::string& id) {
+  SG_TRY_STMT(st, tx, "SELECT tenant_id, public FROM templates WHERE id = ? AND status != 'deleted'");
+  st.bind(1, id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  bool visible = *row && (st.is_null(0) || st.text(0) == tenant_id || st.int64(1) != 0);
+  if (!visible) return not_found_error("template '" + id + "' not found");
+  if (st.is_null(0) || st.text(0) != tenant_id)
+    return invalid_error("template '" + id + "' belongs to " +
+                         std::string(st.is_null(0) ? "this server" : "another team") + ": only its owner can change it");
+  return Status::Ok();
+}
+}  // namespace
+
+Status Store::set_template_public(const std::string& tenant_id, const std::string& id, bool is_public, int64_t now) {
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  SG_TRY(check_owner(tx, tenant_id, id));
+  SG_TRY_STMT(st, tx, "UPDATE templates SET public = ?, updated_at = ? WHERE id = ?");
+  st.bind(1, static_cast<int64_t>(is_public)).bind(2, now).bind(3, id);
+  SG_TRY(st.run());
+  return tx.commit();
+}
+
+Status Store::delete_template(const std::string& tenant_id, const std::string& id, int64_t now) {
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  SG_TRY(check_owner(tx, tenant_id, id));
+  SG_TRY_STMT(q, tx,
+              "SELECT COUNT(*) FROM sandboxes WHERE template_id = ? AND state IN ('creating', 'running', 'paused')");
+  q.bind(1, id);
+  Result<bool> row = q.step();
+  if (!row) return row.error();
+  if (int64_t live = q.int64(0); live > 0)
+    return conflict_error("template '" + id + "' is in use by " + std::to_string(live) +
+                          " sandboxes; kill them first");
+  // The name is freed for a new template; the row keeps the old one's id.
+  SG_TRY_STMT(st, tx, "UPDATE templates SET status = 'deleted', name = id || '~deleted', updated_at = ? WHERE id = ?");
+  st.bind(1, now).bind(2, id);
+  SG_TRY(st.run());
+  return tx.commit();
 }
 
 Status Store::set_template_status(const std::string& id, const std::string& status, int64_t now) {

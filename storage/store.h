@@ -45,6 +45,18 @@ struct TemplateRow {
   int64_t disk_size_mb = 1024;
   int64_t created_at = 0;
   int64_t updated_at = 0;
+  // Shared with every tenant by its owner. A template without an owner
+  // (tenant_id nullopt: the server's own, like base) is public too.
+  bool is_public = false;
+};
+
+inline constexpr const char* kTemplateDeleted = "deleted";
+
+// How a template has been used, from its sandboxes' rows.
+struct TemplateUsage {
+  int64_t spawn_count = 0;                // sandboxes ever created from it
+  std::optional<int64_t> last_spawned_at;  // the newest one's start
+  int64_t live = 0;                       // those creating, running or paused
 };
 
 // Sandbox states. creating -> running <-> paused; any -> killed | lost | failed.
@@ -197,9 +209,21 @@ class Store {
 
   // Templates.
   Status upsert_template(const TemplateRow& t);
-  // By id or by name, visible to the tenant (public or its own).
+  // By id or by name, visible to the tenant (public or its own); never a
+  // deleted one.
   Result<std::optional<TemplateRow>> find_template(const std::string& tenant_id, const std::string& ref);
+  // Every template the tenant can see, oldest first.
+  Result<std::vector<TemplateRow>> list_templates(const std::string& tenant_id);
+  Result<TemplateUsage> template_usage(const std::string& id);
   Status set_template_status(const std::string& id, const std::string& status, int64_t now);
+  // The owner's changes. kNotFound for a template the tenant cannot see,
+  // kInvalid for one it sees but does not own (a public template of
+  // another tenant, or the server's own).
+  Status set_template_public(const std::string& tenant_id, const std::string& id, bool is_public, int64_t now);
+  // Marks it deleted and frees its name, in one transaction that refuses
+  // (kConflict) while a sandbox of it is creating, running or paused.
+  // The row stays for the sandboxes that ran it.
+  Status delete_template(const std::string& tenant_id, const std::string& id, int64_t now);
 
   // Sandboxes.
   // Inserts the row (state "creating") if the tenant stays within

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "sandbox-runtime/channel/frame.h"
+#include "sandbox-runtime/channel/control_message.h"
 #include "sandbox-runtime/channel/services.h"
 #include "base/fd.h"
 #include "base/status.h"
@@ -35,7 +36,7 @@
 namespace sg::agent {
 
 inline constexpr const char* kAgentName = "sandgate-agent";
-inline constexpr const char* kEnvdVersion = "0.6.13";
+using channel::kEnvdVersion;
 // Output the host has not read yet. Replies are never dropped; past this
 // bound the host is not reading and the channel is closed instead.
 inline constexpr size_t kMaxOutputBuffer = 1 << 20;

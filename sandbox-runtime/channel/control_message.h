@@ -9,6 +9,10 @@
 
 namespace sg::channel {
 
+// The envd API version the agent serves (its "ready" frame reports it, the
+// control plane hands it to clients as envdVersion).
+inline constexpr const char* kEnvdVersion = "0.6.13";
+
 inline std::string control_type(const nlohmann::json& msg) {
   if (!msg.is_object()) return {};
   auto it = msg.find("type");

@@ -10,6 +10,7 @@
 #include "base/http/routing.h"
 #include "base/log.h"
 #include "base/sys.h"
+#include "sandbox-runtime/channel/control_message.h"
 #include "sandbox-runtime/channel/services.h"
 #include "sandbox-runtime/lifecycle/traffic_auth.h"
 
@@ -227,7 +228,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   live->envd_token = row.envd_token;
   live->traffic_token = row.traffic_token;
   live->auto_resume = row.auto_resume;
-  row.envd_version = "0.6.13";
+  row.envd_version = channel::kEnvdVersion;
   row.init_pid = (*sb)->init_pid();
   live->init_pid = row.init_pid.value_or(0);
   {

@@ -50,7 +50,7 @@ struct Plane {
     auto clock = [this] { return mono; };
     requests = std::make_unique<sg::tenancy::RateLimiter>(1000, 1000, clock);
     creates = std::make_unique<sg::tenancy::RateLimiter>(creates_per_s, creates_per_s, clock);
-    cp = std::make_unique<sg::api::ControlPlane>(*tenants, *svc, *requests, *creates, sg::api::ControlPlaneConfig{});
+    cp = std::make_unique<sg::api::ControlPlane>(*tenants, *store, *svc, *requests, *creates, sg::api::ControlPlaneConfig{});
   }
 
   HttpResponse call(const std::string& method, const std::string& target, const std::string& body = "",
@@ -190,4 +190,133 @@ TEST_CASE("control plane: the create budget answers 429 with Retry-After") {
   CHECK(header(r, "Retry-After") == "1");
   p.mono += 1'000'000'000;
   p.create();
+}
+
+TEST_CASE("control plane: E2B routes this server does not serve are 501 with a message, never 404") {
+  Plane p;
+  std::string id = p.create();
+  struct Case {
+    const char* method;
+    std::string path;
+  };
+  const Case cases[] = {
+      {"POST", "/sandboxes/" + id + "/fork"},     {"POST", "/sandboxes/" + id + "/snapshots"},
+      {"GET", "/sandboxes/" + id + "/logs"},      {"GET", "/v2/sandboxes/" + id + "/logs"},
+      {"POST", "/sandboxes/" + id + "/refreshes"}, {"GET", "/sandboxes/metrics?sandbox_ids=" + id},
+      {"GET", "/snapshots"},                      {"GET", "/secrets"},
+      {"DELETE", "/secrets/s1"},                  {"GET", "/volumes"},
+      {"POST", "/volumes"},                       {"GET", "/teams"},
+      {"GET", "/teams/t1/metrics/max"},           {"POST", "/v3/templates"},
+      {"POST", "/v2/templates/tpl-base/builds/b1"}, {"GET", "/templates/tpl-base/builds/b1/status"},
+      {"GET", "/templates/tpl-base/files/abc"},   {"POST", "/templates/tags"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.method);
+    CAPTURE(c.path);
+    HttpResponse r = p.call(c.method, c.path, std::string(c.method) == "GET" ? "" : "{}");
+    CHECK(r.status == 501);
+    json j = json::parse(r.body);
+    CHECK(j["code"] == 501);
+    CHECK(j["message"].get<std::string>().find("is not supported by this server") != std::string::npos);
+  }
+  // Without a key they are 401 like every other route; a method no row has
+  // is still a 405.
+  std::string none = "";
+  CHECK(p.call("GET", "/snapshots", "", &none).status == 401);
+  CHECK(p.call("DELETE", "/snapshots").status == 405);
+  CHECK(sg::api::ControlPlane::owns(HttpRequest{.method = "GET", .path = "/volumes/v1"}));
+  CHECK_FALSE(sg::api::ControlPlane::owns(HttpRequest{.method = "GET", .path = "/files"}));  // envd's
+}
+
+TEST_CASE("control plane: templates: list, get, alias, tags; the owner's visibility and delete") {
+  Plane p;
+  // base: the server's own, public.
+  HttpResponse l = p.call("GET", "/templates");
+  REQUIRE(l.status == 200);
+  json list = json::parse(l.body);
+  REQUIRE(list.size() == 1);
+  CHECK(list[0]["templateID"] == "tpl-base");
+  CHECK(list[0]["names"] == json::array({"base"}));
+  CHECK(list[0]["aliases"] == json::array({"base"}));
+  CHECK(list[0]["public"] == true);
+  CHECK(list[0]["buildStatus"] == "ready");
+  CHECK(list[0]["buildCount"] == 1);
+  CHECK(list[0]["spawnCount"] == 0);
+  CHECK(list[0]["lastSpawnedAt"].is_null());
+  CHECK(list[0]["envdVersion"] == "0.6.13");
+  std::string build = list[0]["buildID"];
+  CHECK(build.size() == 36);
+  CHECK(build[14] == '4');
+  CHECK(json::parse(p.call("GET", "/v2/templates").body) == list);
+
+  std::string sb = p.create();
+  json after = json::parse(p.call("GET", "/templates").body);
+  CHECK(after[0]["spawnCount"] == 1);
+  CHECK(after[0]["lastSpawnedAt"].is_string());
+
+  // By id and by name.
+  for (std::string ref : {"tpl-base", "base"}) {
+    HttpResponse g = p.call("GET", "/templates/" + ref);
+    REQUIRE(g.status == 200);
+    json t = json::parse(g.body);
+    CHECK(t["templateID"] == "tpl-base");
+    REQUIRE(t["builds"].size() == 1);
+    CHECK(t["builds"][0]["buildID"] == build);
+    CHECK(t["builds"][0]["status"] == "ready");
+  }
+  HttpResponse a = p.call("GET", "/templates/aliases/base");
+  REQUIRE(a.status == 200);
+  CHECK(json::parse(a.body) == json{{"templateID", "tpl-base"}, {"public", true}});
+  CHECK(p.call("GET", "/templates/aliases/nope").status == 404);
+  CHECK(p.call("GET", "/templates/aliases/tpl-base").status == 404);  // an id is not an alias
+  HttpResponse tags = p.call("GET", "/templates/base/tags");
+  REQUIRE(tags.status == 200);
+  CHECK(json::parse(tags.body)[0]["tag"] == "default");
+  CHECK(json::parse(tags.body)[0]["buildID"] == build);
+  CHECK(p.call("GET", "/templates/nope").status == 404);
+
+  // The server's template is nobody's to change or delete.
+  CHECK(p.call("PATCH", "/v2/templates/base", R"({"public":false})").status == 400);
+  CHECK(p.call("DELETE", "/templates/base").status == 400);
+  CHECK(p.call("PATCH", "/templates/base", R"({"public":"yes"})").status == 400);
+  CHECK(p.call("PATCH", "/templates/base", R"({"other":1})").status == 400);
+
+  // A tenant's own template: private until it says otherwise.
+  sg::storage::TemplateRow own;
+  own.id = "tpl-own";
+  own.name = "mine";
+  own.tenant_id = p.tenants->authenticate(p.key)->id;
+  own.status = "ready";
+  own.rootfs_path = p.dir.sub("rootfs");
+  own.created_at = own.updated_at = 1'700'000'000;
+  REQUIRE(p.store->upsert_template(own));
+  CHECK(json::parse(p.call("GET", "/templates").body).size() == 2);
+  CHECK(json::parse(p.call("GET", "/templates", "", &p.other_key).body).size() == 1);
+  CHECK(p.call("GET", "/templates/mine", "", &p.other_key).status == 404);
+  CHECK(p.call("GET", "/templates/aliases/mine", "", &p.other_key).status == 404);
+  CHECK(p.call("DELETE", "/templates/tpl-own", "", &p.other_key).status == 404);
+  HttpResponse pub = p.call("PATCH", "/v2/templates/mine", R"({"public":true})");
+  REQUIRE(pub.status == 200);
+  CHECK(json::parse(pub.body) == json{{"names", json::array({"mine"})}});
+  CHECK(json::parse(p.call("GET", "/templates/aliases/mine", "", &p.other_key).body)["public"] == true);
+  CHECK(p.call("DELETE", "/templates/tpl-own", "", &p.other_key).status == 400);  // visible, not its own
+  CHECK(p.call("PATCH", "/templates/tpl-own", R"({"public":false})").status == 200);
+  CHECK(p.call("GET", "/templates/mine", "", &p.other_key).status == 404);
+
+  // Delete: refused while a sandbox of it lives, then gone, its name free.
+  HttpResponse made = p.call("POST", "/sandboxes", R"({"templateID":"mine"})");
+  REQUIRE(made.status == 201);
+  std::string user = json::parse(made.body)["sandboxID"];
+  HttpResponse busy = p.call("DELETE", "/templates/mine");
+  CHECK(busy.status == 409);
+  CHECK(json::parse(busy.body)["message"].get<std::string>().find("in use by 1 sandboxes") != std::string::npos);
+  REQUIRE(p.call("DELETE", "/sandboxes/" + user).status == 204);
+  CHECK(p.call("DELETE", "/templates/mine").status == 204);
+  CHECK(p.call("GET", "/templates/mine").status == 404);
+  CHECK(p.call("GET", "/templates/tpl-own").status == 404);
+  CHECK(p.call("DELETE", "/templates/tpl-own").status == 404);
+  CHECK(json::parse(p.call("GET", "/templates").body).size() == 1);
+  own.id = "tpl-own2";
+  CHECK(p.store->upsert_template(own));  // the name is free again
+  CHECK(p.call("GET", "/sandboxes/" + sb).status == 200);  // base's sandbox was never touched
 }

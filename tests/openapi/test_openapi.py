@@ -10,13 +10,15 @@ may be a 5xx beyond the documented 503 of the model proxy with no upstream
 configured, none may take longer than RESPONSE_LIMIT_S, and the server must
 still be running after every request.
 
-Sandbox ids: a generated {sandboxID} is replaced, for two requests in
-three (chosen from the generated value, so replays are the same), by the
+Sandbox ids: a generated {sandboxID} is replaced, for one request in
+two (chosen from the generated value, so replays are the same), by the
 id of a live sandbox of the fuzz tenant, so pause, connect, resume,
 timeout, network, metrics, events and delete run on real sandboxes in
 whatever state earlier requests left them. A sandbox a create made is
 killed right after the check, so the 3-sandbox quota of the fuzz tenant
-is what bounds the machine's load.
+is what bounds the machine's load. Template ids and names: one in three
+is replaced by base, the server's own template, so its reads answer 200
+and the owner's routes refuse it (400).
 """
 
 import collections
@@ -133,8 +135,12 @@ CHECKS = [
 def test_api(case, server, pool):
     path_params = case.path_parameters or {}
     if "sandboxID" in path_params and isinstance(path_params["sandboxID"], str):
-        if _picks(path_params["sandboxID"], 3) != 0:
+        if _picks(path_params["sandboxID"], 2) != 0:
             path_params["sandboxID"] = pool.live_id()
+    # Templates: one in three requests names base, the server's own.
+    for name in ("templateID", "alias"):
+        if isinstance(path_params.get(name), str) and _picks(path_params[name], 3) == 0:
+            path_params[name] = "base"
 
     headers = {}
     if case.path.startswith("/v1/"):
@@ -179,6 +185,14 @@ MUST_SEE = {
     ("GET", "/sandboxes/{sandboxID}/metrics"): {200},
     ("GET", "/sandboxes/{sandboxID}/events"): {200},
     ("GET", "/llm/usage"): {200},
+    ("GET", "/templates"): {200},
+    ("GET", "/v2/templates"): {200},
+    ("GET", "/templates/{templateID}"): {200, 404},
+    ("DELETE", "/templates/{templateID}"): {400, 404},
+    ("PATCH", "/templates/{templateID}"): {400, 404},
+    ("PATCH", "/v2/templates/{templateID}"): {400, 404},
+    ("GET", "/templates/aliases/{alias}"): {200, 404},
+    ("GET", "/templates/{templateID}/tags"): {200, 404},
     ("GET", "/metrics"): {200},
     ("POST", "/v1/chat/completions"): {400, 503},
     ("POST", "/v1/responses"): {400, 503},

@@ -1,0 +1,162 @@
+// Template routes of the control plane (docs/api.md, "Templates"): the
+// templates a tenant can see (its own, and public ones such as base), in
+// E2B's Template, TemplateWithBuilds, TemplateAliasResponse and
+// TemplateTag shapes; the owner's visibility change and delete. Builds
+// (POST /v3/templates and the routes after it) are not served yet: the
+// route table answers them 501.
+//
+// A template here is one build: every template has exactly the build that
+// made it, whose id is derived from the template's (build_id()), tagged
+// "default" as E2B tags a build made without tags.
+#include <openssl/sha.h>
+
+#include <nlohmann/json.hpp>
+
+#include "api-e2b/control_plane.h"
+#include "api-e2b/requests.h"
+#include "base/sys.h"
+#include "sandbox-runtime/channel/control_message.h"
+
+namespace sg::api {
+
+using http::HttpResponse;
+using json = nlohmann::json;
+
+namespace {
+
+std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+// A stable UUID-shaped id for a template's one build (E2B's buildID is a
+// UUID): the first 16 bytes of SHA-256("build:" + template id), version 4
+// and variant bits set.
+std::string build_id(const storage::TemplateRow& t) {
+  std::string in = "build:" + t.id;
+  unsigned char d[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(in.data()), in.size(), d);
+  d[6] = static_cast<unsigned char>((d[6] & 0x0f) | 0x40);
+  d[8] = static_cast<unsigned char>((d[8] & 0x3f) | 0x80);
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    out += hex[d[i] >> 4];
+    out += hex[d[i] & 15];
+  }
+  return out;
+}
+
+// E2B's TemplateBuildStatus for a template row's status.
+const char* build_status(const storage::TemplateRow& t) {
+  if (t.status == "ready") return "ready";
+  if (t.status == "building") return "building";
+  return "error";
+}
+
+json time_or_null(const std::optional<int64_t>& t) { return t ? json(sys::format_rfc3339(*t)) : json(nullptr); }
+
+// The fields Template and TemplateWithBuilds share.
+json common_json(const storage::TemplateRow& t, const storage::TemplateUsage& u) {
+  return json{{"templateID", t.id},
+              {"createdAt", sys::format_rfc3339(t.created_at)},
+              {"updatedAt", sys::format_rfc3339(t.updated_at)},
+              {"lastSpawnedAt", time_or_null(u.last_spawned_at)},
+              {"spawnCount", u.spawn_count},
+              {"public", t.is_public},
+              {"aliases", json::array({t.name})},
+              {"names", json::array({t.name})}};
+}
+
+json template_json(const storage::TemplateRow& t, const storage::TemplateUsage& u) {
+  json j = common_json(t, u);
+  j["buildID"] = build_id(t);
+  j["buildStatus"] = build_status(t);
+  j["buildCount"] = 1;
+  j["cpuCount"] = t.cpu_count;
+  j["memoryMB"] = t.memory_mb;
+  j["diskSizeMB"] = t.disk_size_mb;
+  j["envdVersion"] = channel::kEnvdVersion;
+  j["createdBy"] = nullptr;
+  return j;
+}
+
+json build_json(const storage::TemplateRow& t) {
+  json b = {{"buildID", build_id(t)},
+            {"status", build_status(t)},
+            {"cpuCount", t.cpu_count},
+            {"memoryMB", t.memory_mb},
+            {"diskSizeMB", t.disk_size_mb},
+            {"envdVersion", channel::kEnvdVersion},
+            {"createdAt", sys::format_rfc3339(t.created_at)},
+            {"updatedAt", sys::format_rfc3339(t.updated_at)}};
+  if (t.status != "building") b["finishedAt"] = sys::format_rfc3339(t.updated_at);
+  return b;
+}
+
+}  // namespace
+
+HttpResponse ControlPlane::list_templates(const Call& c) {
+  Result<std::vector<storage::TemplateRow>> rows = store_.list_templates(c.tenant.id);
+  if (!rows) return error_response(rows.error());
+  json out = json::array();
+  for (const storage::TemplateRow& t : *rows) {
+    Result<storage::TemplateUsage> u = store_.template_usage(t.id);
+    if (!u) return error_response(u.error());
+    out.push_back(template_json(t, *u));
+  }
+  return http::json_body(200, dump(out));
+}
+
+HttpResponse ControlPlane::get_template(const Call& c) {
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  if (!t) return error_response(t.error());
+  if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
+  Result<storage::TemplateUsage> u = store_.template_usage((*t)->id);
+  if (!u) return error_response(u.error());
+  json j = common_json(**t, *u);
+  j["builds"] = json::array({build_json(**t)});
+  return http::json_body(200, dump(j));
+}
+
+HttpResponse ControlPlane::template_alias(const Call& c) {
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  if (!t) return error_response(t.error());
+  if (!*t || (*t)->name != c.id) return http::json_error(404, "template alias '" + c.id + "' not found");
+  return http::json_body(200, dump(json{{"templateID", (*t)->id}, {"public", (*t)->is_public}}));
+}
+
+HttpResponse ControlPlane::template_tags(const Call& c) {
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  if (!t) return error_response(t.error());
+  if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
+  json tag = {{"tag", "default"}, {"buildID", build_id(**t)}, {"createdAt", sys::format_rfc3339((*t)->created_at)}};
+  return http::json_body(200, dump(json::array({tag})));
+}
+
+HttpResponse ControlPlane::update_template(const Call& c) {
+  Result<std::optional<bool>> pub = parse_template_update(c.req);
+  if (!pub) return error_response(pub.error());
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  if (!t) return error_response(t.error());
+  if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
+  if (*pub) {
+    if (Status s = store_.set_template_public(c.tenant.id, (*t)->id, **pub, sys::unix_seconds()); !s)
+      return error_response(s.error());
+  } else if ((*t)->tenant_id != c.tenant.id) {
+    return error_response(invalid_error("template '" + c.id + "' belongs to " +
+                                        ((*t)->tenant_id ? "another team" : std::string("this server")) +
+                                        ": only its owner can change it"));
+  }
+  if (c.v2) return http::json_body(200, dump(json{{"names", json::array({(*t)->name})}}));
+  return http::no_content(200);
+}
+
+HttpResponse ControlPlane::delete_template(const Call& c) {
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  if (!t) return error_response(t.error());
+  if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
+  if (Status s = store_.delete_template(c.tenant.id, (*t)->id, sys::unix_seconds()); !s)
+    return error_response(s.error());
+  return http::no_content(204);
+}
+
+}  // namespace sg::api
