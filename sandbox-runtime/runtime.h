@@ -81,9 +81,14 @@ struct RuntimeConfig {
   sys::Os* os = nullptr;
 };
 
+inline constexpr size_t kMaxTemplateLayers = 64;
+
 struct SandboxSpec {
   std::string id;      // [a-z0-9]{20}; never contains '/', '-' or '.'
   std::string rootfs;  // template root directory: the read-only overlay lower layer
+  // A built template's layers over rootfs, lowest first (directories that
+  // export_layer() made); at most kMaxTemplateLayers.
+  std::vector<std::string> layers;
   uint32_t cpu_count = 2;
   uint64_t memory_mb = 512;
   uint32_t max_pids = 1024;
@@ -157,6 +162,17 @@ class Sandbox {
   // expect one (ping, status: not shutdown). kTimeout after timeout (the
   // late reply is then discarded), kUnavailable once the channel is closed.
   virtual Result<std::string> control(std::string request, std::chrono::milliseconds timeout) = 0;
+
+  // Copies the sandbox's writable layer, as it is now, into dest (which
+  // must not exist) as a template layer that a later spec.layers can name:
+  // the sandbox is frozen meanwhile, and ids are shifted back from its
+  // user namespace range (process/layer_copy.h). kUnavailable where the
+  // backend cannot (the microVM backend; a process sandbox whose writable
+  // layer is a size-limited disk).
+  virtual Status export_layer(const std::string& dest) {
+    (void)dest;
+    return Error(ErrorKind::kUnavailable, "template layers need the process backend");
+  }
 
   // Memory offload (microVM backend; the process backend has no guest RAM
   // and answers kUnavailable). release_guest_memory needs a paused sandbox

@@ -81,6 +81,9 @@ int child_main(void* arg) {
   }
   if (::move_mount(a.lower_tree_fd, "", AT_FDCWD, a.lower_dir, MOVE_MOUNT_F_EMPTY_PATH) != 0)
     return fail(a, ChildStep::kAttachLower);
+  for (int i = 0; i < a.layers; ++i)
+    if (::move_mount(a.layer_tree_fds[i], "", AT_FDCWD, a.layer_dirs[i], MOVE_MOUNT_F_EMPTY_PATH) != 0)
+      return fail(a, ChildStep::kAttachLower);
   if (::mount("overlay", a.merged, "overlay", 0, a.overlay_opts) != 0) return fail(a, ChildStep::kMountOverlay);
 
   if (!ok_or_exists(::mkdir(a.sandgate_dir, 0755))) return fail(a, ChildStep::kMkdirSandgate);

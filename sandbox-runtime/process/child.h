@@ -56,6 +56,7 @@ struct ChildSymlink {
 
 inline constexpr int kChildDevices = 6;
 inline constexpr int kChildSymlinks = 5;
+inline constexpr int kChildMaxLayers = 64;  // runtime::kMaxTemplateLayers
 
 struct ChildArgs {
   // Descriptors, all >= 10 so the fixed targets 0..4 never collide.
@@ -93,6 +94,11 @@ struct ChildArgs {
   // userns_fd becomes fd 5 for the agent to join.
   int lower_tree_fd = -1;
   const char* lower_dir = nullptr;
+  // A built template's layers over it, attached the same way (named in
+  // overlay_opts above lower_dir).
+  int layer_tree_fds[kChildMaxLayers] = {};
+  const char* layer_dirs[kChildMaxLayers] = {};
+  int layers = 0;
   int layer_owner = -1;
   int userns_fd = -1;
   const char* overlay_opts = nullptr;

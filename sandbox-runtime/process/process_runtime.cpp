@@ -42,6 +42,7 @@
 #include "sandbox-runtime/process/child.h"
 #include "sandbox-runtime/process/disk.h"
 #include "sandbox-runtime/process/disk_space.h"
+#include "sandbox-runtime/process/layer_copy.h"
 #include "sandbox-runtime/host/host_channel.h"
 #include "sandbox-runtime/process/userns.h"
 #include "base/log.h"
@@ -163,6 +164,25 @@ class ProcessSandbox final : public runtime::Sandbox {
     return kill_locked();
   }
 
+  Status export_layer(const std::string& dest) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (killed_ || !has_cgroup_) return conflict_error("export the layer of sandbox " + id_ + ": it has been killed");
+    if (!disk_image_.empty())
+      return Error(ErrorKind::kUnavailable, "export the layer of sandbox " + id_ +
+                                                ": its writable layer is a size-limited disk (create it with disk_mb 0)");
+    bool was_frozen = false;
+    if (auto f = cgroup_.frozen(); f) was_frozen = *f;
+    if (Status s = cgroup_.freeze(kFreezeTimeout); !s) return s.error().with_context("export the layer of " + id_);
+    IdShift shift;
+    if (uid_slots_) shift = IdShift{uid_base_, kUidsPerSandbox};
+    Result<LayerStats> copied = copy_layer(state_dir_ + "/upper", dest, shift);
+    if (!was_frozen) {
+      if (Status s = cgroup_.thaw(); !s) LOG_ERROR("thaw sandbox " << id_ << " after export: " << s.error().message());
+    }
+    if (!copied) return copied.error().with_context("export the layer of sandbox " + id_);
+    return Status::Ok();
+  }
+
   bool alive() override {
     std::lock_guard<std::mutex> l(mu_);
     if (reaped_ || pid_ <= 0 || !pidfd_) return false;
@@ -268,6 +288,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   DiskSpace::Reservation disk_reservation_;  // its share of the state root's filesystem
   std::shared_ptr<UidSlots> uid_slots_;  // set when the sandbox holds uid_slot_
   uint32_t uid_slot_ = 0;
+  uint32_t uid_base_ = 0;  // the slot's first host id
   Cgroup cgroup_;            // GUARDED_BY(mu_)
   bool has_cgroup_ = false;  // GUARDED_BY(mu_)
   int pid_ = -1;
@@ -364,6 +385,10 @@ class ProcessRuntime final : public runtime::Runtime {
     int layer_owner = -1;
     std::string lower_dir, merged, disk_dir, upper, work;
     UniqueFd plain_lower, agent_tree;
+    // A built template's layers over the template (lowest first): their
+    // trees (idmapped in user namespace mode) and mount points.
+    std::vector<UniqueFd> layer_trees;
+    std::vector<std::string> layer_dirs;
     std::optional<WritableDisk> disk;  // its loop descriptor lives until the child has mounted it
     // make_descriptors(): every one close-on-exec; the child dup2s what the
     // agent keeps onto 0-3.
@@ -403,6 +428,9 @@ class ProcessRuntime final : public runtime::Runtime {
   Status check(const runtime::SandboxSpec& spec, Launch& l) {
     if (!layout_) return layout_.error();
     if (!valid_sandbox_id(spec.id)) return invalid_error("invalid sandbox id (want [a-z0-9]{1,64})");
+    if (spec.layers.size() > runtime::kMaxTemplateLayers || spec.layers.size() > kChildMaxLayers)
+      return invalid_error("template has " + std::to_string(spec.layers.size()) + " layers, at most " +
+                           std::to_string(runtime::kMaxTemplateLayers));
     char real[PATH_MAX];
     if (!::realpath(spec.rootfs.c_str(), real)) return sys::errno_error("rootfs", spec.rootfs);
     l.rootfs = real;
@@ -469,6 +497,7 @@ class ProcessRuntime final : public runtime::Runtime {
       if (!hi) return hi.error();
       l.plain_lower = std::move(*hi);
     }
+    if (Status s = attach_template_layers(spec, l); !s) return s;
     Result<UniqueFd> agent_tree = agent_clone();
     if (!agent_tree) return agent_tree.error();
     l.agent_tree = std::move(*agent_tree);
@@ -490,6 +519,29 @@ class ProcessRuntime final : public runtime::Runtime {
       // The overlay's root takes the upper directory's owner.
       if (l.layer_owner >= 0 && os_.chown(l.upper.c_str(), l.layer_owner, l.layer_owner) != 0)
         return sys::errno_error("chown", l.upper);
+    }
+    return Status::Ok();
+  }
+
+  // The built template's layers: a tree of each (idmapped to the sandbox's
+  // range in user namespace mode) and its mount point lower<i>.
+  Status attach_template_layers(const runtime::SandboxSpec& spec, Launch& l) {
+    for (size_t i = 0; i < spec.layers.size(); ++i) {
+      const std::string& layer = spec.layers[i];
+      UniqueFd t;
+      if (l.slot) {
+        Result<UniqueFd> idm = idmapped_tree(layer, l.slot->userns_fd, os_);
+        if (!idm) return idm.error().with_context("template layer " + std::to_string(i + 1));
+        t = std::move(*idm);
+      } else {
+        t.reset(os_.open_tree(AT_FDCWD, layer.c_str(), OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC));
+        if (!t) return sys::errno_error("open_tree", layer);
+      }
+      Result<UniqueFd> hi = high_fd(os_, std::move(t), "template layer");
+      if (!hi) return hi.error();
+      l.layer_trees.push_back(std::move(*hi));
+      l.layer_dirs.push_back(l.dir + "/lower" + std::to_string(i + 1));
+      if (os_.mkdir(l.layer_dirs.back().c_str(), 0755) != 0) return sys::errno_error("mkdir", l.layer_dirs.back());
     }
     return Status::Ok();
   }
@@ -530,8 +582,12 @@ class ProcessRuntime final : public runtime::Runtime {
   // its /dev's device nodes and links.
   void child_paths(Launch& l) {
     // Relative to dir, the child's working directory (child.h, state_dir).
-    l.overlay_opts = l.limit_disk ? "lowerdir=lower,upperdir=disk/upper,workdir=disk/work"
-                                  : "lowerdir=lower,upperdir=upper,workdir=work";
+    // The highest layer first: lowerdir=lowerN:...:lower1:lower.
+    std::string lower;
+    for (size_t i = l.layer_dirs.size(); i > 0; --i) lower += "lower" + std::to_string(i) + ":";
+    lower += "lower";
+    l.overlay_opts = l.limit_disk ? "lowerdir=" + lower + ",upperdir=disk/upper,workdir=disk/work"
+                                  : "lowerdir=" + lower + ",upperdir=upper,workdir=work";
     l.devpts_opts =
         "newinstance,ptmxmode=0666,mode=0620,gid=" + std::to_string(l.slot ? l.slot->uid_base + 5 : 5);
     l.sandgate_dir = l.merged + "/.sandgate";
@@ -620,6 +676,11 @@ class ProcessRuntime final : public runtime::Runtime {
     a.devpts_opts = l.devpts_opts.c_str();
     a.lower_tree_fd = l.slot ? l.userns->tree.get() : l.plain_lower.get();
     a.lower_dir = l.lower_dir.c_str();
+    a.layers = static_cast<int>(l.layer_trees.size());
+    for (size_t i = 0; i < l.layer_trees.size(); ++i) {
+      a.layer_tree_fds[i] = l.layer_trees[i].get();
+      a.layer_dirs[i] = l.layer_dirs[i].c_str();
+    }
     if (l.slot) {
       a.layer_owner = l.layer_owner;
       a.userns_fd = l.userns->ns.get();
@@ -711,6 +772,7 @@ class ProcessRuntime final : public runtime::Runtime {
     }
     sb.uid_slots_ = uid_slots_;
     sb.uid_slot_ = got->index;
+    sb.uid_base_ = got->uid_base;
     SandboxUserns u;
     u.slot = *got;
     Result<UniqueFd> tree_hi = high_fd(os_, std::move(*tree), "idmapped template");

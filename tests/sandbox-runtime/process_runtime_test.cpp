@@ -43,6 +43,8 @@
 #include "base/sys.h"
 #include "tests/sandbox-runtime/test_rootfs.h"
 #include "tests/support/faulty_os.h"
+#include "tests/support/temp_dir.h"
+#include "sandbox-runtime/host/envd_client.h"
 
 using namespace sg;
 using nlohmann::json;
@@ -1660,4 +1662,85 @@ TEST_CASE("process runtime: every host call of create, pause, resume and kill fa
   REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
   CHECK((*a)->kill());
   CHECK((*b)->kill());
+}
+
+namespace {
+
+// Runs a script as root in the sandbox through the host's envd client;
+// its stdout and stderr together.
+std::string sh(runtime::Sandbox& s, const runtime::SandboxSpec& spec, const std::string& script, int* code = nullptr) {
+  host::Command c;
+  c.script = script;
+  c.timeout = std::chrono::milliseconds(20000);
+  std::string out;
+  auto r = host::run_command(s, spec.envd_access_token, c, [&](int, std::string_view d) { out.append(d); });
+  REQUIRE_MESSAGE(r, (r ? "" : r.error().message()));
+  if (code) {
+    *code = r->exit_code;
+  } else {
+    CHECK_MESSAGE(r->exit_code == 0, script << ": " << out);
+  }
+  return out;
+}
+
+}  // namespace
+
+// Template layers (issue 19): a sandbox's writable layer exported with
+// export_layer() is a lower layer of the next sandbox: files, deletions
+// (whiteouts), a directory replaced whole (opaque), owners, links.
+TEST_CASE("process runtime: an exported writable layer is the next sandbox's template layer") {
+  Env env;
+  test::TempDir layers;
+  runtime::SandboxSpec sa = env.spec(new_id());
+  auto a = env.rt->create(sa);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  sh(**a, sa,
+     "set -e; echo built > /etc/built; rm /etc/debian_version; mkdir -p /opt/app; echo x > /opt/app/f; "
+     "ln /opt/app/f /opt/app/hard; ln -s /opt/app/f /opt/link; chown -R user:user /opt/app; "
+     "rm -rf /usr/share/doc; mkdir /usr/share/doc; touch /usr/share/doc/only; mkfifo /opt/fifo");
+  std::string l1 = layers.sub("l1");
+  REQUIRE((*a)->export_layer(l1));
+  CHECK((*a)->export_layer(l1).error().kind() == ErrorKind::kConflict);
+  CHECK(control(**a, {{"type", "ping"}, {"id", 1}})["type"] == "pong");  // thawed after the export
+  struct stat st;
+  REQUIRE(::stat((l1 + "/opt/app/f").c_str(), &st) == 0);
+  CHECK(st.st_uid == 1000);  // the template's id, not the sandbox's host id
+  CHECK(st.st_nlink == 2);
+  REQUIRE(::lstat((l1 + "/etc/debian_version").c_str(), &st) == 0);
+  CHECK(S_ISCHR(st.st_mode));  // a whiteout
+  CHECK_FALSE(sys::path_exists(l1 + ".partial"));
+  REQUIRE((*a)->kill());
+
+  runtime::SandboxSpec sb = env.spec(new_id());
+  sb.layers = {l1};
+  auto b = env.rt->create(sb);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  CHECK(sh(**b, sb, "cat /etc/built") == "built\n");
+  CHECK(sh(**b, sb, "test -e /etc/debian_version && echo present || echo gone") == "gone\n");
+  CHECK(sh(**b, sb, "stat -c '%U %h' /opt/app/f") == "user 2\n");
+  CHECK(sh(**b, sb, "readlink /opt/link; ls /usr/share/doc; test -p /opt/fifo && echo fifo") ==
+        "/opt/app/f\nonly\nfifo\n");
+  // Its owner writes it (a copy-up: overlay breaks the hard link then,
+  // as it does for any lower file).
+  CHECK(sh(**b, sb, "su user -c 'echo more >> /opt/app/f' && cat /opt/app/f") == "x\nmore\n");
+  sh(**b, sb, "echo two > /etc/two; rm /etc/built");
+  std::string l2 = layers.sub("l2");
+  REQUIRE((*b)->export_layer(l2));
+  REQUIRE((*b)->kill());
+
+  runtime::SandboxSpec sc = env.spec(new_id());
+  sc.layers = {l1, l2};
+  auto c = env.rt->create(sc);
+  REQUIRE_MESSAGE(c, (c ? "" : c.error().message()));
+  CHECK(sh(**c, sc, "cat /etc/two; test -e /etc/built || echo no-built; cat /opt/app/f") == "two\nno-built\nx\nmore\n");
+  int pid = (*c)->init_pid();
+  REQUIRE((*c)->kill());
+  check_gone(env, sc.id, pid);
+
+  // A layer that is not there fails the create cleanly.
+  runtime::SandboxSpec sd = env.spec(new_id());
+  sd.layers = {layers.sub("missing")};
+  auto d = env.rt->create(sd);
+  REQUIRE_FALSE(d);
+  check_gone(env, sd.id, -1);
 }

@@ -7,6 +7,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/base64.h"
+
 #include <cassert>
 #include <cstdint>
 #include <optional>
@@ -77,10 +79,9 @@ struct Envelope {
 // server-streaming call).
 RpcResult<Envelope> parse_single_envelope(std::string_view body);
 
-// Base64: standard alphabet with padding out; standard or URL-safe, padded
-// or not, in.
-std::string base64_encode(std::string_view in, bool pad = true);
-std::optional<std::string> base64_decode(std::string_view in);
+// Base64 (base/base64.h).
+using sg::base64_decode;
+using sg::base64_encode;
 
 // proto3-JSON field access: the camelCase name or the snake_case one.
 const json* field(const json& obj, std::string_view camel, std::string_view snake = {});
