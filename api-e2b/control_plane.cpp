@@ -77,8 +77,9 @@ json listed_json(const ControlPlaneConfig& cfg, const storage::SandboxRow& r) {
 }  // namespace
 
 ControlPlane::ControlPlane(tenancy::Tenants& tenants, storage::Store& store, SandboxService& sandboxes,
-                           tenancy::RateLimiter& requests, tenancy::RateLimiter& creates, ControlPlaneConfig cfg)
-    : tenants_(tenants), store_(store), sandboxes_(sandboxes), requests_(requests), creates_(creates),
+                           builds::BuildService* builds, tenancy::RateLimiter& requests, tenancy::RateLimiter& creates,
+                           ControlPlaneConfig cfg)
+    : tenants_(tenants), store_(store), sandboxes_(sandboxes), builds_(builds), requests_(requests), creates_(creates),
       cfg_(std::move(cfg)) {}
 
 namespace {
@@ -139,11 +140,13 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
     {"PATCH", "/templates/{}", &ControlPlane::update_template},
     {"PATCH", "/v2/templates/{}", &ControlPlane::update_template},
     {"GET", "/templates/{}/tags", &ControlPlane::template_tags},
-    {"POST", "/v3/templates", &ControlPlane::unsupported},
-    {"POST", "/v2/templates/{}/builds/{}", &ControlPlane::unsupported},
-    {"GET", "/templates/{}/builds/{}/status", &ControlPlane::unsupported},
+    {"POST", "/v3/templates", &ControlPlane::request_build},
+    {"GET", "/templates/{}/files/{}", &ControlPlane::file_link},
+    {"POST", "/v2/templates/{}/builds/{}", &ControlPlane::start_build},
+    {"GET", "/templates/{}/builds/{}/status", &ControlPlane::build_status},
     {"GET", "/templates/{}/builds/{}/logs", &ControlPlane::unsupported},
-    {"GET", "/templates/{}/files/{}", &ControlPlane::unsupported},
+    // Upload links: authenticated by their signature (handle()).
+    {"PUT", "/templates/uploads/{}/{}", &ControlPlane::unsupported},
     // The rest of E2B's API, not served by this server.
     {"GET", "/snapshots", &ControlPlane::unsupported},
     {"GET", "/secrets", &ControlPlane::unsupported},
@@ -184,6 +187,10 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     if (m != "GET" && m != "HEAD") return http::json_error(405, "method " + m + " not allowed on /health");
     return http::no_content(200);
   }
+
+  // An upload link carries its own signature and no key (the SDKs PUT to
+  // it as to a storage bucket).
+  if (m == "PUT" && builds::BuildService::is_upload_path(req.path)) return upload(req);
 
   // Authentication, then the tenant's request budget.
   std::string key = req.header("x-api-key");

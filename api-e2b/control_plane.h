@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 
+#include "sandbox-runtime/builds/build_service.h"
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "base/http/message.h"
 #include "tenancy/rate_limiter.h"
@@ -23,12 +24,19 @@ using lifecycle::SandboxService;
 struct ControlPlaneConfig {
   std::string client_id = "sandgate";  // reported as clientID
   std::optional<std::string> domain;   // reported as domain (null: the client's)
+  // The base of URLs handed to clients (template upload links):
+  // "https://gw.example:3000"; "": the request's Host, over scheme.
+  std::string public_url;
+  std::string scheme = "http";
 };
 
 class ControlPlane {
  public:
+  // builds: template builds, or null where this server has none (the
+  // microVM backend): their routes then answer 501.
   ControlPlane(tenancy::Tenants& tenants, storage::Store& store, SandboxService& sandboxes,
-               tenancy::RateLimiter& requests, tenancy::RateLimiter& creates, ControlPlaneConfig cfg);
+               builds::BuildService* builds, tenancy::RateLimiter& requests, tenancy::RateLimiter& creates,
+               ControlPlaneConfig cfg);
 
   // True for the paths of E2B's API (so the gateway can route envd traffic
   // elsewhere): those it serves, and those it answers 501 (not supported
@@ -71,10 +79,18 @@ class ControlPlane {
   http::HttpResponse delete_template(const Call& c);
   http::HttpResponse update_template(const Call& c);
   http::HttpResponse template_tags(const Call& c);
+  http::HttpResponse request_build(const Call& c);
+  http::HttpResponse file_link(const Call& c);
+  http::HttpResponse start_build(const Call& c);
+  http::HttpResponse build_status(const Call& c);
+  // PUT of an upload link: authenticated by its signature, not a key.
+  http::HttpResponse upload(const http::HttpRequest& req);
+  http::HttpResponse no_builds() const;
 
   tenancy::Tenants& tenants_;
   storage::Store& store_;
   SandboxService& sandboxes_;
+  builds::BuildService* builds_;
   tenancy::RateLimiter& requests_;
   tenancy::RateLimiter& creates_;
   ControlPlaneConfig cfg_;

@@ -310,6 +310,138 @@ Result<int64_t> parse_timeout_request(const HttpRequest& req) {
   return **timeout;
 }
 
+namespace {
+
+Result<std::optional<std::string>> opt_string(const json& j, const char* name, size_t max_len) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::optional<std::string>();
+  if (!it->is_string()) return invalid_error(std::string("field '") + name + "' must be a string");
+  if (it->get_ref<const std::string&>().size() > max_len)
+    return invalid_error(std::string("field '") + name + "' is longer than " + std::to_string(max_len) + " bytes");
+  return std::optional<std::string>(it->get<std::string>());
+}
+
+Result<std::vector<std::string>> string_array(const json& j, const std::string& where, size_t max_items, size_t max_len) {
+  std::vector<std::string> out;
+  if (j.is_null()) return out;
+  if (!j.is_array()) return invalid_error("field '" + where + "' must be an array of strings");
+  if (j.size() > max_items) return invalid_error("field '" + where + "' has more than " + std::to_string(max_items) + " items");
+  for (const json& e : j) {
+    if (!e.is_string()) return invalid_error("field '" + where + "' must be an array of strings");
+    if (e.get_ref<const std::string&>().size() > max_len)
+      return invalid_error("field '" + where + "' has an item longer than " + std::to_string(max_len) + " bytes");
+    out.push_back(e.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<TemplateRequest> parse_template_request(const HttpRequest& req) {
+  Result<json> body = parse_body(req, false);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"name", "alias", "tags", "cpuCount", "memoryMB", "minFreeDiskMb", "teamID"}); !s)
+    return s.error();
+  TemplateRequest r;
+  auto name = opt_string(*body, "name", 256);
+  if (!name) return name.error();
+  auto alias = opt_string(*body, "alias", 256);
+  if (!alias) return alias.error();
+  if (!*name && !*alias) return invalid_error("field 'name' is required");
+  r.name = *name ? **name : **alias;
+  // "name:tag": builds here make the one "default" tag.
+  if (size_t colon = r.name.find(':'); colon != std::string::npos) {
+    r.tags.push_back(r.name.substr(colon + 1));
+    r.name.resize(colon);
+  }
+  if (auto it = body->find("tags"); it != body->end()) {
+    auto tags = string_array(*it, "tags", 16, 128);
+    if (!tags) return tags.error();
+    r.tags.insert(r.tags.end(), tags->begin(), tags->end());
+  }
+  for (const std::string& t : r.tags)
+    if (t != "default" && t != "latest")
+      return invalid_error("tag '" + t + "': this server keeps one build per template (tags are not supported yet)");
+  auto cpu = opt_int(*body, "cpuCount", 1, 64);
+  if (!cpu) return cpu.error();
+  auto mem = opt_int(*body, "memoryMB", 128, 65536);
+  if (!mem) return mem.error();
+  auto disk = opt_int(*body, "minFreeDiskMb", 0, 1 << 24);
+  if (!disk) return disk.error();
+  if (*cpu) r.cpu_count = **cpu;
+  if (*mem) r.memory_mb = **mem;
+  return r;
+}
+
+Result<builds::BuildSpec> parse_build_request(const HttpRequest& req) {
+  Result<json> body = parse_body(req, false);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"fromImage", "fromTemplate", "fromImageRegistry", "steps", "startCmd", "readyCmd",
+                                     "force"});
+      !s)
+    return s.error();
+  builds::BuildSpec b;
+  for (auto [field, out] : {std::pair{"fromImage", &b.from_image}, std::pair{"fromTemplate", &b.from_template},
+                            std::pair{"startCmd", &b.start_cmd}, std::pair{"readyCmd", &b.ready_cmd}}) {
+    auto v = opt_string(*body, field, 64 << 10);
+    if (!v) return v.error();
+    if (*v) *out = **v;
+  }
+  if (auto it = body->find("fromImageRegistry"); it != body->end() && !it->is_null()) {
+    if (!it->is_object()) return invalid_error("field 'fromImageRegistry' must be an object");
+    b.registry_auth = true;
+  }
+  auto force = opt_bool(*body, "force");
+  if (!force) return force.error();
+  b.force = force->value_or(false);
+  if (auto it = body->find("steps"); it != body->end() && !it->is_null()) {
+    if (!it->is_array()) return invalid_error("field 'steps' must be an array");
+    if (it->size() > 256) return invalid_error("field 'steps' has more than 256 steps");
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& st = (*it)[i];
+      std::string where = "steps[" + std::to_string(i) + "]";
+      if (!st.is_object()) return invalid_error("field '" + where + "' must be an object");
+      if (Status s = only_fields(st, {"type", "args", "filesHash", "force", "forceUpload", "resolveSymlinks", "gzip"}); !s)
+        return Error(ErrorKind::kInvalid, where + ": " + s.error().message());
+      builds::Step step;
+      auto type = opt_string(st, "type", 16);
+      if (!type) return Error(ErrorKind::kInvalid, where + ": " + type.error().message());
+      if (!*type) return invalid_error("field '" + where + ".type' is required");
+      step.type = **type;
+      if (auto a = st.find("args"); a != st.end()) {
+        auto args = string_array(*a, where + ".args", 1024, 64 << 10);
+        if (!args) return args.error();
+        step.args = std::move(*args);
+      }
+      auto hash = opt_string(st, "filesHash", 128);
+      if (!hash) return Error(ErrorKind::kInvalid, where + ": " + hash.error().message());
+      step.files_hash = hash->value_or("");
+      for (const char* flag : {"force", "forceUpload", "resolveSymlinks", "gzip"}) {
+        auto f = opt_bool(st, flag);
+        if (!f) return Error(ErrorKind::kInvalid, where + ": " + f.error().message());
+        if (std::string(flag) == "force") step.force = f->value_or(false);
+      }
+      b.steps.push_back(std::move(step));
+    }
+  }
+  return b;
+}
+
+Result<BuildStatusQuery> parse_build_status_query(const std::string& query) {
+  std::vector<std::pair<std::string, std::string>> q;
+  if (!http::parse_query(query, q)) return invalid_error("malformed query string");
+  BuildStatusQuery out;
+  for (const auto& [k, v] : q) {
+    if (k != "logsOffset" && k != "limit") continue;
+    char* end = nullptr;
+    long long n = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end || n < 0 || n > (1ll << 40)) return invalid_error("query '" + k + "' must be a non-negative integer");
+    if (k == "logsOffset") out.logs_offset = n;
+    if (k == "limit") out.limit = std::min<long long>(std::max<long long>(n, 1), 1000);
+  }
+  return out;
+}
+
 Result<std::optional<bool>> parse_template_update(const HttpRequest& req) {
   Result<json> body = parse_body(req, true);
   if (!body) return body.error();

@@ -16,6 +16,7 @@
 
 #include "base/http/message.h"
 #include "storage/store.h"
+#include "sandbox-runtime/builds/build_service.h"
 #include "sandbox-runtime/lifecycle/params.h"
 #include "sandbox-runtime/network/egress_policy.h"
 #include "base/status.h"
@@ -45,6 +46,28 @@ Result<std::optional<int64_t>> parse_resume_request(const http::HttpRequest& req
 Status parse_pause_request(const http::HttpRequest& req);
 // POST .../timeout {"timeout"}: required.
 Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
+
+// POST /v3/templates {name ("name:tag"), alias (old name of name), tags,
+// cpuCount, memoryMB, minFreeDiskMb, teamID}. Tags other than "default"
+// (and "latest") are refused: one build per template here.
+struct TemplateRequest {
+  std::string name;
+  std::vector<std::string> tags;
+  int64_t cpu_count = 2;
+  int64_t memory_mb = 1024;
+};
+Result<TemplateRequest> parse_template_request(const http::HttpRequest& req);
+
+// POST /v2/templates/{id}/builds/{build} (TemplateBuildStartV2): the
+// shape only; BuildService::start validates the steps.
+Result<builds::BuildSpec> parse_build_request(const http::HttpRequest& req);
+
+// GET .../builds/{build}/status?logsOffset=&limit= (limit 1..1000).
+struct BuildStatusQuery {
+  int64_t logs_offset = 0;
+  int64_t limit = 1000;
+};
+Result<BuildStatusQuery> parse_build_status_query(const std::string& query);
 
 // PATCH /templates/{id}, /v2/templates/{id} {"public"}: an empty body
 // changes nothing.

@@ -1,13 +1,13 @@
 // Template routes of the control plane (docs/api.md, "Templates"): the
 // templates a tenant can see (its own, and public ones such as base), in
 // E2B's Template, TemplateWithBuilds, TemplateAliasResponse and
-// TemplateTag shapes; the owner's visibility change and delete. Builds
-// (POST /v3/templates and the routes after it) are not served yet: the
-// route table answers them 501.
+// TemplateTag shapes; the owner's visibility change and delete; and the
+// build API over builds::BuildService (request, upload link, upload,
+// start, status).
 //
-// A template here is one build: every template has exactly the build that
-// made it, whose id is derived from the template's (build_id()), tagged
-// "default" as E2B tags a build made without tags.
+// A built template's current build is the last that ended ready; the
+// server's own templates (base) have one build whose id is derived from
+// the template's (build_id()). The current build is tagged "default".
 #include <openssl/sha.h>
 
 #include <nlohmann/json.hpp>
@@ -30,6 +30,7 @@ std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_hand
 // UUID): the first 16 bytes of SHA-256("build:" + template id), version 4
 // and variant bits set.
 std::string build_id(const storage::TemplateRow& t) {
+  if (t.build_id) return *t.build_id;
   std::string in = "build:" + t.id;
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(in.data()), in.size(), d);
@@ -50,6 +51,28 @@ const char* build_status(const storage::TemplateRow& t) {
   if (t.status == "ready") return "ready";
   if (t.status == "building") return "building";
   return "error";
+}
+
+json build_row_json(const storage::BuildRow& b) {
+  json j = {{"buildID", b.id},
+            {"status", b.status},
+            {"cpuCount", b.cpu_count},
+            {"memoryMB", b.memory_mb},
+            {"envdVersion", channel::kEnvdVersion},
+            {"createdAt", sys::format_rfc3339(b.created_at)},
+            {"updatedAt", sys::format_rfc3339(b.updated_at)}};
+  if (b.finished_at) j["finishedAt"] = sys::format_rfc3339(*b.finished_at);
+  return j;
+}
+
+json log_json(const storage::BuildLogRow& l) {
+  char ms[8];
+  std::snprintf(ms, sizeof ms, ".%03d", static_cast<int>(l.at_ms % 1000));
+  std::string ts = sys::format_rfc3339(l.at_ms / 1000);
+  ts.insert(ts.size() - 1, ms);  // ...:05.123Z
+  json j = {{"timestamp", ts}, {"level", l.level}, {"message", l.message}};
+  if (!l.step.empty()) j["step"] = l.step;
+  return j;
 }
 
 json time_or_null(const std::optional<int64_t>& t) { return t ? json(sys::format_rfc3339(*t)) : json(nullptr); }
@@ -113,7 +136,11 @@ HttpResponse ControlPlane::get_template(const Call& c) {
   Result<storage::TemplateUsage> u = store_.template_usage((*t)->id);
   if (!u) return error_response(u.error());
   json j = common_json(**t, *u);
-  j["builds"] = json::array({build_json(**t)});
+  Result<std::vector<storage::BuildRow>> builds = store_.list_builds((*t)->id);
+  if (!builds) return error_response(builds.error());
+  j["builds"] = json::array();
+  if (builds->empty()) j["builds"].push_back(build_json(**t));  // the server's own
+  for (const storage::BuildRow& b : *builds) j["builds"].push_back(build_row_json(b));
   return http::json_body(200, dump(j));
 }
 
@@ -157,6 +184,84 @@ HttpResponse ControlPlane::delete_template(const Call& c) {
   if (Status s = store_.delete_template(c.tenant.id, (*t)->id, sys::unix_seconds()); !s)
     return error_response(s.error());
   return http::no_content(204);
+}
+
+HttpResponse ControlPlane::no_builds() const {
+  return http::json_error(501, "template builds are not supported by this server: they need the process backend");
+}
+
+HttpResponse ControlPlane::request_build(const Call& c) {
+  if (!builds_) return no_builds();
+  Result<TemplateRequest> r = parse_template_request(c.req);
+  if (!r) return error_response(r.error());
+  Result<builds::BuildService::Requested> got = builds_->request(c.tenant.id, r->name, r->cpu_count, r->memory_mb);
+  if (!got) return error_response(got.error());
+  json j = {{"templateID", got->tpl.id},
+            {"buildID", got->build_id},
+            {"names", json::array({got->tpl.name})},
+            {"aliases", json::array({got->tpl.name})},
+            {"tags", json::array({"default"})},
+            {"public", got->tpl.is_public}};
+  return http::json_body(202, dump(j));
+}
+
+HttpResponse ControlPlane::file_link(const Call& c) {
+  if (!builds_) return no_builds();
+  Result<builds::BuildService::FileLink> link = builds_->file_link(c.tenant.id, c.id, c.arg2);
+  if (!link) return error_response(link.error());
+  std::string base = cfg_.public_url;
+  if (base.empty()) {
+    std::string host = c.req.header("host");
+    if (host.empty()) return http::json_error(400, "a Host header is needed for the upload link");
+    base = cfg_.scheme + "://" + host;
+  }
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  json j = {{"present", link->present}};
+  if (!link->present) j["url"] = base + link->target;
+  return http::json_body(201, dump(j));
+}
+
+HttpResponse ControlPlane::upload(const http::HttpRequest& req) {
+  if (!builds_) return no_builds();
+  std::vector<std::string> seg = path_segments(req.path);
+  if (seg.size() != 4) return http::json_error(404, "no route for PUT " + req.path);
+  if (Status s = builds_->upload(seg[2], seg[3], req.query, req.body); !s) return error_response(s.error());
+  return http::no_content(200);
+}
+
+HttpResponse ControlPlane::start_build(const Call& c) {
+  if (!builds_) return no_builds();
+  Result<builds::BuildSpec> spec = parse_build_request(c.req);
+  if (!spec) return error_response(spec.error());
+  if (Status s = builds_->start(c.tenant.id, c.id, c.arg2, std::move(*spec)); !s) return error_response(s.error());
+  // An empty 202 with Content-Length 0 (a chunked one breaks the JS SDK).
+  return http::no_content(202);
+}
+
+HttpResponse ControlPlane::build_status(const Call& c) {
+  if (!builds_) return no_builds();
+  Result<BuildStatusQuery> q = parse_build_status_query(c.req.query);
+  if (!q) return error_response(q.error());
+  Result<builds::BuildService::Status_> st = builds_->status(c.tenant.id, c.id, c.arg2, q->logs_offset, q->limit);
+  if (!st) return error_response(st.error());
+  json entries = json::array(), lines = json::array();
+  for (const storage::BuildLogRow& l : st->logs) {
+    entries.push_back(log_json(l));
+    lines.push_back(l.message);
+  }
+  json j = {{"templateID", st->build.template_id},
+            {"buildID", st->build.id},
+            {"status", st->build.status},
+            {"logEntries", entries},
+            {"logs", lines}};
+  if (st->build.status == storage::kBuildError) {
+    json reason = {{"message", st->build.reason.value_or("the build failed")}};
+    if (st->build.reason_step) reason["step"] = *st->build.reason_step;
+    reason["logEntries"] = json::array();
+    for (const storage::BuildLogRow& l : st->reason_logs) reason["logEntries"].push_back(log_json(l));
+    j["reason"] = reason;
+  }
+  return http::json_body(200, dump(j));
 }
 
 }  // namespace sg::api

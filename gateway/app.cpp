@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "api-e2b/control_plane.h"
+#include "sandbox-runtime/builds/build_service.h"
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
@@ -456,7 +457,26 @@ http::ServerConfig server_config(const AppConfig& cfg) {
   scfg.read_timeout = std::chrono::milliseconds(cfg.read_timeout_ms);
   scfg.tls_cert_file = cfg.tls_cert_file;
   scfg.tls_key_file = cfg.tls_key_file;
+  // Template file uploads (builds::BuildService, max_upload_bytes).
+  scfg.body_limit_for = [](const http::HttpRequest& head) -> size_t {
+    return head.method == "PUT" && builds::BuildService::is_upload_path(head.path) ? 256u << 20 : 0;
+  };
   return scfg;
+}
+
+// Template builds (process backend): layers and uploads under the data
+// directory, the egress proxy's environment for steps that download.
+std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store,
+                                                  runtime::Runtime& rt) {
+  if (use_kvm) {
+    LOG_INFO("template builds: off (they need the process backend)");
+    return nullptr;
+  }
+  builds::BuildConfig bc;
+  bc.data_dir = cfg.data_dir;
+  bc.clock = [] { return sys::unix_seconds(); };
+  if (cfg.egress) bc.sandbox_env = lifecycle::egress_proxy_env();
+  return std::make_unique<builds::BuildService>(store, rt, std::move(bc));
 }
 
 // The one-shot requests: /metrics, sandgate's own routes, the E2B control
@@ -554,9 +574,11 @@ class GatewayServices {
 // The stop, in order: no new connections or service streams, then the
 // sandboxes, then what served them.
 void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
-              std::optional<EgressProxy>& egress, llm::ModelGateway& models, runtime::Runtime& rt) {
+              builds::BuildService* builds, std::optional<EgressProxy>& egress, llm::ModelGateway& models,
+              runtime::Runtime& rt) {
   services.attach(nullptr, nullptr);
   server.stop();
+  if (builds) builds->stop();  // running builds fail, their sandboxes go
   sandboxes.shutdown();
   sandboxes.set_network_hook({});
   egress.reset();  // its connections' sandboxes are gone: their threads end
@@ -614,11 +636,16 @@ int serve(const AppConfig& cfg_in) {
   svc_cfg.waits = wait_config(cfg, *memory_engine != nullptr, pressure);
   svc_cfg.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   lifecycle::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); }, memory_engine->get());
+  std::unique_ptr<builds::BuildService> template_builds = make_builds(cfg, *use_kvm, **store, *rt);
   std::optional<EgressProxy> egress;
   if (cfg.egress) {
     EgressConfig ec;
     ec.allow_internal = cfg.egress_allow_private;
-    egress.emplace(ec, [&sandboxes](const std::string& id) { return sandboxes.egress_policy(id); });
+    // A build's sandboxes reach the internet (steps download packages).
+    egress.emplace(ec, [&sandboxes, &template_builds](const std::string& id) -> std::optional<network::EgressPolicy> {
+      if (template_builds && template_builds->owns_sandbox(id)) return network::EgressPolicy{};
+      return sandboxes.egress_policy(id);
+    });
     // An update of a sandbox's policy closes its open connections the new
     // one refuses.
     sandboxes.set_network_hook([&egress](const std::string& id) { egress->recheck(id); });
@@ -635,7 +662,10 @@ int serve(const AppConfig& cfg_in) {
   tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
   api::ControlPlaneConfig control_cfg;
   if (!cfg.domain.empty()) control_cfg.domain = cfg.domain;  // create and connect hand it to the SDKs
-  api::ControlPlane control(tenants, **store, sandboxes, request_limit, create_limit, control_cfg);
+  control_cfg.public_url = cfg.public_url;
+  control_cfg.scheme = cfg.tls_cert_file.empty() ? "http" : "https";
+  api::ControlPlane control(tenants, **store, sandboxes, template_builds.get(), request_limit, create_limit,
+                            control_cfg);
 
   http::ProxyHooks proxy;
   proxy.route = [domain = cfg.domain](const http::HttpRequest& head) { return http::route_to_sandbox(head, domain); };
@@ -660,7 +690,7 @@ int serve(const AppConfig& cfg_in) {
   int sig = 0;
   sigwait(&sigs, &sig);
   LOG_INFO("signal " << sig << ": stopping");
-  stop_all(services, server, sandboxes, egress, **models, *rt);
+  stop_all(services, server, sandboxes, template_builds.get(), egress, **models, *rt);
   LOG_INFO("stopped");
   return 0;
 }

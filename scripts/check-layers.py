@@ -31,7 +31,7 @@ LAYERS = {
     'sandbox-runtime/vmm': ['base'],
     'sandbox-runtime/network': ['base'],
     'sandbox-runtime/lifecycle': ['base/http', 'tenancy', 'sandbox-runtime/runtime.h', 'sandbox-runtime/channel',
-                                  'sandbox-runtime/network', 'wait-engine/coordinator'],
+                                  'sandbox-runtime/network', 'sandbox-runtime/host', 'wait-engine/coordinator'],
     'sandbox-runtime/agent': ['sandbox-runtime/channel'],
     'sandbox-runtime/host': ['sandbox-runtime/channel', 'sandbox-runtime/runtime.h'],
     'sandbox-runtime/process': ['sandbox-runtime/host', 'sandbox-runtime/templates'],
@@ -40,7 +40,8 @@ LAYERS = {
     'wait-engine/coordinator': ['wait-engine/metrics'],
     'wait-engine/memory': ['wait-engine/metrics', 'storage', 'sandbox-runtime/lifecycle'],
     'wait-engine/llm': ['wait-engine/coordinator', 'wait-engine/memory', 'base/http', 'sandbox-runtime/lifecycle'],
-    'api-e2b': ['sandbox-runtime/lifecycle'],
+    'sandbox-runtime/builds': ['base/http', 'tenancy', 'sandbox-runtime/host'],
+    'api-e2b': ['sandbox-runtime/lifecycle', 'sandbox-runtime/builds'],
     'gateway': ['api-e2b', 'sandbox-runtime/process', 'sandbox-runtime/microvm', 'sandbox-runtime/templates',
                 'wait-engine/llm'],
     # The tests may include anything, from the root like everyone else.

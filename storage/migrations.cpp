@@ -147,6 +147,37 @@ ALTER TABLE sandboxes ADD COLUMN traffic_token TEXT;
 ALTER TABLE templates ADD COLUMN public INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX sandboxes_template ON sandboxes(template_id);
 )sql"},
+      // Template builds (issue 19): a built template's layers over its
+      // base's rootfs and its configuration, its builds and their logs.
+      {6, "template builds",
+       R"sql(
+ALTER TABLE templates ADD COLUMN layers TEXT NOT NULL DEFAULT '[]';
+ALTER TABLE templates ADD COLUMN config TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE templates ADD COLUMN build_id TEXT;
+CREATE TABLE template_builds (
+  id          TEXT PRIMARY KEY,
+  template_id TEXT NOT NULL REFERENCES templates(id),
+  tenant_id   TEXT NOT NULL,
+  status      TEXT NOT NULL,
+  reason      TEXT,
+  reason_step TEXT,
+  cpu_count   INTEGER NOT NULL,
+  memory_mb   INTEGER NOT NULL,
+  created_at  INTEGER NOT NULL,
+  updated_at  INTEGER NOT NULL,
+  finished_at INTEGER
+);
+CREATE INDEX template_builds_template ON template_builds(template_id);
+CREATE TABLE build_logs (
+  build_id TEXT NOT NULL,
+  seq      INTEGER NOT NULL,
+  at_ms    INTEGER NOT NULL,
+  level    TEXT NOT NULL,
+  step     TEXT NOT NULL,
+  message  TEXT NOT NULL,
+  PRIMARY KEY (build_id, seq)
+);
+)sql"},
   };
   return kList;
 }

@@ -12,25 +12,9 @@ using internal::collect;
 using internal::first;
 using internal::kTenantCols;
 using internal::tenant_from;
+using internal::kTemplateCols;
+using internal::template_from;
 
-constexpr const char* kTemplateCols =
-    "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at, public";
-
-TemplateRow template_from(const Stmt& s) {
-  TemplateRow t;
-  t.id = s.text(0);
-  t.name = s.text(1);
-  if (!s.is_null(2)) t.tenant_id = s.text(2);
-  t.status = s.text(3);
-  t.rootfs_path = s.text(4);
-  t.cpu_count = s.int64(5);
-  t.memory_mb = s.int64(6);
-  t.disk_size_mb = s.int64(7);
-  t.created_at = s.int64(8);
-  t.updated_at = s.int64(9);
-  t.is_public = s.int64(10) != 0 || !t.tenant_id;
-  return t;
-}
 
 constexpr const char* kSandboxCols =
     "seq, id, tenant_id, template_id, alias, state, backend, metadata, env_vars, envd_token, envd_version, "
@@ -188,14 +172,17 @@ Status Store::upsert_template(const TemplateRow& t) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
               "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
-              "disk_size_mb, created_at, updated_at, public) VALUES(?,?,?,?,?,?,?,?,?,?,?) "
+              "disk_size_mb, created_at, updated_at, public, layers, config, build_id) "
+              "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?) "
               "ON CONFLICT(id) DO UPDATE SET name = excluded.name, status = excluded.status, "
               "rootfs_path = excluded.rootfs_path, cpu_count = excluded.cpu_count, "
               "memory_mb = excluded.memory_mb, disk_size_mb = excluded.disk_size_mb, "
-              "updated_at = excluded.updated_at, public = excluded.public");
+              "updated_at = excluded.updated_at, public = excluded.public, layers = excluded.layers, "
+              "config = excluded.config, build_id = excluded.build_id");
   st.bind(1, t.id).bind(2, t.name).bind(3, t.tenant_id).bind(4, t.status).bind(5, t.rootfs_path)
       .bind(6, t.cpu_count).bind(7, t.memory_mb).bind(8, t.disk_size_mb).bind(9, t.created_at)
-      .bind(10, t.updated_at).bind(11, static_cast<int64_t>(t.is_public));
+      .bind(10, t.updated_at).bind(11, static_cast<int64_t>(t.is_public)).bind(12, t.layers).bind(13, t.config)
+      .bind(14, t.build_id);
   return st.run();
 }
 

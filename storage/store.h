@@ -48,6 +48,40 @@ struct TemplateRow {
   // Shared with every tenant by its owner. A template without an owner
   // (tenant_id nullopt: the server's own, like base) is public too.
   bool is_public = false;
+  // A built template: its layers over rootfs_path (a JSON array of
+  // directories, lowest first), its configuration (JSON: env, user,
+  // workdir, startCmd, readyCmd) and the build that made them.
+  std::string layers = "[]";
+  std::string config = "{}";
+  std::optional<std::string> build_id;
+};
+
+// Template build states (E2B's TemplateBuildStatus).
+inline constexpr const char* kBuildWaiting = "waiting";
+inline constexpr const char* kBuildBuilding = "building";
+inline constexpr const char* kBuildReady = "ready";
+inline constexpr const char* kBuildError = "error";
+
+struct BuildRow {
+  std::string id;  // a UUID
+  std::string template_id;
+  std::string tenant_id;
+  std::string status;  // kBuild*
+  std::optional<std::string> reason;
+  std::optional<std::string> reason_step;
+  int64_t cpu_count = 2;
+  int64_t memory_mb = 1024;
+  int64_t created_at = 0;
+  int64_t updated_at = 0;
+  std::optional<int64_t> finished_at;
+};
+
+struct BuildLogRow {
+  int64_t seq = 0;  // from 0, per build
+  int64_t at_ms = 0;
+  std::string level;  // debug, info, warn, error
+  std::string step;   // "1".., "base", "finalize", or ""
+  std::string message;
 };
 
 inline constexpr const char* kTemplateDeleted = "deleted";
@@ -220,6 +254,28 @@ class Store {
   // kInvalid for one it sees but does not own (a public template of
   // another tenant, or the server's own).
   Status set_template_public(const std::string& tenant_id, const std::string& id, bool is_public, int64_t now);
+  // A build request (POST /v3/templates): the tenant's template of that
+  // name (made, status "building", when there is none; kConflict when
+  // another tenant has the name or a build of it is running) and a new
+  // build row, waiting. Builds of it still waiting are superseded (error).
+  Result<TemplateRow> request_build(const std::string& tenant_id, const std::string& name, const TemplateRow& fresh,
+                                    const BuildRow& build);
+  Result<std::optional<BuildRow>> find_build(const std::string& template_id, const std::string& build_id);
+  Result<std::vector<BuildRow>> list_builds(const std::string& template_id);
+  // waiting -> building; kConflict from any other state.
+  Status start_build(const std::string& build_id, int64_t now);
+  // Ends a build in error (reason and step say why) and, when the template
+  // never had a ready build, the template too.
+  Status fail_build(const std::string& build_id, const std::string& reason, const std::string& step, int64_t now);
+  // Ends a build ready: the template takes its layers and configuration
+  // (over rootfs) in the same transaction.
+  Status finish_build(const std::string& build_id, const std::string& rootfs, const std::string& layers,
+                      const std::string& config, int64_t now);
+  // Appends log lines (seq assigned from the build's count) and returns
+  // the count after.
+  Result<int64_t> append_build_logs(const std::string& build_id, std::vector<BuildLogRow> rows);
+  // Lines seq >= offset, at most limit.
+  Result<std::vector<BuildLogRow>> build_logs(const std::string& build_id, int64_t offset, int64_t limit);
   // Marks it deleted and frees its name, in one transaction that refuses
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.

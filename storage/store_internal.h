@@ -34,6 +34,29 @@ inline TenantRow tenant_from(const Stmt& s, int o = 0) {
   return t;
 }
 
+inline constexpr const char* kTemplateCols =
+    "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at, public, "
+    "layers, config, build_id";
+
+inline TemplateRow template_from(const Stmt& s) {
+  TemplateRow t;
+  t.id = s.text(0);
+  t.name = s.text(1);
+  if (!s.is_null(2)) t.tenant_id = s.text(2);
+  t.status = s.text(3);
+  t.rootfs_path = s.text(4);
+  t.cpu_count = s.int64(5);
+  t.memory_mb = s.int64(6);
+  t.disk_size_mb = s.int64(7);
+  t.created_at = s.int64(8);
+  t.updated_at = s.int64(9);
+  t.is_public = s.int64(10) != 0 || !t.tenant_id;
+  t.layers = s.text(11);
+  t.config = s.text(12);
+  if (!s.is_null(13)) t.build_id = s.text(13);
+  return t;
+}
+
 template <typename T, typename F>
 Result<std::vector<T>> collect(Stmt& st, F from) {
   std::vector<T> out;

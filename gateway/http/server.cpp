@@ -642,18 +642,21 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
         co_await bhttp::async_write(stream, cont, asio::redirect_error(asio::use_awaitable, ec));
         if (ec) break;
       }
-      if (auto len = head.content_length(); len && *len > cfg.body_limit) {
-        co_await fail(413, "request body larger than the limit of " + std::to_string(cfg.body_limit) + " bytes");
+      size_t limit = cfg.body_limit;
+      if (cfg.body_limit_for)
+        if (size_t l = cfg.body_limit_for(h); l > 0) limit = l;
+      if (auto len = head.content_length(); len && *len > limit) {
+        co_await fail(413, "request body larger than the limit of " + std::to_string(limit) + " bytes");
         break;
       }
       bhttp::request_parser<bhttp::string_body> parser(std::move(head));
-      parser.body_limit(cfg.body_limit);
+      parser.body_limit(limit);
       beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
       co_await bhttp::async_read(stream, buf, parser, asio::redirect_error(asio::use_awaitable, ec));
       if (ec) {
         if (read_failed(ec)) break;
         if (ec == bhttp::error::body_limit)
-          co_await fail(413, "request body larger than the limit of " + std::to_string(cfg.body_limit) + " bytes");
+          co_await fail(413, "request body larger than the limit of " + std::to_string(limit) + " bytes");
         else
           co_await fail(400, "malformed HTTP request: " + ec.message());
         break;

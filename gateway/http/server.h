@@ -34,6 +34,9 @@ struct ServerConfig {
   int worker_threads = 8;
   size_t header_limit = 16 * 1024;
   size_t body_limit = 1 << 20;
+  // A larger limit for some routes (template file uploads), decided from
+  // the head; 0 or unset: body_limit. HTTP/1.1 only (h2 keeps body_limit).
+  std::function<size_t(const HttpRequest& head)> body_limit_for;
   std::chrono::milliseconds read_timeout{30000};
   // TLS: PEM certificate chain and key. Both empty: plain HTTP. ALPN
   // prefers h2 (served by h2_session.h), then http/1.1.

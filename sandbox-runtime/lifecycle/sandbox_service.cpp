@@ -6,11 +6,13 @@
 #include <cassert>
 
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "base/http/routing.h"
 #include "base/log.h"
 #include "base/sys.h"
 #include "sandbox-runtime/channel/control_message.h"
+#include "sandbox-runtime/host/envd_client.h"
 #include "sandbox-runtime/channel/services.h"
 #include "sandbox-runtime/lifecycle/traffic_auth.h"
 
@@ -182,6 +184,16 @@ runtime::SandboxSpec SandboxService::new_spec(const SandboxRow& row, const stora
   spec.memory_mb = static_cast<uint64_t>(t.memory_mb);
   spec.max_pids = cfg_.max_pids;
   spec.disk_mb = static_cast<uint64_t>(t.disk_size_mb);
+  nlohmann::json layers = nlohmann::json::parse(t.layers, nullptr, false);
+  if (layers.is_array())
+    for (const nlohmann::json& l : layers)
+      if (l.is_string()) spec.layers.push_back(l.get<std::string>());
+  // A built template's ENV, under the create's envVars.
+  nlohmann::json config = nlohmann::json::parse(t.config, nullptr, false);
+  if (config.is_object())
+    if (auto env = config.find("env"); env != config.end() && env->is_object())
+      for (auto it = env->begin(); it != env->end(); ++it)
+        if (it->is_string() && !p.env_vars.count(it.key())) spec.env.emplace_back(it.key(), it->get<std::string>());
   if (cfg_.model_proxy_env)
     for (auto& [k, v] : model_proxy_env())
       if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
@@ -192,6 +204,40 @@ runtime::SandboxSpec SandboxService::new_spec(const SandboxRow& row, const stora
   spec.envd_access_token = row.envd_token;
   spec.ready_timeout = cfg_.ready_timeout;
   return spec;
+}
+
+// A built template's start command (process backend: at each create),
+// then its ready command until it succeeds; the create answers once ready.
+Status SandboxService::run_start_command(runtime::Sandbox& sb, const std::string& token,
+                                         const storage::TemplateRow& t) {
+  nlohmann::json config = nlohmann::json::parse(t.config, nullptr, false);
+  if (!config.is_object() || !config.contains("startCmd") || !config["startCmd"].is_string()) return Status::Ok();
+  host::Command start;
+  start.script = config["startCmd"].get<std::string>();
+  start.user = config.value("user", std::string("user"));
+  start.cwd = config.value("workdir", std::string());
+  if (auto env = config.find("env"); env != config.end() && env->is_object())
+    for (auto it = env->begin(); it != env->end(); ++it)
+      if (it->is_string()) start.env.emplace_back(it.key(), it->get<std::string>());
+  start.background = true;
+  Result<host::CommandResult> started = host::run_command(sb, token, start, {});
+  if (!started) return started.error().with_context("template '" + t.name + "': start command");
+  std::string ready = config.value("readyCmd", std::string());
+  if (ready.empty()) return Status::Ok();
+  uint64_t until = sys::monotonic_ns() + static_cast<uint64_t>(cfg_.start_ready_timeout.count()) * 1000000ull;
+  host::Command check = start;
+  check.script = ready;
+  check.background = false;
+  check.timeout = std::chrono::milliseconds(10000);
+  for (int attempt = 0;; ++attempt) {
+    Result<host::CommandResult> r = host::run_command(sb, token, check, {});
+    if (r && r->exit_code == 0) return Status::Ok();
+    if (sys::monotonic_ns() >= until)
+      return Error(ErrorKind::kTimeout, "template '" + t.name + "': its ready command did not succeed within " +
+                                            std::to_string(cfg_.start_ready_timeout.count() / 1000) +
+                                            " s of the start command");
+    std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 20 ? 50 : 250));
+  }
 }
 
 Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
@@ -219,6 +265,12 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     event(tenant.id, row.id, "create_failed", sb.error().message());
     LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
     return sb.error();
+  }
+  if (Status s = run_start_command(**sb, row.envd_token, t); !s) {
+    (void)(*sb)->kill();
+    (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
+    event(tenant.id, row.id, "create_failed", s.error().message());
+    return s.error();
   }
   auto live = std::make_shared<Live>();  // kCreating; not shared until running
   live->tenant_id = tenant.id;

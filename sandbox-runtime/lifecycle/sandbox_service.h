@@ -65,6 +65,9 @@ struct MetricSample {
 struct ServiceConfig {
   int64_t max_timeout_s = 24 * 3600;
   std::chrono::milliseconds ready_timeout{15000};
+  // A built template's ready command must succeed within this of its start
+  // command (docs/templates.md).
+  std::chrono::milliseconds start_ready_timeout{60000};
   uint32_t max_pids = 1024;
   // Set OPENAI_BASE_URL / ANTHROPIC_BASE_URL (and placeholder API keys the
   // SDKs insist on) in every sandbox's default environment, pointing at
@@ -256,6 +259,7 @@ class SandboxService {
   // The in-memory half of move(), for a row already written. REQUIRES(live.op_mu).
   static void enter(Live& live, State to) REQUIRES(live.op_mu);
   storage::SandboxRow new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t, const CreateParams& p);
+  Status run_start_command(runtime::Sandbox& sb, const std::string& token, const storage::TemplateRow& t);
   runtime::SandboxSpec new_spec(const storage::SandboxRow& row, const storage::TemplateRow& t,
                                 const CreateParams& p) const;
   // A wait-paused sandbox runs before traffic reaches it; a running

@@ -462,6 +462,9 @@ class MicrovmRuntime final : public runtime::Runtime {
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
+    if (!spec.layers.empty())
+      return Error(ErrorKind::kUnavailable,
+                   "templates built by this server (layers over a base) run on the process backend only so far");
     auto image = ensure_rootfs_image(spec.rootfs);
     if (!image) return image.error();
     std::string dir = cfg_.state_root + "/" + spec.id;

@@ -50,7 +50,8 @@ struct Plane {
     auto clock = [this] { return mono; };
     requests = std::make_unique<sg::tenancy::RateLimiter>(1000, 1000, clock);
     creates = std::make_unique<sg::tenancy::RateLimiter>(creates_per_s, creates_per_s, clock);
-    cp = std::make_unique<sg::api::ControlPlane>(*tenants, *store, *svc, *requests, *creates, sg::api::ControlPlaneConfig{});
+    cp = std::make_unique<sg::api::ControlPlane>(*tenants, *store, *svc, nullptr, *requests, *creates,
+                                                 sg::api::ControlPlaneConfig{});
   }
 
   HttpResponse call(const std::string& method, const std::string& target, const std::string& body = "",

@@ -1,0 +1,104 @@
+// Custom templates (issue 19) with the unmodified official E2B JS SDK:
+// Template.build() of a template from base with ENV, RUN, COPY, WORKDIR,
+// USER and a start command with its ready command, then Sandbox.create()
+// of it; a second build taken whole from the cache; builds that fail say
+// which step and why. Run by CTest (`e2e_js_templates`).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, mkdirSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Template, Sandbox, BuildError } from 'e2b';
+import { startSandgate } from './server.mjs';
+
+let server, opts, ctx;
+
+before(async () => {
+  server = await startSandgate();
+  opts = server.opts;
+  ctx = mkdtempSync(join(tmpdir(), 'sandgate-tpl-ctx-'));
+  mkdirSync(join(ctx, 'app', 'sub'), { recursive: true });
+  writeFileSync(join(ctx, 'app', 'hello.txt'), 'hello from COPY\n');
+  writeFileSync(join(ctx, 'app', 'sub', 'run.sh'), '#!/bin/sh\necho run.sh ran\n');
+  chmodSync(join(ctx, 'app', 'sub', 'run.sh'), 0o755);
+  writeFileSync(join(ctx, 'single.txt'), 'one file\n');
+});
+
+after(async () => {
+  if (server) await server.stop();
+  if (ctx) rmSync(ctx, { recursive: true, force: true });
+});
+
+function template() {
+  return Template({ fileContextPath: ctx })
+    .fromTemplate('base')
+    .setEnvs({ GREETING: 'hi there', APP_HOME: '/opt/app' })
+    .runCmd('echo "$GREETING" > /etc/greeting && mkdir -p /srv/www && echo served > /srv/www/index.html',
+      { user: 'root' })
+    .copy('app', '/opt/app/', { user: 'user' })
+    .copy('single.txt', '/opt/single.txt', { mode: 0o600, user: 'root' })
+    .setWorkdir('/opt/app')
+    .setUser('user')
+    .runCmd('whoami > whoami.txt && pwd >> whoami.txt')
+    .setStartCmd('python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv/www',
+      'curl -sf http://127.0.0.1:8000/ >/dev/null');
+}
+
+test('Template.build builds from base; Sandbox.create runs it with its start command', async () => {
+  const logs = [];
+  const t0 = Date.now();
+  const info = await Template.build(template(), 'tpl-e2e', { ...opts, onBuildLogs: (l) => logs.push(l) });
+  const cold = Date.now() - t0;
+  assert.equal(info.name, 'tpl-e2e');
+  assert.match(info.buildId, /^[0-9a-f-]{36}$/);
+  const text = logs.map((l) => l.message).join('\n');
+  assert.match(text, /RUN echo "\$GREETING"/);
+  assert.match(text, /Ready command succeeded/);
+  assert.equal(await Template.exists('tpl-e2e', opts), true);
+
+  const sbx = await Sandbox.create('tpl-e2e', opts);
+  try {
+    const run = async (cmd, o = {}) => (await sbx.commands.run(cmd, o)).stdout;
+    assert.equal(await run('cat /etc/greeting'), 'hi there\n');
+    assert.equal(await run('echo "$GREETING:$APP_HOME"'), 'hi there:/opt/app\n');
+    assert.equal(await run('cat /opt/app/hello.txt'), 'hello from COPY\n');
+    assert.equal(await run('stat -c %U:%a /opt/app/hello.txt /opt/single.txt'), 'user:644\nroot:600\n');
+    assert.equal(await run('/opt/app/sub/run.sh'), 'run.sh ran\n');
+    assert.equal(await run('cat /opt/app/whoami.txt'), 'user\n/opt/app\n');
+    // The start command's server answers at once: create waited for it.
+    assert.equal(await run('curl -s http://127.0.0.1:8000/'), 'served\n');
+  } finally {
+    await sbx.kill();
+  }
+
+  // The same template again: every step from the cache.
+  const again = [];
+  const t1 = Date.now();
+  await Template.build(template(), 'tpl-e2e', { ...opts, onBuildLogs: (l) => again.push(l) });
+  const cached = Date.now() - t1;
+  const msgs = again.map((l) => l.message);
+  assert.equal(msgs.filter((m) => m.startsWith('CACHED')).length, 5, msgs.join('\n'));  // RUN, COPY, COPY, WORKDIR, RUN
+  console.log(`# build: cold ${cold} ms, cached ${cached} ms`);
+});
+
+test('a failing step fails the build and names the step and exit status; the template is not changed', async () => {
+  const bad = Template().fromTemplate('base').runCmd('echo about to fail; exit 3');
+  await assert.rejects(Template.build(bad, 'tpl-fails', opts), (e) => {
+    assert.ok(e instanceof BuildError, String(e));
+    assert.match(e.message, /exit status 3/);
+    return true;
+  });
+  // A template whose first build failed cannot start sandboxes.
+  await assert.rejects(Sandbox.create('tpl-fails', opts), /tpl-fails/);
+});
+
+test('an image from a registry is refused with a clear build error', async () => {
+  await assert.rejects(Template.build(Template().fromImage('python:3.12'), 'tpl-image', opts),
+    /pulling images from registries is not supported/);
+  // E2B's default base image is this server's base template.
+  await Template.build(Template().fromBaseImage().runCmd('touch /tmp/x'), 'tpl-default-base', opts);
+});
+
+test('a template name taken by another template of the server is a conflict', async () => {
+  await assert.rejects(Template.build(Template().fromTemplate('base'), 'base', opts), /taken/);
+});
