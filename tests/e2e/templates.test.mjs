@@ -102,3 +102,69 @@ test('an image from a registry is refused with a clear build error', async () =>
 test('a template name taken by another template of the server is a conflict', async () => {
   await assert.rejects(Template.build(Template().fromTemplate('base'), 'base', opts), /taken/);
 });
+
+// The build API's bad inputs, through raw HTTP as a hostile client sends them.
+test('bad uploads and bad steps are refused with clear errors; nothing escapes the build sandbox', async () => {
+  const api = async (method, path, body) => {
+    const r = await fetch(opts.apiUrl + path, {
+      method, headers: { 'X-API-KEY': opts.apiKey, 'Content-Type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await r.text();
+    return { status: r.status, body: text ? JSON.parse(text) : null };
+  };
+  const req = await api('POST', '/v3/templates', { name: 'tpl-raw' });
+  assert.equal(req.status, 202);
+  const { templateID, buildID } = req.body;
+  const hash = 'ab'.repeat(32);
+  const link = await api('GET', `/templates/${templateID}/files/${hash}`);
+  assert.equal(link.status, 201);
+  assert.equal(link.body.present, false);
+  // A forged or altered link is refused.
+  const forged = link.body.url.replace(/signature=[0-9a-f]+/, 'signature=' + '0'.repeat(64));
+  assert.equal((await fetch(forged, { method: 'PUT', body: 'x' })).status, 401);
+  const otherHash = link.body.url.replace(hash, 'cd'.repeat(32));
+  assert.equal((await fetch(otherHash, { method: 'PUT', body: 'x' })).status, 401);
+  // A tar whose member climbs out of the target.
+  const { execFileSync } = await import('node:child_process');
+  const evil = execFileSync('python3', ['-c', `
+import io, sys, tarfile
+b = io.BytesIO()
+with tarfile.open(fileobj=b, mode='w') as t:
+    data = b'owned\\n'
+    i = tarfile.TarInfo('../../../../etc/evil'); i.size = len(data); t.addfile(i, io.BytesIO(data))
+sys.stdout.buffer.write(b.getvalue())`]);
+  assert.equal((await fetch(link.body.url, { method: 'PUT', body: evil })).status, 200);
+  assert.equal((await api('GET', `/templates/${templateID}/files/${hash}`)).body.present, true);
+  // An unknown step type, a COPY without a hash: 400 at start, nothing queued.
+  const bad1 = await api('POST', `/v2/templates/${templateID}/builds/${buildID}`,
+    { fromTemplate: 'base', steps: [{ type: 'ADD', args: ['x', 'y'] }] });
+  assert.equal(bad1.status, 400);
+  assert.match(bad1.body.message, /unknown step type/);
+  const bad2 = await api('POST', `/v2/templates/${templateID}/builds/${buildID}`,
+    { fromTemplate: 'base', steps: [{ type: 'COPY', args: ['a', '/b'] }] });
+  assert.equal(bad2.status, 400);
+  assert.match(bad2.body.message, /filesHash/);
+  // The climbing tar: tar refuses the member, the step fails with its log.
+  const start = await fetch(opts.apiUrl + `/v2/templates/${templateID}/builds/${buildID}`, {
+    method: 'POST', headers: { 'X-API-KEY': opts.apiKey, 'Content-Type': 'application/json' },
+    body: JSON.stringify({ fromTemplate: 'base', steps: [{ type: 'COPY', args: ['.', '/opt/x/'], filesHash: hash }] }),
+  });
+  assert.equal(start.status, 202);
+  assert.equal(start.headers.get('content-length'), '0');
+  let st;
+  for (let i = 0; i < 200; i++) {
+    st = await api('GET', `/templates/${templateID}/builds/${buildID}/status?logsOffset=0`);
+    if (st.body.status === 'error' || st.body.status === 'ready') break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.equal(st.body.status, 'error');
+  assert.equal(st.body.reason.step, '1');
+  assert.match(st.body.reason.message, /exit status/);
+  assert.match(JSON.stringify(st.body.logEntries), /\.\./);
+  // Starting the same build again: it has run.
+  assert.equal((await api('POST', `/v2/templates/${templateID}/builds/${buildID}`, { fromTemplate: 'base' })).status, 409);
+  // Another tenant's view: none (the local tenant is the only one here),
+  // so an unknown template id is 404.
+  assert.equal((await api('GET', `/templates/nope/builds/${buildID}/status`)).status, 404);
+});
