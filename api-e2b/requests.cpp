@@ -390,6 +390,12 @@ Result<builds::BuildSpec> parse_build_request(const HttpRequest& req) {
   if (auto it = body->find("fromImageRegistry"); it != body->end() && !it->is_null()) {
     if (!it->is_object()) return invalid_error("field 'fromImageRegistry' must be an object");
     b.registry_auth = true;
+    for (auto [field, out] : {std::pair{"type", &b.registry_type}, std::pair{"username", &b.registry_username},
+                              std::pair{"password", &b.registry_password}}) {
+      auto v = opt_string(*it, field, 8192);
+      if (!v) return Error(ErrorKind::kInvalid, "fromImageRegistry: " + v.error().message());
+      if (*v) *out = **v;
+    }
   }
   auto force = opt_bool(*body, "force");
   if (!force) return force.error();

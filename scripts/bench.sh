@@ -2,7 +2,7 @@
 # Builds the release configuration with the benchmarks and runs them.
 # Results (committed: the latest numbers): docs/bench/create-latency.json,
 # docs/bench/commands.json, docs/bench/llm-proxy.json, docs/bench/memory-codecs.json,
-# docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json.
+# docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json, docs/bench/templates.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -21,4 +21,6 @@ SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PW
   node tests/e2e/bench/commands.bench.mjs docs/bench/commands.json
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/egress.bench.mjs docs/bench/egress-sandbox.json
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/templates.bench.mjs docs/bench/templates.json
 node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt

@@ -40,7 +40,7 @@ LAYERS = {
     'wait-engine/coordinator': ['wait-engine/metrics'],
     'wait-engine/memory': ['wait-engine/metrics', 'storage', 'sandbox-runtime/lifecycle'],
     'wait-engine/llm': ['wait-engine/coordinator', 'wait-engine/memory', 'base/http', 'sandbox-runtime/lifecycle'],
-    'sandbox-runtime/builds': ['base/http', 'tenancy', 'sandbox-runtime/host'],
+    'sandbox-runtime/builds': ['base/http', 'tenancy', 'sandbox-runtime/host', 'sandbox-runtime/templates'],
     'api-e2b': ['sandbox-runtime/lifecycle', 'sandbox-runtime/builds'],
     'gateway': ['api-e2b', 'sandbox-runtime/process', 'sandbox-runtime/microvm', 'sandbox-runtime/templates',
                 'wait-engine/llm'],

@@ -10,12 +10,15 @@ PKGS=(
   debootstrap iproute2 util-linux curl ca-certificates
   clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
   e2fsprogs cpio busybox-static qemu-system-x86
+  docker-registry bash-static apache2-utils
   docker-compose python3-venv
 )
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
 # guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
 # harness (tests/kvm-harness), which runs microVMs under QEMU TCG.
 # liblz4-dev: the zswap-like LZ4 baseline of tests/bench/memory_codec_bench.
+# docker-registry, bash-static, apache2-utils (htpasswd): the registry the
+# template tests pull from, the image they push to it, its Basic auth.
 # docker-compose: `docker-compose config` validates compose/ in the
 # compose_check test (no container engine is needed for that).
 

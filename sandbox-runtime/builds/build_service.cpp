@@ -16,7 +16,10 @@
 #include "base/http/message.h"
 #include "base/log.h"
 #include "base/sys.h"
+#include "sandbox-runtime/builds/oci_layer.h"
+#include "sandbox-runtime/builds/registry.h"
 #include "sandbox-runtime/host/envd_client.h"
+#include "sandbox-runtime/templates/template_builder.h"
 
 namespace sg::builds {
 
@@ -178,9 +181,7 @@ class BuildService::Run {
         ref = svc_.cfg_.base_template;
         log("info", "FROM " + image + ": this server's base template");
       } else {
-        return invalid_error("fromImage '" + image +
-                             "': pulling images from registries is not supported by this server yet; build "
-                             "fromTemplate('base') or fromBaseImage() instead");
+        return from_image(image);
       }
     }
     Result<std::optional<storage::TemplateRow>> t = svc_.store_.find_template(job_.tenant_id, ref);
@@ -205,6 +206,85 @@ class BuildService::Run {
                           ctx_.rootfs + " " + (*t)->layers);
     log("info", "FROM template " + (*t)->name + " (" + std::to_string(ctx_.layers.size()) + " layers)");
     return Status::Ok();
+  }
+
+  // A registry image as the base: pulled (blobs cached by digest), its
+  // layers applied into a root of its own (cached by manifest digest),
+  // given the user and the directories sandboxes need.
+  Status from_image(const std::string& image) {
+    const BuildSpec& s = job_.spec;
+    Result<ImageRef> ref = parse_image_ref(image);
+    if (!ref) return ref.error();
+    std::optional<RegistryCredentials> creds;
+    if (s.registry_auth) {
+      if (s.registry_type != "registry")
+        return invalid_error("fromImageRegistry type '" + s.registry_type +
+                             "': only 'registry' (username and password) is supported by this server");
+      creds = RegistryCredentials{s.registry_username, s.registry_password};
+    }
+    log("info", "FROM " + ref->text() + ": pulling");
+    RegistryOptions opt;
+    opt.blob_dir = svc_.cfg_.data_dir + "/images/blobs";
+    opt.insecure = svc_.cfg_.insecure_registries;
+    opt.log = [this](const std::string& m) { log("info", m); };
+    Result<PulledImage> img = pull_image(*ref, creds, opt);
+    if (!img) return img.error();
+    std::string root = svc_.cfg_.data_dir + "/images/" + img->manifest_digest.substr(7);
+    if (!sys::path_exists(root + "/" + templates::kMarkerFile)) {
+      std::string tmp = root + ".partial-" + sys::random_hex(4);
+      if (Status st = sys::make_dirs(tmp, 0755); !st) return st;
+      struct Drop {
+        std::string dir;
+        ~Drop() { (void)sys::remove_tree(dir); }
+      } drop{tmp};
+      for (size_t i = 0; i < img->layer_files.size(); ++i) {
+        Result<AppliedLayer> a = apply_layer(tmp, img->layer_files[i]);
+        if (!a) return a.error().with_context("image layer " + std::to_string(i + 1));
+      }
+      if (Status st = make_sandbox_ready(tmp); !st) return st;
+      (void)sys::remove_tree(root);
+      if (::rename(tmp.c_str(), root.c_str()) != 0) return sys::errno_error("rename", tmp);
+      drop.dir.clear();
+    } else {
+      log("info", "image " + img->manifest_digest.substr(0, 19) + ": unpacked already");
+    }
+    ctx_.rootfs = root;
+    for (const auto& [k, v] : img->config.env) ctx_.env[k] = v;
+    // The image's WorkingDir is not taken: steps and sandboxes run as "user",
+    // whom an image's directory (often /root) may shut out.
+    ctx_.key = sha256_hex("tenant " + job_.tenant_id + "\nimage " + img->manifest_digest);
+    log("info", "FROM " + ref->text() + " (" + img->manifest_digest.substr(0, 19) + ", " +
+                    std::to_string(img->layer_files.size()) + " layers)");
+    return Status::Ok();
+  }
+
+  // What every template's root needs: the user "user" (uid 1000, home
+  // /home/user) and /.sandgate. The paths finalize_rootfs writes are
+  // checked first to be plain (no symlink on the way): the image is
+  // hostile, and this runs as root on the host.
+  Status make_sandbox_ready(const std::string& root) {
+    for (const char* rel : {"etc", "etc/passwd", "etc/group", "etc/shadow", "etc/gshadow", "etc/profile", "etc/skel",
+                            "etc/skel/.bashrc", "etc/skel/.profile", "etc/skel/.bash_logout", "home", "home/user",
+                            ".sandgate", "var", "var/cache", "var/cache/apt", "var/cache/apt/archives", "var/lib",
+                            "var/lib/apt", "var/lib/apt/lists"}) {
+      struct stat st;
+      std::string p = root + "/" + rel;
+      if (::lstat(p.c_str(), &st) != 0) continue;
+      if (S_ISLNK(st.st_mode))
+        return invalid_error(std::string("the image's /") + rel + " is a symbolic link: not supported as a template base");
+    }
+    for (const char* f : {"etc/passwd", "etc/group", "etc/shadow"}) {
+      std::string p = root + "/" + f;
+      if (!sys::path_exists(p)) {
+        if (Status st = sys::make_dirs(root + "/etc", 0755); !st) return st;
+        std::string init = std::string(f) == "etc/passwd" ? "root:x:0:0:root:/root:/bin/sh\n"
+                           : std::string(f) == "etc/group" ? "root:x:0:\n"
+                                                           : "root:*:19000:0:99999:7:::\n";
+        if (Status st = sys::write_file(p, init); !st) return st;
+        ::chmod(p.c_str(), std::string(f) == "etc/shadow" ? 0640 : 0644);
+      }
+    }
+    return templates::finalize_rootfs(root);
   }
 
   Status step(const Step& st) {

@@ -58,6 +58,8 @@ struct BuildSpec {
   std::string from_template;  // a template name or id; or
   std::string from_image;     // an image reference
   bool registry_auth = false;  // fromImageRegistry was given
+  std::string registry_type;  // its type: "registry" (username, password) is built
+  std::string registry_username, registry_password;
   std::vector<Step> steps;
   std::string start_cmd, ready_cmd;
   bool force = false;
@@ -74,6 +76,8 @@ struct BuildConfig {
   // The fromImage E2B's SDKs default to; built from the base template.
   std::string base_image = "e2bdev/base";
   std::string base_template = "base";
+  // Registries spoken to over plain HTTP besides localhost (registry.h).
+  std::vector<std::string> insecure_registries;
   // Environment every build sandbox gets (the egress proxy's, with
   // --egress, so that steps can download).
   std::vector<std::pair<std::string, std::string>> sandbox_env;
