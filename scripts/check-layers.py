@@ -80,7 +80,10 @@ def closure():
 
 def sources(root):
     for d, dirs, files in os.walk(root):
-        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith(('build', '.')))
+        # Build trees sit at the top (build/, build-*/); sandbox-runtime/builds is source.
+        top = os.path.samefile(d, root)
+        dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and not x.startswith('.') and
+                         not (top and x.startswith('build')))
         for f in sorted(files):
             if SOURCE.search(f):
                 yield os.path.relpath(os.path.join(d, f), root)

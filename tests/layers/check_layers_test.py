@@ -20,7 +20,10 @@ def run(root):
 
 def copy_tree(dst):
     for d, dirs, files in os.walk(ROOT):
-        dirs[:] = [x for x in dirs if x not in ('build', 'node_modules', '.git') and not x.startswith(('build', '.'))]
+        # Build trees sit at the top (build/, build-*/); sandbox-runtime/builds is source.
+        top = os.path.samefile(d, ROOT)
+        dirs[:] = [x for x in dirs if x not in ('node_modules', '.git') and not x.startswith('.') and
+                   not (top and x.startswith('build'))]
         for f in files:
             if f.endswith(('.h', '.hpp', '.cpp', '.cc')):
                 rel = os.path.relpath(os.path.join(d, f), ROOT)
