@@ -467,7 +467,7 @@ http::ServerConfig server_config(const AppConfig& cfg) {
 // Template builds (process backend): layers and uploads under the data
 // directory, the egress proxy's environment for steps that download.
 std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store,
-                                                  runtime::Runtime& rt) {
+                                                  runtime::Runtime& rt, network::EgressPolicies* egress_policies) {
   if (use_kvm) {
     LOG_INFO("template builds: off (they need the process backend)");
     return nullptr;
@@ -475,7 +475,8 @@ std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use
   builds::BuildConfig bc;
   bc.data_dir = cfg.data_dir;
   bc.clock = [] { return sys::unix_seconds(); };
-  if (cfg.egress) bc.sandbox_env = lifecycle::egress_proxy_env();
+  if (egress_policies) bc.sandbox_env = lifecycle::egress_proxy_env();
+  bc.egress_policies = egress_policies;
   return std::make_unique<builds::BuildService>(store, rt, std::move(bc));
 }
 
@@ -538,19 +539,18 @@ int fail(const Error& e) {
 // 127.0.0.1:49982 inside (each agent-opened stream becomes one HTTP
 // connection the server adopts, bound to its sandbox) and, where the
 // server has egress, the egress proxy at 127.0.0.1:49984 (one proxy
-// connection each). The runtime that calls opener() is built before the
-// server and the proxy (no sandbox exists before they do): they are
-// attached once built and detached first at stop.
+// connection each). The egress proxy exists before the runtime; the server
+// cannot (its routes reach the sandboxes, which the runtime makes), so it
+// is the one link bound late: attached once built (no sandbox exists
+// before it does) and detached first at stop.
 class GatewayServices {
  public:
-  void attach(http::HttpServer* server, EgressProxy* egress) {
-    egress_.store(egress);
-    server_.store(server);
-  }
+  explicit GatewayServices(EgressProxy* egress) : egress_(egress) {}
+  void attach(http::HttpServer* server) { server_.store(server); }
   runtime::ServiceOpener opener() {
     return [this](const std::string& sandbox_id, const std::string& service) -> Result<UniqueFd> {
       http::HttpServer* srv = server_.load();
-      EgressProxy* egress = egress_.load();
+      EgressProxy* egress = egress_;
       bool known = (service == "llm" && srv) || (service == "egress" && egress);
       if (!known) return not_found_error("no gateway service \"" + service + "\" on this host");
       int sv[2];
@@ -568,7 +568,7 @@ class GatewayServices {
 
  private:
   std::atomic<http::HttpServer*> server_{nullptr};
-  std::atomic<EgressProxy*> egress_{nullptr};
+  EgressProxy* const egress_;
 };
 
 // The stop, in order: no new connections or service streams, then the
@@ -576,11 +576,10 @@ class GatewayServices {
 void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
               builds::BuildService* builds, std::optional<EgressProxy>& egress, llm::ModelGateway& models,
               runtime::Runtime& rt) {
-  services.attach(nullptr, nullptr);
+  services.attach(nullptr);
   server.stop();
   if (builds) builds->stop();  // running builds fail, their sandboxes go
   sandboxes.shutdown();
-  sandboxes.set_network_hook({});
   egress.reset();  // its connections' sandboxes are gone: their threads end
   // The model gateway outlives the server object (whose destruction drops
   // suspended request coroutines that refer to it) but lets go of the
@@ -594,11 +593,11 @@ void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::Sa
 
 }  // namespace
 
-// The objects are built in dependency order and torn down in reverse.
-// Two links still close a loop and are bound late (docs/design.md,
-// "Wiring"): the runtime opens gateway services on the server and the
-// egress proxy, which exist only later (no sandbox exists before they do),
-// and the model gateway sets the lifecycle's wait hooks.
+// The objects are built in dependency order. One link closes a loop and is
+// bound late (docs/design.md, "Wiring"): the runtime opens the model
+// proxy's streams on the server, which exists only later (its routes reach
+// the sandboxes); no sandbox exists before it does. The stop is
+// stop_all()'s order, then destruction in reverse.
 int serve(const AppConfig& cfg_in) {
   AppConfig cfg = with_defaults(cfg_in);
   Result<std::string> metrics_token = read_metrics_token(cfg);
@@ -612,7 +611,18 @@ int serve(const AppConfig& cfg_in) {
   Result<std::unique_ptr<storage::Store>> store = open_store(cfg);
   if (!store) return fail(store.error());
 
-  GatewayServices services;
+  // Each sandbox's egress policy, written by the lifecycle core and the
+  // builds, read by the egress proxy (which listens for changes).
+  network::EgressPolicies egress_policies;
+  std::optional<EgressProxy> egress;
+  if (cfg.egress) {
+    EgressConfig ec;
+    ec.allow_internal = cfg.egress_allow_private;
+    egress.emplace(ec, egress_policies);
+    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
+             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
+  }
+  GatewayServices services(egress ? &*egress : nullptr);
   std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener());
 
   tenancy::Tenants tenants(**store);
@@ -632,26 +642,13 @@ int serve(const AppConfig& cfg_in) {
 
   lifecycle::ServiceConfig svc_cfg;
   svc_cfg.egress = cfg.egress;
+  svc_cfg.egress_policies = &egress_policies;
   svc_cfg.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
   svc_cfg.waits = wait_config(cfg, *memory_engine != nullptr, pressure);
   svc_cfg.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   lifecycle::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); }, memory_engine->get());
-  std::unique_ptr<builds::BuildService> template_builds = make_builds(cfg, *use_kvm, **store, *rt);
-  std::optional<EgressProxy> egress;
-  if (cfg.egress) {
-    EgressConfig ec;
-    ec.allow_internal = cfg.egress_allow_private;
-    // A build's sandboxes reach the internet (steps download packages).
-    egress.emplace(ec, [&sandboxes, &template_builds](const std::string& id) -> std::optional<network::EgressPolicy> {
-      if (template_builds && template_builds->owns_sandbox(id)) return network::EgressPolicy{};
-      return sandboxes.egress_policy(id);
-    });
-    // An update of a sandbox's policy closes its open connections the new
-    // one refuses.
-    sandboxes.set_network_hook([&egress](const std::string& id) { egress->recheck(id); });
-    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
-             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
-  }
+  std::unique_ptr<builds::BuildService> template_builds =
+      make_builds(cfg, *use_kvm, **store, *rt, cfg.egress ? &egress_policies : nullptr);
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
 
   Result<std::unique_ptr<llm::ModelGateway>> models =
@@ -676,7 +673,7 @@ int serve(const AppConfig& cfg_in) {
                           Routes{*metrics_token, **models, tenants, **store, request_limit, control}, proxy,
                           (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
-  services.attach(&server, egress ? &*egress : nullptr);
+  services.attach(&server);
 
   // The sweep re-arms itself after each run, so runs never overlap.
   std::function<void()> sweep;

@@ -202,10 +202,13 @@ void relay(int a, int b, std::chrono::milliseconds idle, uint64_t* a_to_b, uint6
 
 }  // namespace
 
-EgressProxy::EgressProxy(EgressConfig cfg, PolicyLookup policy, Resolver resolve)
-    : cfg_(std::move(cfg)), policy_(std::move(policy)), resolve_(resolve ? std::move(resolve) : Resolver(system_resolve)) {}
+EgressProxy::EgressProxy(EgressConfig cfg, network::EgressPolicies& policies, Resolver resolve)
+    : cfg_(std::move(cfg)), policies_(policies), resolve_(resolve ? std::move(resolve) : Resolver(system_resolve)) {
+  policies_.listen(this);
+}
 
 EgressProxy::~EgressProxy() {
+  policies_.unlisten(this);
   std::unique_lock<std::mutex> l(mu_);
   stopping_ = true;
   for (const auto& [fd, o] : open_) ::shutdown(fd, SHUT_RDWR);
@@ -251,7 +254,7 @@ void EgressProxy::adopt(UniqueFd conn, const std::string& sandbox_id) {
 }
 
 void EgressProxy::recheck(const std::string& sandbox_id) {
-  std::optional<network::EgressPolicy> pol = policy_(sandbox_id);  // not under mu_: it takes the service's locks
+  std::optional<network::EgressPolicy> pol = policies_.get(sandbox_id);  // not under mu_
   std::lock_guard<std::mutex> l(mu_);
   for (const auto& [fd, o] : open_) {
     if (o.sandbox_id != sandbox_id || !o.decided) continue;
@@ -296,7 +299,7 @@ void EgressProxy::serve(int fd, const std::string& sandbox_id) {
     o.addr = a;
   };
   watch(addrs->front());
-  std::optional<network::EgressPolicy> pol = policy_(sandbox_id);
+  std::optional<network::EgressPolicy> pol = policies_.get(sandbox_id);
   if (!pol) {
     count(&EgressStats::denied);
     respond(fd, 403, "Forbidden", "this sandbox has no network egress");

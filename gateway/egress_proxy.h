@@ -29,6 +29,7 @@
 #include <optional>
 #include <string>
 
+#include "sandbox-runtime/network/egress_policies.h"
 #include "sandbox-runtime/network/egress_policy.h"
 #include "base/fd.h"
 #include "base/status.h"
@@ -53,15 +54,16 @@ struct EgressStats {
   uint64_t bytes_out = 0, bytes_in = 0;  // sandbox -> destination, back
 };
 
-class EgressProxy {
+class EgressProxy final : public network::EgressPolicies::Listener {
  public:
-  // The policy of a live sandbox; nullopt: none (gone, or no egress).
-  using PolicyLookup = std::function<std::optional<network::EgressPolicy>(const std::string& sandbox_id)>;
   // Names to addresses (getaddrinfo by default; tests give their own).
   using Resolver = std::function<Result<std::vector<std::array<uint8_t, 16>>>(const std::string& host)>;
 
-  EgressProxy(EgressConfig cfg, PolicyLookup policy, Resolver resolve = {});
-  ~EgressProxy();
+  // policies: each sandbox's policy (no entry: it may not get out), which
+  // must outlive the proxy; the proxy listens to it from here to its
+  // destructor, rechecking a sandbox's open connections when it changes.
+  EgressProxy(EgressConfig cfg, network::EgressPolicies& policies, Resolver resolve = {});
+  ~EgressProxy() override;
   EgressProxy(const EgressProxy&) = delete;
   EgressProxy& operator=(const EgressProxy&) = delete;
 
@@ -72,13 +74,14 @@ class EgressProxy {
   // now) are closed; connections still reading their head are decided
   // when it is in.
   void recheck(const std::string& sandbox_id);
+  void policy_changed(const std::string& sandbox_id) override { recheck(sandbox_id); }
   EgressStats stats();
 
  private:
   void serve(int fd, const std::string& sandbox_id);
 
   EgressConfig cfg_;
-  PolicyLookup policy_;
+  network::EgressPolicies& policies_;
   Resolver resolve_;
   std::mutex mu_;
   std::condition_variable cv_;

@@ -408,18 +408,16 @@ class BuildService::Run {
       if (sb) {
         if (Status s = sb->kill(); !s) LOG_ERROR("build sandbox " << spec.id << ": kill: " << s.error().message());
       }
-      std::lock_guard<std::mutex> g(svc.mu_);
-      svc.sandboxes_.erase(spec.id);
+      if (svc.cfg_.egress_policies) svc.cfg_.egress_policies->erase(spec.id);
     }
   };
 
   Result<std::unique_ptr<Box>> open_box(const std::string& staging) {
     auto box = std::make_unique<Box>(svc_, spec());
     if (!staging.empty()) box->spec.layers.push_back(staging);
-    {
-      std::lock_guard<std::mutex> g(svc_.mu_);
-      svc_.sandboxes_.insert(box->spec.id);
-    }
+    // Builds download: any destination (the host's internal networks
+    // stay closed unless the server opens them).
+    if (svc_.cfg_.egress_policies) svc_.cfg_.egress_policies->set(box->spec.id, network::EgressPolicy{});
     Result<std::unique_ptr<runtime::Sandbox>> sb = svc_.runtime_.create(box->spec);
     if (!sb) return sb.error().with_context("start the build sandbox");
     box->sb = std::move(*sb);
@@ -790,11 +788,6 @@ Status BuildService::upload(const std::string& template_id, const std::string& h
   std::string dir = cfg_.data_dir + "/template-files/" + builds->front().tenant_id;
   if (Status s = sys::make_dirs(dir, 0700); !s) return s;
   return sys::write_file_atomic(dir + "/" + hash, body);
-}
-
-bool BuildService::owns_sandbox(const std::string& id) {
-  std::lock_guard<std::mutex> g(mu_);
-  return sandboxes_.count(id) > 0;
 }
 
 }  // namespace sg::builds

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "sandbox-runtime/network/egress_policies.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
 
@@ -79,8 +80,10 @@ struct BuildConfig {
   // Registries spoken to over plain HTTP besides localhost (registry.h).
   std::vector<std::string> insecure_registries;
   // Environment every build sandbox gets (the egress proxy's, with
-  // --egress, so that steps can download).
+  // --egress, so that steps can download), and where their policy (any
+  // destination) goes; null: build sandboxes have no way out.
   std::vector<std::pair<std::string, std::string>> sandbox_env;
+  network::EgressPolicies* egress_policies = nullptr;
   std::function<int64_t()> clock;  // unix seconds
 };
 
@@ -125,9 +128,6 @@ class BuildService {
                 std::string_view body);
   static bool is_upload_path(std::string_view path);
 
-  // Whether id is a build's sandbox (the egress proxy lets builds out).
-  bool owns_sandbox(const std::string& id);
-
   // Ends the workers; builds running fail ("the server stopped").
   void stop();
 
@@ -152,7 +152,6 @@ class BuildService {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;            // GUARDED_BY(mu_)
-  std::set<std::string> sandboxes_;  // GUARDED_BY(mu_): build sandboxes alive
   bool stopping_ = false;            // GUARDED_BY(mu_)
   std::atomic<bool> stop_flag_{false};
   std::vector<std::thread> workers_;

@@ -301,6 +301,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     enter(*live, State::kRunning);
   }
   row.state = std::string(stored_state(State::kRunning));
+  if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->set(row.id, p.network.egress);
   {
     MutexLock g(mu_);
     live_[row.id] = live;
@@ -371,6 +372,7 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
     MutexLock g(mu_);
     live_.erase(id);
   }
+  if (cfg_.egress_policies) cfg_.egress_policies->erase(id);
   if (!done) done = store_.finish(id, state, reason, clock_());
   if (!done) {
     MutexLock g(lost_mu_);
@@ -487,23 +489,11 @@ std::vector<std::pair<std::string, std::string>> egress_proxy_env() {
           {"NO_PROXY", local},  {"no_proxy", local}};
 }
 
-std::optional<network::EgressPolicy> SandboxService::egress_policy(const std::string& id) {
-  if (!cfg_.egress) return std::nullopt;
-  std::shared_ptr<Live> live = find_live(id);
-  if (!live) return std::nullopt;
-  MutexLock g(live->net_mu);
-  return live->network.egress;
-}
-
 std::optional<NetworkParams> SandboxService::network(const std::string& id) {
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return std::nullopt;
   MutexLock g(live->net_mu);
   return live->network;
-}
-
-void SandboxService::set_network_hook(std::function<void(const std::string& id)> network_changed) {
-  network_changed_ = std::move(network_changed);
 }
 
 Status SandboxService::update_network(const std::string& tenant_id, const std::string& id, const NetworkParams& n) {
@@ -524,7 +514,8 @@ Status SandboxService::update_network(const std::string& tenant_id, const std::s
         "egress: " + std::to_string(n.allow_out.size()) + " allowOut, " + std::to_string(n.deny_out.size()) +
             " denyOut entries; internet access " +
             (n.allow_internet ? (*n.allow_internet ? "on" : "off") : "default (on)"));
-  if (network_changed_) network_changed_(id);
+  // Outside the sandbox's locks: the proxy's recheck reads the table.
+  if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->set(id, n.egress);
   return Status::Ok();
 }
 

@@ -48,6 +48,7 @@
 #include "sandbox-runtime/lifecycle/guest_memory.h"
 #include "sandbox-runtime/lifecycle/params.h"
 #include "sandbox-runtime/lifecycle/state.h"
+#include "sandbox-runtime/network/egress_policies.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
 #include "wait-engine/coordinator/coordinator.h"
@@ -75,9 +76,11 @@ struct ServiceConfig {
   bool model_proxy_env = true;
   // Network egress through the gateway's egress proxy (docs/egress.md):
   // off, every sandbox has none and a create asking for it (a non-empty
-  // network.allowOut) is refused; on, each sandbox's policy is kept for
-  // the proxy and HTTP(S)_PROXY in its environment point at it.
+  // network.allowOut) is refused; on, each live sandbox's policy is kept
+  // in egress_policies (which the proxy reads and listens to) and
+  // HTTP(S)_PROXY in its environment point at the proxy.
   bool egress = false;
+  network::EgressPolicies* egress_policies = nullptr;  // required with egress; outlives the service
   // Memory offload (with a memory engine): at most this many offloads at
   // once, the CPU budget of the encoders.
   size_t offload_concurrency = 1;
@@ -118,9 +121,6 @@ class SandboxService {
   Status recover();
 
   Result<storage::SandboxRow> create(const storage::TenantRow& tenant, const CreateParams& p);
-  // The egress policy of a live sandbox; nullopt when it is gone or the
-  // server has no egress. Any thread (the egress proxy asks per connection).
-  std::optional<network::EgressPolicy> egress_policy(const std::string& id);
   // The network configuration of a live sandbox as the client last gave
   // it (create or update); nullopt when it is gone.
   std::optional<NetworkParams> network(const std::string& id);
@@ -128,10 +128,8 @@ class SandboxService {
   // gets n as its whole egress configuration (kNotFound otherwise, also
   // for other tenants' ids; kInvalid for a non-empty allowOut on a server
   // without egress, changing nothing). Connections opened later follow it;
-  // the network_changed hook (the egress proxy) closes open ones it refuses.
+  // the egress proxy, told by egress_policies, closes open ones it refuses.
   Status update_network(const std::string& tenant_id, const std::string& id, const NetworkParams& n);
-  // Set once, before serving; called without a sandbox lock held.
-  void set_network_hook(std::function<void(const std::string& id)> network_changed);
   // A running or paused sandbox of the tenant; kNotFound otherwise (also
   // for other tenants' ids).
   Result<storage::SandboxRow> get(const std::string& tenant_id, const std::string& id);
@@ -283,7 +281,6 @@ class SandboxService {
   Mutex mu_;
   std::unordered_map<std::string, std::shared_ptr<Live>> live_ GUARDED_BY(mu_);
   int64_t last_sample_s_ = 0;                                     // touched by tick() only
-  std::function<void(const std::string&)> network_changed_;     // set before serving
   GuestMemoryStore* const memory_;  // may be null
   const size_t offload_slots_;
   std::atomic<size_t> offloads_running_{0};

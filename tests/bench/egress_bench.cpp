@@ -123,7 +123,9 @@ int main(int argc, char** argv) {
   gateway::EgressConfig cfg;
   cfg.allow_internal = true;
   cfg.max_per_sandbox = 1024;
-  gateway::EgressProxy proxy(cfg, [](const std::string&) { return network::parse_egress_policy({}, {}, true).value(); });
+  network::EgressPolicies policies;
+  policies.set("bench", network::parse_egress_policy({}, {}, true).value());
+  gateway::EgressProxy proxy(cfg, policies);
 
   std::vector<double> direct_ms, proxied_ms;
   for (int i = 0; i < conns; ++i) {

@@ -95,22 +95,15 @@ struct Client {
   }
 };
 
-std::map<std::string, network::EgressPolicy> policies() {
-  std::map<std::string, network::EgressPolicy> m;
-  m["open"] = *network::parse_egress_policy({}, {}, true);
-  m["closed"] = *network::parse_egress_policy({}, {}, false);
-  m["named"] = *network::parse_egress_policy({"allowed.test"}, {}, false);
-  return m;
-}
-
-gateway::EgressProxy::PolicyLookup lookup() {
-  auto m = std::make_shared<std::map<std::string, network::EgressPolicy>>(policies());
-  return [m](const std::string& id) -> std::optional<network::EgressPolicy> {
-    auto it = m->find(id);
-    if (it == m->end()) return std::nullopt;
-    return it->second;
-  };
-}
+// The sandboxes of these tests: one open to the internet, one closed, one
+// that may reach allowed.test only.
+struct Policies : network::EgressPolicies {
+  Policies() {
+    set("open", *network::parse_egress_policy({}, {}, true));
+    set("closed", *network::parse_egress_policy({}, {}, false));
+    set("named", *network::parse_egress_policy({"allowed.test"}, {}, false));
+  }
+};
 
 // Test names: allowed.test and other.test are the loopback address.
 gateway::EgressProxy::Resolver resolver() {
@@ -131,7 +124,8 @@ gateway::EgressConfig internal_open() {
 
 TEST_CASE("egress proxy: an absolute-form request reaches the origin in origin form, one request, no Proxy-* headers") {
   Origin origin;
-  gateway::EgressProxy proxy(internal_open(), lookup(), resolver());
+  Policies proxy_policies;
+  gateway::EgressProxy proxy(internal_open(), proxy_policies, resolver());
   Client c(proxy, "open");
   std::string r = c.exchange("GET http://127.0.0.1:" + std::to_string(origin.port) +
                              "/simple?x=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic c2VjcmV0\r\n"
@@ -147,7 +141,8 @@ TEST_CASE("egress proxy: an absolute-form request reaches the origin in origin f
 
 TEST_CASE("egress proxy: CONNECT opens a tunnel, by name where allowOut names it") {
   Origin origin;
-  gateway::EgressProxy proxy(internal_open(), lookup(), resolver());
+  Policies proxy_policies;
+  gateway::EgressProxy proxy(internal_open(), proxy_policies, resolver());
   Client c(proxy, "named");
   c.send("CONNECT allowed.test:" + std::to_string(origin.port) + " HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
   std::string est = read_until(c.mine.get(), "\r\n\r\n");
@@ -164,14 +159,16 @@ TEST_CASE("egress proxy: CONNECT opens a tunnel, by name where allowOut names it
 TEST_CASE("egress proxy: refusals are 403s that say why; bad requests 400; unreachable 502") {
   Origin origin;
   std::string target = "127.0.0.1:" + std::to_string(origin.port);
-  gateway::EgressProxy strict(gateway::EgressConfig{}, lookup(), resolver());  // internal networks closed
+  Policies strict_policies;
+  gateway::EgressProxy strict(gateway::EgressConfig{}, strict_policies, resolver());  // internal networks closed
   std::string r = Client(strict, "open").exchange("CONNECT " + target + " HTTP/1.1\r\n\r\n");
   CHECK(r.rfind("HTTP/1.1 403", 0) == 0);
   CHECK(r.find("internal to the host's networks") != std::string::npos);
   r = Client(strict, "no-such-sandbox").exchange("CONNECT " + target + " HTTP/1.1\r\n\r\n");
   CHECK(r.find("this sandbox has no network egress") != std::string::npos);
 
-  gateway::EgressProxy proxy(internal_open(), lookup(), resolver());
+  Policies proxy_policies;
+  gateway::EgressProxy proxy(internal_open(), proxy_policies, resolver());
   r = Client(proxy, "closed").exchange("GET http://" + target + "/ HTTP/1.1\r\n\r\n");
   CHECK(r.rfind("HTTP/1.1 403", 0) == 0);
   for (const char* bad : {"GET /relative HTTP/1.1\r\n\r\n", "CONNECT nohostport HTTP/1.1\r\n\r\n",
@@ -201,7 +198,8 @@ TEST_CASE("egress proxy: a head that does not come in time is a 400; connections
   gateway::EgressConfig cfg = internal_open();
   cfg.head_timeout = 300ms;
   cfg.max_per_sandbox = 1;
-  gateway::EgressProxy proxy(cfg, lookup(), resolver());
+  Policies proxy_policies;
+  gateway::EgressProxy proxy(cfg, proxy_policies, resolver());
   Client slow(proxy, "open");
   slow.send("CONNECT 127.0.0.1:1 HTTP/1.1\r\n");  // never finished
   // The slot is held while the head is awaited: a second connection of the
@@ -219,7 +217,8 @@ TEST_CASE("egress proxy: stopping closes open tunnels") {
   Origin origin;
   Client* held = nullptr;
   {
-    gateway::EgressProxy proxy(internal_open(), lookup(), resolver());
+    Policies proxy_policies;
+    gateway::EgressProxy proxy(internal_open(), proxy_policies, resolver());
     held = new Client(proxy, "open");
     held->send("CONNECT 127.0.0.1:" + std::to_string(origin.port) + " HTTP/1.1\r\n\r\n");
     CHECK(read_until(held->mine.get(), "\r\n\r\n") == "HTTP/1.1 200 Connection Established\r\n\r\n");
@@ -230,28 +229,18 @@ TEST_CASE("egress proxy: stopping closes open tunnels") {
 
 TEST_CASE("egress proxy: a policy update closes the open tunnels it refuses and keeps the rest") {
   Origin origin;
-  auto m = std::make_shared<std::map<std::string, network::EgressPolicy>>();
-  auto mu = std::make_shared<std::mutex>();
-  (*m)["s"] = *network::parse_egress_policy({"allowed.test", "other.test"}, {}, false);
-  (*m)["t"] = *network::parse_egress_policy({}, {}, true);
-  gateway::EgressProxy::PolicyLookup look = [m, mu](const std::string& id) -> std::optional<network::EgressPolicy> {
-    std::lock_guard<std::mutex> l(*mu);
-    auto it = m->find(id);
-    if (it == m->end()) return std::nullopt;
-    return it->second;
-  };
-  gateway::EgressProxy proxy(internal_open(), look, resolver());
+  network::EgressPolicies policies;
+  policies.set("s", *network::parse_egress_policy({"allowed.test", "other.test"}, {}, false));
+  policies.set("t", *network::parse_egress_policy({}, {}, true));
+  gateway::EgressProxy proxy(internal_open(), policies, resolver());
   const std::string port = std::to_string(origin.port);
   Client kept(proxy, "s"), cut(proxy, "s"), other_sandbox(proxy, "t");
   for (auto [c, host] : {std::pair{&kept, "allowed.test"}, std::pair{&cut, "other.test"}, std::pair{&other_sandbox, "other.test"}}) {
     c->send(std::string("CONNECT ") + host + ":" + port + " HTTP/1.1\r\n\r\n");
     REQUIRE(read_until(c->mine.get(), "\r\n\r\n") == "HTTP/1.1 200 Connection Established\r\n\r\n");
   }
-  {
-    std::lock_guard<std::mutex> l(*mu);
-    (*m)["s"] = *network::parse_egress_policy({"allowed.test"}, {}, false);
-  }
-  proxy.recheck("s");
+  // The table tells the proxy (its listener): no recheck call needed.
+  policies.set("s", *network::parse_egress_policy({"allowed.test"}, {}, false));
   // The refused tunnel is closed: a request through it gets nothing back.
   // (The send may already fail: the proxy has closed its end.)
   auto cut_off = [](Client& c, const std::string& request) {
@@ -266,10 +255,6 @@ TEST_CASE("egress proxy: a policy update closes the open tunnels it refuses and 
   Client last(proxy, "t");
   last.send("CONNECT allowed.test:" + port + " HTTP/1.1\r\n\r\n");
   REQUIRE(read_until(last.mine.get(), "\r\n\r\n") == "HTTP/1.1 200 Connection Established\r\n\r\n");
-  {
-    std::lock_guard<std::mutex> l(*mu);
-    m->erase("t");
-  }
-  proxy.recheck("t");
+  policies.erase("t");
   CHECK(cut_off(last, "GET /gone HTTP/1.1\r\nHost: allowed.test\r\n\r\n"));
 }

@@ -467,3 +467,46 @@ TEST_CASE("lifecycle core: a sandbox whose memory was lost is ended as lost by t
   CHECK(h.svc->live_count() == 0);
   CHECK(h.svc->memory_in_use() == 0);
 }
+
+// The egress policy table (network/egress_policies.h): the core writes each
+// live sandbox's policy at create, replaces it on a network update (which
+// tells the listener, the egress proxy in the gateway) and removes it at
+// the end; a sandbox that may not get out is never in it.
+TEST_CASE("lifecycle core: each live sandbox's egress policy is in the table from create to end") {
+  struct Listener : sg::network::EgressPolicies::Listener {
+    std::vector<std::string> changed;
+    void policy_changed(const std::string& id) override { changed.push_back(id); }
+  } listener;
+  sg::network::EgressPolicies policies;
+  policies.listen(&listener);
+  ServiceConfig cfg;
+  cfg.egress = true;
+  cfg.egress_policies = &policies;
+  Harness h(cfg);
+  CreateParams p = h.params();
+  p.network.allow_internet = false;
+  p.network.allow_out = {"example.com"};
+  p.network.egress = *sg::network::parse_egress_policy({"example.com"}, {}, false);
+  std::string id = h.create(p);
+  auto pol = policies.get(id);
+  REQUIRE(pol);
+  CHECK_FALSE(pol->internet);
+  CHECK(pol->allow_names == std::vector<std::string>{"example.com"});
+  CHECK(listener.changed == std::vector<std::string>{id});
+
+  sg::lifecycle::NetworkParams open;
+  open.allow_internet = true;
+  open.egress = *sg::network::parse_egress_policy({}, {}, true);
+  REQUIRE(h.svc->update_network(h.tenant.id, id, open));
+  CHECK(policies.get(id)->internet);
+  CHECK(listener.changed.size() == 2);
+  // Another tenant's update changes nothing.
+  CHECK_FALSE(h.svc->update_network("t-other", id, sg::lifecycle::NetworkParams{}));
+  CHECK(listener.changed.size() == 2);
+
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK_FALSE(policies.get(id));
+  CHECK(listener.changed.size() == 3);
+  CHECK(policies.size() == 0);
+  policies.unlisten(&listener);
+}
