@@ -464,6 +464,37 @@ http::ServerConfig server_config(const AppConfig& cfg) {
   return scfg;
 }
 
+lifecycle::ServiceConfig service_config(const AppConfig& cfg, network::EgressPolicies& egress_policies,
+                                        bool memory_offload, memory::PressureGate& pressure,
+                                        storage::BatchWriter& rows) {
+  lifecycle::ServiceConfig c;
+  c.egress = cfg.egress;
+  c.egress_policies = &egress_policies;
+  c.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
+  c.waits = wait_config(cfg, memory_offload, pressure);
+  c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
+  return c;
+}
+
+api::ControlPlaneConfig control_plane_config(const AppConfig& cfg) {
+  api::ControlPlaneConfig c;
+  if (!cfg.domain.empty()) c.domain = cfg.domain;  // create and connect hand it to the SDKs
+  c.public_url = cfg.public_url;  // upload links
+  c.scheme = cfg.tls_cert_file.empty() ? "http" : "https";
+  return c;
+}
+
+// The egress proxy (with --egress), reading and listening to the policy
+// table; null without egress.
+std::unique_ptr<EgressProxy> make_egress(const AppConfig& cfg, network::EgressPolicies& policies) {
+  if (!cfg.egress) return nullptr;
+  EgressConfig ec;
+  ec.allow_internal = cfg.egress_allow_private;
+  LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
+           << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
+  return std::make_unique<EgressProxy>(ec, policies);
+}
+
 // Template builds (process backend): layers and uploads under the data
 // directory, the egress proxy's environment for steps that download.
 std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store,
@@ -574,7 +605,7 @@ class GatewayServices {
 // The stop, in order: no new connections or service streams, then the
 // sandboxes, then what served them.
 void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
-              builds::BuildService* builds, std::optional<EgressProxy>& egress, llm::ModelGateway& models,
+              builds::BuildService* builds, std::unique_ptr<EgressProxy>& egress, llm::ModelGateway& models,
               runtime::Runtime& rt) {
   services.attach(nullptr);
   server.stop();
@@ -614,15 +645,8 @@ int serve(const AppConfig& cfg_in) {
   // Each sandbox's egress policy, written by the lifecycle core and the
   // builds, read by the egress proxy (which listens for changes).
   network::EgressPolicies egress_policies;
-  std::optional<EgressProxy> egress;
-  if (cfg.egress) {
-    EgressConfig ec;
-    ec.allow_internal = cfg.egress_allow_private;
-    egress.emplace(ec, egress_policies);
-    LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
-             << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
-  }
-  GatewayServices services(egress ? &*egress : nullptr);
+  std::unique_ptr<EgressProxy> egress = make_egress(cfg, egress_policies);
+  GatewayServices services(egress.get());
   std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener());
 
   tenancy::Tenants tenants(**store);
@@ -640,13 +664,9 @@ int serve(const AppConfig& cfg_in) {
   Result<std::unique_ptr<memory::MemoryEngine>> memory_engine = open_memory_engine(cfg, *use_kvm, dictionaries);
   if (!memory_engine) return fail(memory_engine.error());
 
-  lifecycle::ServiceConfig svc_cfg;
-  svc_cfg.egress = cfg.egress;
-  svc_cfg.egress_policies = &egress_policies;
-  svc_cfg.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
-  svc_cfg.waits = wait_config(cfg, *memory_engine != nullptr, pressure);
-  svc_cfg.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
-  lifecycle::SandboxService sandboxes(**store, *rt, svc_cfg, [] { return sys::unix_seconds(); }, memory_engine->get());
+  lifecycle::SandboxService sandboxes(**store, *rt,
+                                      service_config(cfg, egress_policies, *memory_engine != nullptr, pressure, rows),
+                                      [] { return sys::unix_seconds(); }, memory_engine->get());
   std::unique_ptr<builds::BuildService> template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, cfg.egress ? &egress_policies : nullptr);
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
@@ -657,12 +677,8 @@ int serve(const AppConfig& cfg_in) {
   auto mono = [] { return sys::monotonic_ns(); };
   tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);
   tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
-  api::ControlPlaneConfig control_cfg;
-  if (!cfg.domain.empty()) control_cfg.domain = cfg.domain;  // create and connect hand it to the SDKs
-  control_cfg.public_url = cfg.public_url;
-  control_cfg.scheme = cfg.tls_cert_file.empty() ? "http" : "https";
   api::ControlPlane control(tenants, **store, sandboxes, template_builds.get(), request_limit, create_limit,
-                            control_cfg);
+                            control_plane_config(cfg));
 
   http::ProxyHooks proxy;
   proxy.route = [domain = cfg.domain](const http::HttpRequest& head) { return http::route_to_sandbox(head, domain); };

@@ -473,6 +473,17 @@ stalled_only() {
   ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
 }
 
+# Whether a microVM's guest died by a triple fault (its sandgate-vmm logs
+# "guest shut down (triple fault)") while sandgate neither exited nor
+# crashed. Under nested TCG the microVMs' guests have crashed so in runs
+# whose rerun passed (docs/kvm-harness.md); it is retried like a stall.
+# A VMM bug that corrupts guest memory could look the same: one that
+# repeats fails every attempt, and each attempt's console stays in the log.
+microvm_triple_fault() {
+  tr -d '\r' <"$work/console.log" | grep -qa 'guest shut down (triple fault)' || return 1
+  ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
+}
+
 # A command that runs past its time: what the outer guest's threads are
 # doing (outer-init prints it on "stacks"), so that a hang shows where.
 dump_guest() {
@@ -615,6 +626,9 @@ stalled=''
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && stalled_only; then
   stalled=1
   log "every failed case failed by a timeout or a dropped connection, and sandgate did not exit: the nested guests stalled"
+elif [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && microvm_triple_fault; then
+  stalled=1
+  log "a microVM's guest triple-faulted and sandgate did not exit: taken as an emulator fault, the run is retried"
 fi
 # Failed tests: was it the guest that stopped? (A live one answers.)
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && kill -0 "$qemu_pid" 2>/dev/null; then
