@@ -13,6 +13,8 @@
 // an egress policy (allowOut and denyOut one entry each from the fourth
 // and fifth fields) decided for the second and third (name, address).
 // Route 4 with bit 0x10 is PUT .../network (the SDK's updateNetwork).
+// Route 5 with bit 0x10 is a template build request (POST /v3/templates,
+// with 0x20 the build start), route 6 with 0x20 the build status query.
 // Route 7 with bit 0x40 is the request framing check (http::framing_error):
 // Transfer-Encoding and Content-Length from the second and third fields.
 #include <cctype>
@@ -106,6 +108,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     }
     case 5: {
+      if (route & 0x20) {  // POST /v2/templates/{id}/builds/{build}
+        auto r = sg::api::parse_build_request(req);
+        check_error(r);
+        if (r) {
+          require(r->steps.size() <= 256);
+          for (const auto& st : r->steps) require(st.type.size() <= 16 && st.files_hash.size() <= 128);
+        }
+        break;
+      }
+      if (route & 0x10) {  // POST /v3/templates
+        auto r = sg::api::parse_template_request(req);
+        check_error(r);
+        if (r) {
+          require(!r->name.empty() && r->name.find(':') == std::string::npos);
+          require(r->cpu_count >= 1 && r->cpu_count <= 64 && r->memory_mb >= 128 && r->memory_mb <= 65536);
+        }
+        break;
+      }
       auto r = sg::api::parse_timeout_request(req);
       check_error(r);
       if (r) require(*r >= 0 && *r <= sg::api::kMaxTimeoutS);
@@ -119,6 +139,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check_error(m);
       if (m) require((!m->start || *m->start >= 0) && (!m->end || *m->end >= 0));
       (void)sg::api::parse_rfc3339(req.body);
+      if (route & 0x20) {
+        auto b = sg::api::parse_build_status_query(req.query);
+        check_error(b);
+        if (b) require(b->logs_offset >= 0 && b->limit >= 1 && b->limit <= 1000);
+      }
       break;
     }
     case 8: {
