@@ -48,29 +48,6 @@ std::string sha256_hex(std::string_view s) {
   return hex(d, sizeof d);
 }
 
-Result<std::string> sha256_file(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return sys::errno_error("open", path);
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      EVP_MD_CTX_free(ctx);
-      return sys::errno_error("read", path);
-    }
-    if (n == 0) break;
-    EVP_DigestUpdate(ctx, buf, static_cast<size_t>(n));
-  }
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(ctx, d, &len);
-  EVP_MD_CTX_free(ctx);
-  return hex(d, len);
-}
-
 bool is_hash(std::string_view h) {
   return h.size() == 64 && std::all_of(h.begin(), h.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
@@ -322,6 +299,7 @@ class BuildService::Run {
         return invalid_error("COPY " + st.args[0] + ": its files (hash " + st.files_hash + ") were never uploaded");
       Result<std::string> content = sha256_file(upload);
       if (!content) return content.error();
+      content->erase(0, 7);  // "sha256:"
       script = copy_script(st);
       user = "root";
       what = "COPY " + st.args[0] + " " + st.args[1] + " (upload " + content->substr(0, 12) + ")";

@@ -32,37 +32,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-Result<std::string> sha256_of_file(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return sys::errno_error("open", path);
-  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
-  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n < 0) {
-        EVP_MD_CTX_free(ctx);
-        return sys::errno_error("read", path);
-      }
-      break;
-    }
-    EVP_DigestUpdate(ctx, buf, static_cast<size_t>(n));
-  }
-  unsigned char d[EVP_MAX_MD_SIZE];
-  unsigned len = 0;
-  EVP_DigestFinal_ex(ctx, d, &len);
-  EVP_MD_CTX_free(ctx);
-  static const char* h = "0123456789abcdef";
-  std::string out = "sha256:";
-  for (unsigned i = 0; i < len; ++i) {
-    out += h[d[i] >> 4];
-    out += h[d[i] & 15];
-  }
-  return out;
-}
-
 bool valid_digest(const std::string& d) {
   if (d.size() != 71 || d.rfind("sha256:", 0) != 0) return false;
   for (size_t i = 7; i < d.size(); ++i)
@@ -326,7 +295,7 @@ class Puller {
     if (!r) return r.error();
     if (r->status == 404) return not_found_error("image " + ref_.text() + " not found (manifest " + reference + ")");
     if (r->status != 200) return Error(ErrorKind::kUnavailable, "registry answered " + std::to_string(r->status) + " for the manifest of " + ref_.text());
-    Result<std::string> got = sha256_of_file(out);
+    Result<std::string> got = sha256_file(out);
     if (!got) return got.error();
     if (reference.rfind("sha256:", 0) == 0 && *got != reference)
       return invalid_error("image " + ref_.text() + ": manifest digest mismatch (" + *got + ", want " + reference + ")");
@@ -361,7 +330,7 @@ class Puller {
     if (!r) return drop(r.error());
     if (r->status == 404) return drop(not_found_error("image " + ref_.text() + ": blob " + digest + " not found"));
     if (r->status != 200) return drop(Error(ErrorKind::kUnavailable, "registry answered " + std::to_string(r->status) + " for blob " + digest));
-    Result<std::string> got = sha256_of_file(tmp);
+    Result<std::string> got = sha256_file(tmp);
     if (!got) return drop(got.error());
     struct stat st {};
     ::stat(tmp.c_str(), &st);
@@ -381,6 +350,37 @@ class Puller {
 };
 
 }  // namespace
+
+Result<std::string> sha256_file(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) return sys::errno_error("open", path);
+  EVP_MD_CTX* ctx = EVP_MD_CTX_new();
+  EVP_DigestInit_ex(ctx, EVP_sha256(), nullptr);
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n < 0) {
+        EVP_MD_CTX_free(ctx);
+        return sys::errno_error("read", path);
+      }
+      break;
+    }
+    EVP_DigestUpdate(ctx, buf, static_cast<size_t>(n));
+  }
+  unsigned char d[EVP_MAX_MD_SIZE];
+  unsigned len = 0;
+  EVP_DigestFinal_ex(ctx, d, &len);
+  EVP_MD_CTX_free(ctx);
+  static const char* h = "0123456789abcdef";
+  std::string out = "sha256:";
+  for (unsigned i = 0; i < len; ++i) {
+    out += h[d[i] >> 4];
+    out += h[d[i] & 15];
+  }
+  return out;
+}
 
 Result<ImageRef> parse_image_ref(const std::string& s) {
   if (s.empty() || s.size() > 512) return invalid_error("image reference '" + s + "'");

@@ -62,6 +62,9 @@ struct RegistryOptions {
   std::function<void(const std::string&)> log;
 };
 
+// "sha256:<hex>" of a file's bytes (blobs, uploads).
+Result<std::string> sha256_file(const std::string& path);
+
 // kNotFound for an unknown repository, tag or platform; kUnauthorized when
 // the registry refuses (or wants) credentials; kInvalid for a digest
 // mismatch or a malformed manifest; kUnavailable when it cannot be reached.
