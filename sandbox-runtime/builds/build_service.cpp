@@ -305,6 +305,11 @@ class BuildService::Run {
       what = "COPY " + st.args[0] + " " + st.args[1] + " (upload " + content->substr(0, 12) + ")";
       ctx_.key = sha256_hex(ctx_.key + "\nUPLOAD " + *content);
     }
+    // A sandbox holds at most kMaxTemplateLayers lower layers (a COPY's
+    // step one more, its upload).
+    if (ctx_.layers.size() + (upload.empty() ? 1 : 2) > runtime::kMaxTemplateLayers)
+      return invalid_error("a template holds at most " + std::to_string(runtime::kMaxTemplateLayers) +
+                           " layers, and this step would make more: join RUN steps with &&");
     std::string key = sha256_hex(ctx_.key + "\n" + st.type + " " + json(st.args).dump() + "\nas " + user + " in " +
                                  ctx_.describe());
     std::string dir = svc_.cfg_.data_dir + "/layers/" + key;
@@ -383,6 +388,11 @@ class BuildService::Run {
     std::unique_ptr<runtime::Sandbox> sb;
     runtime::SandboxSpec spec;
     ~Box() {
+      {
+        // Off the list stop() kills from, before the sandbox goes.
+        std::lock_guard<std::mutex> g(svc.mu_);
+        if (sb) svc.running_.erase(sb.get());
+      }
       if (sb) {
         if (Status s = sb->kill(); !s) LOG_ERROR("build sandbox " << spec.id << ": kill: " << s.error().message());
       }
@@ -399,6 +409,9 @@ class BuildService::Run {
     Result<std::unique_ptr<runtime::Sandbox>> sb = svc_.runtime_.create(box->spec);
     if (!sb) return sb.error().with_context("start the build sandbox");
     box->sb = std::move(*sb);
+    std::lock_guard<std::mutex> g(svc_.mu_);
+    if (svc_.stopping_) return Error(ErrorKind::kUnavailable, "the server stopped during the build");
+    svc_.running_.insert(box->sb.get());
     return box;
   }
 
@@ -521,6 +534,12 @@ void BuildService::stop() {
   }
   stop_flag_.store(true);
   cv_.notify_all();
+  {
+    // A step in flight ends now: its sandbox goes, its command's stream
+    // with it (each Box takes itself off this list before it is freed).
+    std::lock_guard<std::mutex> g(mu_);
+    for (runtime::Sandbox* sb : running_) (void)sb->kill();
+  }
   for (std::thread& t : workers_) t.join();
   workers_.clear();
   // Builds queued but never run.

@@ -152,6 +152,7 @@ class BuildService {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;            // GUARDED_BY(mu_)
+  std::set<runtime::Sandbox*> running_;  // GUARDED_BY(mu_): build sandboxes in use
   bool stopping_ = false;            // GUARDED_BY(mu_)
   std::atomic<bool> stop_flag_{false};
   std::vector<std::thread> workers_;

@@ -168,3 +168,22 @@ sys.stdout.buffer.write(b.getvalue())`]);
   // so an unknown template id is 404.
   assert.equal((await api('GET', `/templates/nope/builds/${buildID}/status`)).status, 404);
 });
+
+test('stopping the server ends a running build at once and exits cleanly', async () => {
+  const own = await startSandgate();
+  try {
+    const info = await Template.buildInBackground(Template().fromTemplate('base').runCmd('sleep 600'), 'tpl-long', own.opts);
+    const statusUrl = `${own.url}/templates/${info.templateId}/builds/${info.buildId}/status`;
+    for (let i = 0; ; i++) {
+      const st = await (await fetch(statusUrl, { headers: { 'X-API-KEY': own.key } })).json();
+      if (st.logEntries.some((e) => e.message.startsWith('RUN sleep'))) break;
+      assert.ok(i < 400, 'the step never started: ' + JSON.stringify(st));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  } finally {
+    const t0 = Date.now();
+    const exit = await own.stop();
+    assert.deepEqual(exit, { code: 0, signal: null });
+    assert.ok(Date.now() - t0 < 20000, `the stop took ${Date.now() - t0} ms`);
+  }
+});
