@@ -484,6 +484,16 @@ microvm_triple_fault() {
   ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
 }
 
+# Whether the outer guest's own kernel panicked (its console, not a
+# microVM's, which sandgate's log lines carry after a timestamp) and QEMU
+# is gone. It runs nothing of sandgate's but the ioctls of KVM: under
+# TCG's emulated SVM it has panicked inside __svm_vcpu_run
+# (docs/kvm-harness.md). Retried like a stall.
+outer_kernel_panicked() {
+  [ -z "$qemu_pid" ] || return 1
+  tr -d '\r' <"$work/console.log" | grep -qaE '^\[ *[0-9]+\.[0-9]+\] Kernel panic - not syncing'
+}
+
 # A command that runs past its time: what the outer guest's threads are
 # doing (outer-init prints it on "stacks"), so that a hang shows where.
 dump_guest() {
@@ -624,10 +634,10 @@ report_memory
 [ "$test_rc" -eq 0 ] || diagnose
 stalled=''
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && stalled_only; then
-  stalled=1
+  stalled="the tests failed only by timeouts and dropped connections (a stalled guest)"
   log "every failed case failed by a timeout or a dropped connection, and sandgate did not exit: the nested guests stalled"
 elif [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && microvm_triple_fault; then
-  stalled=1
+  stalled="a microVM's guest triple-faulted under the emulator"
   log "a microVM's guest triple-faulted and sandgate did not exit: taken as an emulator fault, the run is retried"
 fi
 # Failed tests: was it the guest that stopped? (A live one answers.)
@@ -662,7 +672,10 @@ stop_rc=$(sed -n 's/^SG-HARNESS: sandgate exited rc=\([0-9]*\).*/\1/p' "$work/co
 if [ "$test_rc" -ne 0 ]; then
   show_console 200
   check_seccomp || true
-  [ -z "$stalled" ] || frozen "the tests failed only by timeouts and dropped connections (a stalled guest)"
+  [ -z "$stalled" ] || frozen "$stalled"
+  if outer_kernel_panicked; then
+    frozen "the outer guest's kernel panicked (an emulator fault under TCG, not sandgate's: it runs in that guest's user space)"
+  fi
   exit "$test_rc"
 fi
 check_seccomp || fail "seccomp refusals"
