@@ -164,9 +164,8 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
 };
 
 namespace {
-// Matches path segments against a pattern; the captures in order.
-bool match(const char* pattern, const std::vector<std::string>& seg, std::vector<std::string>* args) {
-  std::vector<std::string> pat = path_segments(pattern);
+// Matches path segments against a pattern's; the captures in order.
+bool match(const std::vector<std::string>& pat, const std::vector<std::string>& seg, std::vector<std::string>* args) {
   if (pat.size() != seg.size()) return false;
   args->clear();
   for (size_t i = 0; i < pat.size(); ++i) {
@@ -203,11 +202,18 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     return r;
   }
 
+  // Each route's pattern, split once.
+  static const std::vector<std::vector<std::string>> kPatterns = [] {
+    std::vector<std::vector<std::string>> p;
+    for (const Route& r : kRoutes) p.push_back(path_segments(r.pattern));
+    return p;
+  }();
   bool v2 = !seg.empty() && seg[0] == "v2";
   std::string allow;
   std::vector<std::string> args;
-  for (const Route& r : kRoutes) {
-    if (!match(r.pattern, seg, &args)) continue;
+  for (size_t i = 0; i < std::size(kRoutes); ++i) {
+    const Route& r = kRoutes[i];
+    if (!match(kPatterns[i], seg, &args)) continue;
     if (m != r.method) {
       if (allow.find(r.method) == std::string::npos) allow += (allow.empty() ? "" : ", ") + std::string(r.method);
       continue;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <cstdint>
 #include <set>
 #include <string_view>
 
@@ -433,17 +434,27 @@ Result<builds::BuildSpec> parse_build_request(const HttpRequest& req) {
   return b;
 }
 
+namespace {
+// A query value that is a whole decimal number in lo..hi; nullopt
+// otherwise (each caller says what it wanted).
+std::optional<int64_t> query_int(const std::string& v, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  long long n = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || *end || n < lo || n > hi) return std::nullopt;
+  return n;
+}
+}  // namespace
+
 Result<BuildStatusQuery> parse_build_status_query(const std::string& query) {
   std::vector<std::pair<std::string, std::string>> q;
   if (!http::parse_query(query, q)) return invalid_error("malformed query string");
   BuildStatusQuery out;
   for (const auto& [k, v] : q) {
     if (k != "logsOffset" && k != "limit") continue;
-    char* end = nullptr;
-    long long n = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end || n < 0 || n > (1ll << 40)) return invalid_error("query '" + k + "' must be a non-negative integer");
-    if (k == "logsOffset") out.logs_offset = n;
-    if (k == "limit") out.limit = std::min<long long>(std::max<long long>(n, 1), 1000);
+    std::optional<int64_t> n = query_int(v, 0, int64_t{1} << 40);
+    if (!n) return invalid_error("query '" + k + "' must be a non-negative integer");
+    if (k == "logsOffset") out.logs_offset = *n;
+    if (k == "limit") out.limit = std::min<int64_t>(std::max<int64_t>(*n, 1), 1000);
   }
   return out;
 }
@@ -482,16 +493,13 @@ Result<storage::SandboxQuery> parse_list_query(const std::string& query, bool v2
         sq.states.push_back(s);
       }
     } else if (k == "limit" && v2) {
-      char* end = nullptr;
-      long long l = std::strtoll(v.c_str(), &end, 10);
-      if (v.empty() || *end || l < 1 || l > 100)
-        return invalid_error("invalid limit '" + v + "': use an integer from 1 to 100");
-      sq.limit = l;
+      std::optional<int64_t> l = query_int(v, 1, 100);
+      if (!l) return invalid_error("invalid limit '" + v + "': use an integer from 1 to 100");
+      sq.limit = *l;
     } else if (k == "nextToken" && v2 && !v.empty()) {
-      char* end = nullptr;
-      long long s = std::strtoll(v.c_str(), &end, 10);
-      if (*end || s <= 0) return invalid_error("invalid nextToken '" + v + "'");
-      sq.after_seq = s;
+      std::optional<int64_t> s = query_int(v, 1, INT64_MAX);
+      if (!s) return invalid_error("invalid nextToken '" + v + "'");
+      sq.after_seq = *s;
     } else if (k == "order" && v2) {
       if (v != "asc" && v != "desc") return invalid_error("invalid order '" + v + "': use asc or desc");
       sq.descending = v == "desc";
@@ -513,10 +521,9 @@ Result<MetricsRange> parse_metrics_query(const std::string& query) {
   MetricsRange r;
   for (const auto& [k, v] : q) {
     if (k != "start" && k != "end") continue;
-    char* e = nullptr;
-    long long x = std::strtoll(v.c_str(), &e, 10);
-    if (v.empty() || *e || x < 0) return invalid_error("invalid " + k + " '" + v + "': use unix seconds");
-    (k == "start" ? r.start : r.end) = x;
+    std::optional<int64_t> x = query_int(v, 0, INT64_MAX);
+    if (!x) return invalid_error("invalid " + k + " '" + v + "': use unix seconds");
+    (k == "start" ? r.start : r.end) = *x;
   }
   return r;
 }

@@ -777,8 +777,6 @@ Status BuildService::upload(const std::string& template_id, const std::string& h
   if (body.size() > cfg_.max_upload_bytes)
     return invalid_error("upload of " + std::to_string(body.size()) + " bytes: the limit is " +
                          std::to_string(cfg_.max_upload_bytes));
-  Result<std::optional<storage::TemplateRow>> t = store_.find_template("", template_id);
-  (void)t;
   // The owner: the template's tenant (the link was signed for it).
   Result<std::vector<storage::BuildRow>> builds = store_.list_builds(template_id);
   if (!builds || builds->empty()) return not_found_error("template '" + template_id + "' has no build");
