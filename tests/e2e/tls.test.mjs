@@ -47,6 +47,10 @@ function getVia(host, path) {
 
 test('host-based routing over TLS: PORT-ID.domain', async () => {
   const sbx = await Sandbox.create('base', server.opts);
+  // create hands the SDK --domain, so getHost() names the gateway's route.
+  assert.equal(sbx.getHost(8080), `8080-${sbx.sandboxId}.sg.test`);
+  const connected = await Sandbox.connect(sbx.sandboxId, server.opts);
+  assert.equal(connected.getHost(8080), `8080-${sbx.sandboxId}.sg.test`);
   await sbx.commands.run('mkdir -p /tmp/www && echo byhost > /tmp/www/x.txt');
   await sbx.commands.run('cd /tmp/www && python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1', { background: true });
   await sbx.commands.run('for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null && exit 0; sleep 0.05; done; exit 1');
