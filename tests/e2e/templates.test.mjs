@@ -135,6 +135,10 @@ with tarfile.open(fileobj=b, mode='w') as t:
     i = tarfile.TarInfo('../../../../etc/evil'); i.size = len(data); t.addfile(i, io.BytesIO(data))
 sys.stdout.buffer.write(b.getvalue())`]);
   assert.equal((await fetch(link.body.url, { method: 'PUT', body: evil })).status, 200);
+  // An upload past the API's 1 MiB body limit (uploads may be 256 MiB).
+  const big = await api('GET', `/templates/${templateID}/files/${'cd'.repeat(32)}`);
+  assert.equal((await fetch(big.body.url, { method: 'PUT', body: Buffer.alloc(3 << 20, 7) })).status, 200);
+  assert.equal((await api('GET', `/templates/${templateID}/files/${'cd'.repeat(32)}`)).body.present, true);
   assert.equal((await api('GET', `/templates/${templateID}/files/${hash}`)).body.present, true);
   // An unknown step type, a COPY without a hash: 400 at start, nothing queued.
   const bad1 = await api('POST', `/v2/templates/${templateID}/builds/${buildID}`,
