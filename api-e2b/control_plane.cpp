@@ -132,8 +132,8 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
     // Templates (api-e2b/templates.cpp).
     {"GET", "/templates", &ControlPlane::list_templates},
     {"GET", "/v2/templates", &ControlPlane::list_templates},
-    {"POST", "/templates/tags", &ControlPlane::unsupported},
-    {"DELETE", "/templates/tags", &ControlPlane::unsupported},
+    {"POST", "/templates/tags", &ControlPlane::assign_tags},
+    {"DELETE", "/templates/tags", &ControlPlane::remove_tags},
     {"GET", "/templates/aliases/{}", &ControlPlane::template_alias},
     {"GET", "/templates/{}", &ControlPlane::get_template},
     {"DELETE", "/templates/{}", &ControlPlane::delete_template},
@@ -144,7 +144,7 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
     {"GET", "/templates/{}/files/{}", &ControlPlane::file_link},
     {"POST", "/v2/templates/{}/builds/{}", &ControlPlane::start_build},
     {"GET", "/templates/{}/builds/{}/status", &ControlPlane::build_status},
-    {"GET", "/templates/{}/builds/{}/logs", &ControlPlane::unsupported},
+    {"GET", "/templates/{}/builds/{}/logs", &ControlPlane::build_logs},
     // Upload links: authenticated by their signature (handle()).
     {"PUT", "/templates/uploads/{}/{}", &ControlPlane::unsupported},
     // The rest of E2B's API, not served by this server.

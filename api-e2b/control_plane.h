@@ -79,10 +79,13 @@ class ControlPlane {
   http::HttpResponse delete_template(const Call& c);
   http::HttpResponse update_template(const Call& c);
   http::HttpResponse template_tags(const Call& c);
+  http::HttpResponse assign_tags(const Call& c);
+  http::HttpResponse remove_tags(const Call& c);
   http::HttpResponse request_build(const Call& c);
   http::HttpResponse file_link(const Call& c);
   http::HttpResponse start_build(const Call& c);
   http::HttpResponse build_status(const Call& c);
+  http::HttpResponse build_logs(const Call& c);
   // PUT of an upload link: authenticated by its signature, not a key.
   http::HttpResponse upload(const http::HttpRequest& req);
   http::HttpResponse no_builds() const;

@@ -1,6 +1,7 @@
 // Control-plane request parsing (requests.h).
 #include "api-e2b/requests.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -349,20 +350,26 @@ Result<TemplateRequest> parse_template_request(const HttpRequest& req) {
   auto alias = opt_string(*body, "alias", 256);
   if (!alias) return alias.error();
   if (!*name && !*alias) return invalid_error("field 'name' is required");
-  r.name = *name ? **name : **alias;
-  // "name:tag": builds here make the one "default" tag.
-  if (size_t colon = r.name.find(':'); colon != std::string::npos) {
-    r.tags.push_back(r.name.substr(colon + 1));
-    r.name.resize(colon);
-  }
+  // "name:tag" and tags: the tags the build gets when it ends ready
+  // (none: "default").
+  const std::string& whole = *name ? **name : **alias;
+  Result<storage::TemplateRef> ref = storage::parse_template_ref(whole);
+  if (!ref) return ref.error();
+  if (!ref->team.empty()) return invalid_error("field 'name': a template is built under its own name, without a team");
+  r.name = ref->name;
+  std::vector<std::string> tags;
+  if (whole.find(':') != std::string::npos) tags.push_back(ref->tag);
   if (auto it = body->find("tags"); it != body->end()) {
-    auto tags = string_array(*it, "tags", 16, 128);
-    if (!tags) return tags.error();
-    r.tags.insert(r.tags.end(), tags->begin(), tags->end());
+    auto more = string_array(*it, "tags", storage::kMaxTags, 128);
+    if (!more) return more.error();
+    tags.insert(tags.end(), more->begin(), more->end());
   }
-  for (const std::string& t : r.tags)
-    if (t != "default" && t != "latest")
-      return invalid_error("tag '" + t + "': this server keeps one build per template (tags are not supported yet)");
+  for (const std::string& t : tags) {
+    if (!storage::valid_tag(t))
+      return invalid_error("tag '" + t + "' must be 1 to 128 of letters, digits, '.', '_' and '-'");
+    if (std::find(r.tags.begin(), r.tags.end(), t) == r.tags.end()) r.tags.push_back(t);
+  }
+  if (r.tags.size() > storage::kMaxTags) return invalid_error("more than " + std::to_string(storage::kMaxTags) + " tags");
   auto cpu = opt_int(*body, "cpuCount", 1, 64);
   if (!cpu) return cpu.error();
   auto mem = opt_int(*body, "memoryMB", 128, 65536);
@@ -371,6 +378,29 @@ Result<TemplateRequest> parse_template_request(const HttpRequest& req) {
   if (!disk) return disk.error();
   if (*cpu) r.cpu_count = **cpu;
   if (*mem) r.memory_mb = **mem;
+  return r;
+}
+
+Result<TagsRequest> parse_tags_request(const HttpRequest& req, bool assign) {
+  Result<json> body = parse_body(req, false);
+  if (!body) return body.error();
+  const char* field = assign ? "target" : "name";
+  if (Status s = only_fields(*body, {field, "tags"}); !s) return s.error();
+  TagsRequest r;
+  auto target = opt_string(*body, field, 512);
+  if (!target) return target.error();
+  if (!*target || (*target)->empty()) return invalid_error(std::string("field '") + field + "' is required");
+  r.target = **target;
+  auto it = body->find("tags");
+  if (it == body->end()) return invalid_error("field 'tags' is required");
+  auto tags = string_array(*it, "tags", storage::kMaxTags, 128);
+  if (!tags) return tags.error();
+  if (tags->empty()) return invalid_error("field 'tags' must name at least one tag");
+  for (const std::string& t : *tags) {
+    if (!storage::valid_tag(t))
+      return invalid_error("tag '" + t + "' must be 1 to 128 of letters, digits, '.', '_' and '-'");
+    if (std::find(r.tags.begin(), r.tags.end(), t) == r.tags.end()) r.tags.push_back(t);
+  }
   return r;
 }
 
@@ -455,6 +485,34 @@ Result<BuildStatusQuery> parse_build_status_query(const std::string& query) {
     if (!n) return invalid_error("query '" + k + "' must be a non-negative integer");
     if (k == "logsOffset") out.logs_offset = *n;
     if (k == "limit") out.limit = std::min<int64_t>(std::max<int64_t>(*n, 1), 1000);
+  }
+  return out;
+}
+
+Result<storage::BuildLogQuery> parse_build_logs_query(const std::string& query) {
+  std::vector<std::pair<std::string, std::string>> q;
+  if (!http::parse_query(query, q)) return invalid_error("malformed query string");
+  storage::BuildLogQuery out;
+  for (const auto& [k, v] : q) {
+    if (k == "cursor") {
+      std::optional<int64_t> n = query_int(v, 0, int64_t{1} << 50);
+      if (!n) return invalid_error("query 'cursor' must be a time in milliseconds");
+      out.cursor_ms = *n;
+    } else if (k == "limit") {
+      std::optional<int64_t> n = query_int(v, 1, 1000);
+      if (!n) return invalid_error("query 'limit' must be 1 to 1000");
+      out.limit = *n;
+    } else if (k == "direction") {
+      if (v != "forward" && v != "backward") return invalid_error("query 'direction' must be forward or backward");
+      out.forward = v == "forward";
+    } else if (k == "level") {
+      static const char* kLevels[] = {"debug", "info", "warn", "error"};
+      auto it = std::find(std::begin(kLevels), std::end(kLevels), v);
+      if (it == std::end(kLevels)) return invalid_error("query 'level' must be debug, info, warn or error");
+      out.min_level = static_cast<int>(it - std::begin(kLevels));
+    } else if (k == "source") {
+      if (v != "temporary" && v != "persistent") return invalid_error("query 'source' must be temporary or persistent");
+    }
   }
   return out;
 }

@@ -48,8 +48,8 @@ Status parse_pause_request(const http::HttpRequest& req);
 Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
 
 // POST /v3/templates {name ("name:tag"), alias (old name of name), tags,
-// cpuCount, memoryMB, minFreeDiskMb, teamID}. Tags other than "default"
-// (and "latest") are refused: one build per template here.
+// cpuCount, memoryMB, minFreeDiskMb, teamID}. tags: the tag in name and
+// those in tags, each once (none: the build will be "default").
 struct TemplateRequest {
   std::string name;
   std::vector<std::string> tags;
@@ -57,6 +57,15 @@ struct TemplateRequest {
   int64_t memory_mb = 1024;
 };
 Result<TemplateRequest> parse_template_request(const http::HttpRequest& req);
+
+// POST /templates/tags {target: "name[:tag]", tags} and DELETE
+// /templates/tags {name, tags}: target is the target or the name; the
+// tags are 1 to storage::kMaxTags valid tags, each once.
+struct TagsRequest {
+  std::string target;
+  std::vector<std::string> tags;
+};
+Result<TagsRequest> parse_tags_request(const http::HttpRequest& req, bool assign);
 
 // POST /v2/templates/{id}/builds/{build} (TemplateBuildStartV2): the
 // shape only; BuildService::start validates the steps.
@@ -68,6 +77,9 @@ struct BuildStatusQuery {
   int64_t limit = 1000;
 };
 Result<BuildStatusQuery> parse_build_status_query(const std::string& query);
+// GET .../builds/{build}/logs?cursor=&direction=&level=&limit=&source=
+// (limit 1..1000, default 100; source: every line is kept alike).
+Result<storage::BuildLogQuery> parse_build_logs_query(const std::string& query);
 
 // PATCH /templates/{id}, /v2/templates/{id} {"public"}: an empty body
 // changes nothing.

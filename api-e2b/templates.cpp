@@ -155,8 +155,31 @@ HttpResponse ControlPlane::template_tags(const Call& c) {
   Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
   if (!t) return error_response(t.error());
   if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
-  json tag = {{"tag", "default"}, {"buildID", build_id(**t)}, {"createdAt", sys::format_rfc3339((*t)->created_at)}};
-  return http::json_body(200, dump(json::array({tag})));
+  Result<std::vector<storage::TagRow>> tags = store_.list_tags((*t)->id);
+  if (!tags) return error_response(tags.error());
+  json out = json::array();
+  for (const storage::TagRow& g : *tags)
+    out.push_back({{"tag", g.tag}, {"buildID", g.build_id}, {"createdAt", sys::format_rfc3339(g.created_at)}});
+  // The server's own templates have their one build as "default".
+  if (tags->empty() && (*t)->status == "ready")
+    out.push_back({{"tag", storage::kDefaultTag}, {"buildID", build_id(**t)},
+                   {"createdAt", sys::format_rfc3339((*t)->created_at)}});
+  return http::json_body(200, dump(out));
+}
+
+HttpResponse ControlPlane::assign_tags(const Call& c) {
+  Result<TagsRequest> r = parse_tags_request(c.req, true);
+  if (!r) return error_response(r.error());
+  Result<std::string> build = store_.assign_tags(c.tenant.id, r->target, r->tags, sys::unix_seconds());
+  if (!build) return error_response(build.error());
+  return http::json_body(201, dump(json{{"buildID", *build}, {"tags", r->tags}}));
+}
+
+HttpResponse ControlPlane::remove_tags(const Call& c) {
+  Result<TagsRequest> r = parse_tags_request(c.req, false);
+  if (!r) return error_response(r.error());
+  if (Status s = store_.remove_tags(c.tenant.id, r->target, r->tags); !s) return error_response(s.error());
+  return http::no_content(204);
 }
 
 HttpResponse ControlPlane::update_template(const Call& c) {
@@ -194,13 +217,14 @@ HttpResponse ControlPlane::request_build(const Call& c) {
   if (!builds_) return no_builds();
   Result<TemplateRequest> r = parse_template_request(c.req);
   if (!r) return error_response(r.error());
-  Result<builds::BuildService::Requested> got = builds_->request(c.tenant.id, r->name, r->cpu_count, r->memory_mb);
+  Result<builds::BuildService::Requested> got =
+      builds_->request(c.tenant.id, r->name, r->tags, r->cpu_count, r->memory_mb);
   if (!got) return error_response(got.error());
   json j = {{"templateID", got->tpl.id},
             {"buildID", got->build_id},
             {"names", json::array({got->tpl.name})},
             {"aliases", json::array({got->tpl.name})},
-            {"tags", json::array({"default"})},
+            {"tags", r->tags.empty() ? json::array({storage::kDefaultTag}) : json(r->tags)},
             {"public", got->tpl.is_public}};
   return http::json_body(202, dump(j));
 }
@@ -262,6 +286,17 @@ HttpResponse ControlPlane::build_status(const Call& c) {
     j["reason"] = reason;
   }
   return http::json_body(200, dump(j));
+}
+
+HttpResponse ControlPlane::build_logs(const Call& c) {
+  if (!builds_) return no_builds();
+  Result<storage::BuildLogQuery> q = parse_build_logs_query(c.req.query);
+  if (!q) return error_response(q.error());
+  Result<std::vector<storage::BuildLogRow>> logs = builds_->logs(c.tenant.id, c.id, c.arg2, *q);
+  if (!logs) return error_response(logs.error());
+  json out = json::array();
+  for (const storage::BuildLogRow& l : *logs) out.push_back(log_json(l));
+  return http::json_body(200, dump(json{{"logs", out}}));
 }
 
 }  // namespace sg::api

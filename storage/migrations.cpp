@@ -178,6 +178,30 @@ CREATE TABLE build_logs (
   PRIMARY KEY (build_id, seq)
 );
 )sql"},
+      // Template tags (issue 19): each ready build keeps its files and
+      // configuration; a tag names one build of its template. A template
+      // row's layers and config are its "default" build's.
+      {7, "template tags",
+       R"sql(
+ALTER TABLE template_builds ADD COLUMN tags TEXT NOT NULL DEFAULT '';
+ALTER TABLE template_builds ADD COLUMN rootfs_path TEXT;
+ALTER TABLE template_builds ADD COLUMN layers TEXT;
+ALTER TABLE template_builds ADD COLUMN config TEXT;
+CREATE TABLE template_tags (
+  template_id TEXT NOT NULL REFERENCES templates(id),
+  tag         TEXT NOT NULL,
+  build_id    TEXT NOT NULL REFERENCES template_builds(id),
+  created_at  INTEGER NOT NULL,
+  PRIMARY KEY (template_id, tag)
+);
+UPDATE template_builds SET
+  rootfs_path = (SELECT t.rootfs_path FROM templates t WHERE t.build_id = template_builds.id),
+  layers = (SELECT t.layers FROM templates t WHERE t.build_id = template_builds.id),
+  config = (SELECT t.config FROM templates t WHERE t.build_id = template_builds.id)
+  WHERE id IN (SELECT build_id FROM templates WHERE build_id IS NOT NULL);
+INSERT INTO template_tags(template_id, tag, build_id, created_at)
+  SELECT id, 'default', build_id, updated_at FROM templates WHERE build_id IS NOT NULL AND status != 'deleted';
+)sql"},
   };
   return kList;
 }

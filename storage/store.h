@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "storage/db.h"
@@ -74,7 +75,40 @@ struct BuildRow {
   int64_t created_at = 0;
   int64_t updated_at = 0;
   std::optional<int64_t> finished_at;
+  // The tags it asked for (given to it when it ends ready; none: "default").
+  std::vector<std::string> tags;
 };
+
+// GET .../builds/{build}/logs: lines at or after (forward) or at or
+// before (backward) cursor_ms, at min_level or above (0 debug, 1 info,
+// 2 warn, 3 error), at most limit, in that direction's order.
+struct BuildLogQuery {
+  std::optional<int64_t> cursor_ms;
+  bool forward = true;
+  int min_level = 0;
+  int64_t limit = 100;
+};
+
+// A tag: a name for one ready build of a template.
+inline constexpr const char* kDefaultTag = "default";
+inline constexpr size_t kMaxTags = 16;
+
+struct TagRow {
+  std::string tag;
+  std::string build_id;
+  int64_t created_at = 0;
+};
+
+// A template as clients name it: "[team/]name[:tag]" (or its id for name).
+struct TemplateRef {
+  std::string team;  // "" when not given
+  std::string name;
+  std::string tag;   // kDefaultTag when not given
+};
+// kInvalid for an empty name or tag, a bad tag, more than one '/' or ':'.
+Result<TemplateRef> parse_template_ref(std::string_view ref);
+// 1 to 128 of A-Z a-z 0-9 '.', '_', '-', starting with a letter or digit.
+bool valid_tag(std::string_view tag);
 
 struct BuildLogRow {
   int64_t seq = 0;  // from 0, per build
@@ -246,6 +280,24 @@ class Store {
   // By id or by name, visible to the tenant (public or its own); never a
   // deleted one.
   Result<std::optional<TemplateRow>> find_template(const std::string& tenant_id, const std::string& ref);
+  // A template as clients name it (parse_template_ref) with the build
+  // its tag names: rootfs_path, layers, config and build_id are that
+  // build's. nullopt for no such template (or a team that is not its
+  // owner's); kNotFound naming the tag for a template without that tag.
+  // A template without any tag (the server's own) is its row, as
+  // "default".
+  Result<std::optional<TemplateRow>> resolve_template(const std::string& tenant_id, const std::string& ref);
+  // A template's tags, by tag.
+  Result<std::vector<TagRow>> list_tags(const std::string& template_id);
+  // Points each tag at the build `target` ("name[:tag]" of the tenant's
+  // own template) names; "default" moves the template's row to it too.
+  // Returns the build id. kNotFound: no such template or tag; kInvalid:
+  // not the tenant's, a bad tag.
+  Result<std::string> assign_tags(const std::string& tenant_id, const std::string& target,
+                                  const std::vector<std::string>& tags, int64_t now);
+  // Removes the tags from the tenant's template `name`: kNotFound for a
+  // tag it does not have (nothing removed), kInvalid for "default".
+  Status remove_tags(const std::string& tenant_id, const std::string& name, const std::vector<std::string>& tags);
   // Every template the tenant can see, oldest first.
   Result<std::vector<TemplateRow>> list_templates(const std::string& tenant_id);
   Result<TemplateUsage> template_usage(const std::string& id);
@@ -267,8 +319,9 @@ class Store {
   // Ends a build in error (reason and step say why) and, when the template
   // never had a ready build, the template too.
   Status fail_build(const std::string& build_id, const std::string& reason, const std::string& step, int64_t now);
-  // Ends a build ready: the template takes its layers and configuration
-  // (over rootfs) in the same transaction.
+  // Ends a build ready: it keeps its files and configuration, its tags
+  // (default: "default") name it, and with "default" the template's row
+  // takes them, in one transaction.
   Status finish_build(const std::string& build_id, const std::string& rootfs, const std::string& layers,
                       const std::string& config, int64_t now);
   // Appends log lines (seq assigned from the build's count) and returns
@@ -276,6 +329,7 @@ class Store {
   Result<int64_t> append_build_logs(const std::string& build_id, std::vector<BuildLogRow> rows);
   // Lines seq >= offset, at most limit.
   Result<std::vector<BuildLogRow>> build_logs(const std::string& build_id, int64_t offset, int64_t limit);
+  Result<std::vector<BuildLogRow>> build_logs(const std::string& build_id, const BuildLogQuery& q);
   // Marks it deleted and frees its name, in one transaction that refuses
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.

@@ -9,7 +9,25 @@ namespace {
 
 constexpr const char* kBuildCols =
     "id, template_id, tenant_id, status, reason, reason_step, cpu_count, memory_mb, created_at, updated_at, "
-    "finished_at";
+    "finished_at, tags";
+
+// Tags are stored space-separated (valid_tag has no spaces).
+std::string join_tags(const std::vector<std::string>& tags) {
+  std::string out;
+  for (const std::string& t : tags) out += (out.empty() ? "" : " ") + t;
+  return out;
+}
+
+std::vector<std::string> split_tags(std::string_view s) {
+  std::vector<std::string> out;
+  while (!s.empty()) {
+    size_t sp = s.find(' ');
+    if (sp != 0) out.emplace_back(s.substr(0, sp));
+    if (sp == std::string_view::npos) break;
+    s.remove_prefix(sp + 1);
+  }
+  return out;
+}
 
 BuildRow build_from(const Stmt& s) {
   BuildRow b;
@@ -24,10 +42,170 @@ BuildRow build_from(const Stmt& s) {
   b.created_at = s.int64(8);
   b.updated_at = s.int64(9);
   if (!s.is_null(10)) b.finished_at = s.int64(10);
+  b.tags = split_tags(s.text(11));
   return b;
 }
 
+// The template `name` (a name or an id) visible to the tenant, within tx:
+// its id, or kNotFound; kInvalid when the tenant does not own it.
+Result<std::string> owned_template(Db::Tx& tx, const std::string& tenant_id, const std::string& name) {
+  SG_TRY_STMT(st, tx,
+              "SELECT id, tenant_id FROM templates WHERE (id = ?1 OR name = ?1) AND status != 'deleted' "
+              "AND (tenant_id IS NULL OR tenant_id = ?2 OR public != 0) "
+              "ORDER BY (id = ?1) DESC, (tenant_id = ?2) DESC LIMIT 1");
+  st.bind(1, name).bind(2, tenant_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return not_found_error("template '" + name + "' not found");
+  if (st.is_null(1) || st.text(1) != tenant_id)
+    return invalid_error("template '" + name + "' belongs to " +
+                         std::string(st.is_null(1) ? "this server" : "another team") + ": only its owner can tag it");
+  return st.text(0);
+}
+
+// Points tag at build_id (a ready build of template_id); "default" moves
+// the template's row to the build's files and configuration.
+Status set_tag(Db::Tx& tx, const std::string& template_id, const std::string& tag, const std::string& build_id,
+               int64_t now) {
+  SG_TRY_STMT(st, tx,
+              "INSERT INTO template_tags(template_id, tag, build_id, created_at) VALUES(?,?,?,?) "
+              "ON CONFLICT(template_id, tag) DO UPDATE SET build_id = excluded.build_id, "
+              "created_at = excluded.created_at");
+  st.bind(1, template_id).bind(2, tag).bind(3, build_id).bind(4, now);
+  SG_TRY(st.run());
+  if (tag != kDefaultTag) return Status::Ok();
+  SG_TRY_STMT(t, tx,
+              "UPDATE templates SET rootfs_path = b.rootfs_path, layers = b.layers, config = b.config, "
+              "build_id = b.id, updated_at = ?1 FROM (SELECT id, rootfs_path, layers, config FROM template_builds "
+              "WHERE id = ?2) AS b WHERE templates.id = ?3");
+  t.bind(1, now).bind(2, build_id).bind(3, template_id);
+  return t.run();
+}
+
 }  // namespace
+
+bool valid_tag(std::string_view tag) {
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };
+  if (tag.empty() || tag.size() > 128 || !alnum(tag[0])) return false;
+  for (char c : tag)
+    if (!alnum(c) && c != '.' && c != '_' && c != '-') return false;
+  return true;
+}
+
+Result<TemplateRef> parse_template_ref(std::string_view ref) {
+  std::string whole(ref);
+  TemplateRef r;
+  r.tag = kDefaultTag;
+  if (size_t slash = ref.find('/'); slash != std::string_view::npos) {
+    r.team = std::string(ref.substr(0, slash));
+    ref.remove_prefix(slash + 1);
+    if (r.team.empty() || ref.find('/') != std::string_view::npos)
+      return invalid_error("template '" + whole + "': want [team/]name[:tag]");
+  }
+  if (size_t colon = ref.find(':'); colon != std::string_view::npos) {
+    std::string_view tag = ref.substr(colon + 1);
+    ref = ref.substr(0, colon);
+    if (!valid_tag(tag))
+      return invalid_error("template '" + whole + "': tag '" + std::string(tag) +
+                           "' must be 1 to 128 of letters, digits, '.', '_' and '-'");
+    r.tag = std::string(tag);
+  }
+  if (ref.empty()) return invalid_error("template '" + whole + "': an empty name");
+  r.name = std::string(ref);
+  return r;
+}
+
+Result<std::optional<TemplateRow>> Store::resolve_template(const std::string& tenant_id, const std::string& ref) {
+  Result<TemplateRef> r = parse_template_ref(ref);
+  if (!r) return r.error();
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              std::string("SELECT ") + kTemplateCols +
+                  ", (SELECT name FROM tenants WHERE tenants.id = templates.tenant_id) FROM templates "
+                  "WHERE (id = ?1 OR name = ?1) AND status != 'deleted' "
+                  "AND (tenant_id IS NULL OR tenant_id = ?2 OR public != 0) "
+                  "ORDER BY (id = ?1) DESC, (tenant_id = ?2) DESC LIMIT 1");
+  st.bind(1, r->name).bind(2, tenant_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return std::optional<TemplateRow>();
+  TemplateRow t = template_from(st);
+  if (!r->team.empty() && (st.is_null(14) || st.text(14) != r->team)) return std::optional<TemplateRow>();
+  SG_TRY_STMT(g, tx,
+              "SELECT b.id, b.rootfs_path, b.layers, b.config FROM template_tags g "
+              "JOIN template_builds b ON b.id = g.build_id WHERE g.template_id = ? AND g.tag = ?");
+  g.bind(1, t.id).bind(2, r->tag);
+  Result<bool> tagged = g.step();
+  if (!tagged) return tagged.error();
+  if (*tagged) {
+    t.build_id = g.text(0);
+    t.rootfs_path = g.text(1);
+    t.layers = g.text(2);
+    t.config = g.text(3);
+    t.status = "ready";
+    return std::optional<TemplateRow>(std::move(t));
+  }
+  SG_TRY_STMT(n, tx, "SELECT COUNT(*) FROM template_tags WHERE template_id = ?");
+  n.bind(1, t.id);
+  Result<bool> counted = n.step();
+  if (!counted) return counted.error();
+  // Untagged: the server's own templates, and one whose first build has
+  // not ended ready (its status says which).
+  if (n.int64(0) == 0 && r->tag == kDefaultTag) return std::optional<TemplateRow>(std::move(t));
+  return not_found_error("template '" + t.name + "' has no tag '" + r->tag + "'");
+}
+
+Result<std::vector<TagRow>> Store::list_tags(const std::string& template_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "SELECT tag, build_id, created_at FROM template_tags WHERE template_id = ? ORDER BY tag");
+  st.bind(1, template_id);
+  return collect<TagRow>(st, [](const Stmt& s) { return TagRow{s.text(0), s.text(1), s.int64(2)}; });
+}
+
+Result<std::string> Store::assign_tags(const std::string& tenant_id, const std::string& target,
+                                       const std::vector<std::string>& tags, int64_t now) {
+  Result<TemplateRef> r = parse_template_ref(target);
+  if (!r) return r.error();
+  if (!r->team.empty()) return invalid_error("target '" + target + "': name the template without a team");
+  if (tags.empty() || tags.size() > kMaxTags)
+    return invalid_error("want 1 to " + std::to_string(kMaxTags) + " tags, got " + std::to_string(tags.size()));
+  for (const std::string& tag : tags)
+    if (!valid_tag(tag)) return invalid_error("tag '" + tag + "' must be 1 to 128 of letters, digits, '.', '_' and '-'");
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  Result<std::string> id = owned_template(tx, tenant_id, r->name);
+  if (!id) return id.error();
+  SG_TRY_STMT(q, tx, "SELECT build_id FROM template_tags WHERE template_id = ? AND tag = ?");
+  q.bind(1, *id).bind(2, r->tag);
+  Result<bool> row = q.step();
+  if (!row) return row.error();
+  if (!*row) return not_found_error("template '" + r->name + "' has no tag '" + r->tag + "'");
+  std::string build = q.text(0);
+  for (const std::string& tag : tags) SG_TRY(set_tag(tx, *id, tag, build, now));
+  SG_TRY(tx.commit());
+  return build;
+}
+
+Status Store::remove_tags(const std::string& tenant_id, const std::string& name, const std::vector<std::string>& tags) {
+  Result<TemplateRef> r = parse_template_ref(name);
+  if (!r) return r.error();
+  if (!r->team.empty() || name.find(':') != std::string::npos) return invalid_error("name '" + name + "': want the template's name alone");
+  if (tags.empty() || tags.size() > kMaxTags)
+    return invalid_error("want 1 to " + std::to_string(kMaxTags) + " tags, got " + std::to_string(tags.size()));
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  Result<std::string> id = owned_template(tx, tenant_id, r->name);
+  if (!id) return id.error();
+  for (const std::string& tag : tags) {
+    if (tag == kDefaultTag)
+      return invalid_error("the 'default' tag cannot be removed: assign it to another build instead");
+    SG_TRY_STMT(st, tx, "DELETE FROM template_tags WHERE template_id = ? AND tag = ?");
+    st.bind(1, *id).bind(2, tag);
+    SG_TRY(st.run());
+    if (tx.changes() == 0) return not_found_error("template '" + r->name + "' has no tag '" + tag + "'");
+  }
+  return tx.commit();
+}
 
 Result<TemplateRow> Store::request_build(const std::string& tenant_id, const std::string& name,
                                          const TemplateRow& fresh, const BuildRow& build) {
@@ -67,9 +245,9 @@ Result<TemplateRow> Store::request_build(const std::string& tenant_id, const std
   }
   SG_TRY_STMT(st, tx,
               "INSERT INTO template_builds(id, template_id, tenant_id, status, cpu_count, memory_mb, created_at, "
-              "updated_at) VALUES(?,?,?,?,?,?,?,?)");
+              "updated_at, tags) VALUES(?,?,?,?,?,?,?,?,?)");
   st.bind(1, build.id).bind(2, t.id).bind(3, tenant_id).bind(4, std::string(kBuildWaiting)).bind(5, build.cpu_count)
-      .bind(6, build.memory_mb).bind(7, build.created_at).bind(8, build.created_at);
+      .bind(6, build.memory_mb).bind(7, build.created_at).bind(8, build.created_at).bind(9, join_tags(build.tags));
   SG_TRY(st.run());
   SG_TRY(tx.commit());
   return t;
@@ -121,16 +299,21 @@ Status Store::finish_build(const std::string& build_id, const std::string& rootf
   auto tx = db_->transaction();
   SG_TRY(tx.begin_status());
   SG_TRY_STMT(st, tx,
-              "UPDATE template_builds SET status = 'ready', updated_at = ?, finished_at = ? "
-              "WHERE id = ? AND status = 'building'");
-  st.bind(1, now).bind(2, now).bind(3, build_id);
-  SG_TRY(st.run());
-  if (tx.changes() == 0) return conflict_error("build " + build_id + " is not running");
-  SG_TRY_STMT(t, tx,
-              "UPDATE templates SET status = 'ready', rootfs_path = ?, layers = ?, config = ?, build_id = ?, "
-              "updated_at = ? WHERE id = (SELECT template_id FROM template_builds WHERE id = ?) AND status != 'deleted'");
-  t.bind(1, rootfs).bind(2, layers).bind(3, config).bind(4, build_id).bind(5, now).bind(6, build_id);
+              "UPDATE template_builds SET status = 'ready', updated_at = ?, finished_at = ?, rootfs_path = ?, "
+              "layers = ?, config = ? WHERE id = ? AND status = 'building' RETURNING template_id, tags");
+  st.bind(1, now).bind(2, now).bind(3, rootfs).bind(4, layers).bind(5, config).bind(6, build_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return conflict_error("build " + build_id + " is not running");
+  std::string template_id = st.text(0);
+  std::vector<std::string> tags = split_tags(st.text(1));
+  SG_TRY(st.run());  // the UPDATE's RETURNING row read; step it to its end
+  if (tags.empty()) tags.push_back(kDefaultTag);
+  SG_TRY_STMT(t, tx, "UPDATE templates SET status = 'ready', updated_at = ? WHERE id = ? AND status != 'deleted'");
+  t.bind(1, now).bind(2, template_id);
   SG_TRY(t.run());
+  if (tx.changes() == 0) return tx.commit();  // deleted meanwhile: the build is kept, untagged
+  for (const std::string& tag : tags) SG_TRY(set_tag(tx, template_id, tag, build_id, now));
   return tx.commit();
 }
 
@@ -152,21 +335,38 @@ Result<int64_t> Store::append_build_logs(const std::string& build_id, std::vecto
   return seq;
 }
 
+namespace {
+BuildLogRow log_from(const Stmt& s) {
+  BuildLogRow r;
+  r.seq = s.int64(0);
+  r.at_ms = s.int64(1);
+  r.level = s.text(2);
+  r.step = s.text(3);
+  r.message = s.text(4);
+  return r;
+}
+}  // namespace
+
+Result<std::vector<BuildLogRow>> Store::build_logs(const std::string& build_id, const BuildLogQuery& q) {
+  auto tx = db_->lock();
+  std::string sql =
+      "SELECT seq, at_ms, level, step, message FROM build_logs WHERE build_id = ?1 "
+      "AND (CASE level WHEN 'debug' THEN 0 WHEN 'info' THEN 1 WHEN 'warn' THEN 2 ELSE 3 END) >= ?2";
+  if (q.cursor_ms) sql += q.forward ? " AND at_ms >= ?3" : " AND at_ms <= ?3";
+  sql += q.forward ? " ORDER BY seq LIMIT ?4" : " ORDER BY seq DESC LIMIT ?4";
+  SG_TRY_STMT(st, tx, sql);
+  st.bind(1, build_id).bind(2, q.min_level).bind(4, q.limit);
+  if (q.cursor_ms) st.bind(3, *q.cursor_ms);
+  return collect<BuildLogRow>(st, log_from);
+}
+
 Result<std::vector<BuildLogRow>> Store::build_logs(const std::string& build_id, int64_t offset, int64_t limit) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
               "SELECT seq, at_ms, level, step, message FROM build_logs WHERE build_id = ? AND seq >= ? "
               "ORDER BY seq LIMIT ?");
   st.bind(1, build_id).bind(2, offset).bind(3, limit);
-  return collect<BuildLogRow>(st, [](const Stmt& s) {
-    BuildLogRow r;
-    r.seq = s.int64(0);
-    r.at_ms = s.int64(1);
-    r.level = s.text(2);
-    r.step = s.text(3);
-    r.message = s.text(4);
-    return r;
-  });
+  return collect<BuildLogRow>(st, log_from);
 }
 
 }  // namespace sg::storage

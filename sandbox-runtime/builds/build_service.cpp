@@ -161,8 +161,8 @@ class BuildService::Run {
         return from_image(image);
       }
     }
-    Result<std::optional<storage::TemplateRow>> t = svc_.store_.find_template(job_.tenant_id, ref);
-    if (!t) return t.error();
+    Result<std::optional<storage::TemplateRow>> t = svc_.store_.resolve_template(job_.tenant_id, ref);
+    if (!t) return invalid_error("fromTemplate '" + ref + "': " + t.error().message());
     if (!*t) return invalid_error("fromTemplate '" + ref + "': no such template");
     if ((*t)->status != "ready") return invalid_error("fromTemplate '" + ref + "' is " + (*t)->status + ", not ready");
     if ((*t)->id == job_.template_id) return invalid_error("a template cannot be built from itself");
@@ -556,11 +556,15 @@ Result<storage::TemplateRow> BuildService::own_template(const std::string& tenan
 }
 
 Result<BuildService::Requested> BuildService::request(const std::string& tenant_id, const std::string& name,
-                                                     int64_t cpu_count, int64_t memory_mb) {
+                                                     const std::vector<std::string>& tags, int64_t cpu_count,
+                                                     int64_t memory_mb) {
   if (!valid_name(name))
     return invalid_error("template name '" + name + "': 1 to 128 of a-z, 0-9, '-', '_' and '.'");
   if (cpu_count < 1 || cpu_count > 64) return invalid_error("cpuCount " + std::to_string(cpu_count) + ": 1 to 64");
   if (memory_mb < 128 || memory_mb > 65536) return invalid_error("memoryMB " + std::to_string(memory_mb) + ": 128 to 65536");
+  if (tags.size() > storage::kMaxTags) return invalid_error("more than " + std::to_string(storage::kMaxTags) + " tags");
+  for (const std::string& tag : tags)
+    if (!storage::valid_tag(tag)) return invalid_error("tag '" + tag + "' must be 1 to 128 of letters, digits, '.', '_' and '-'");
   int64_t now = cfg_.clock();
   storage::TemplateRow fresh;
   fresh.id = sys::random_hex(10);
@@ -574,6 +578,7 @@ Result<BuildService::Requested> BuildService::request(const std::string& tenant_
   b.cpu_count = cpu_count;
   b.memory_mb = memory_mb;
   b.created_at = now;
+  b.tags = tags;
   Result<storage::TemplateRow> t = store_.request_build(tenant_id, name, fresh, b);
   if (!t) return t.error();
   return Requested{*t, b.id};
@@ -726,6 +731,18 @@ Result<BuildService::Status_> BuildService::status(const std::string& tenant_id,
     }
   }
   return out;
+}
+
+Result<std::vector<storage::BuildLogRow>> BuildService::logs(const std::string& tenant_id,
+                                                             const std::string& template_id,
+                                                             const std::string& build_id,
+                                                             const storage::BuildLogQuery& q) {
+  Result<storage::TemplateRow> t = own_template(tenant_id, template_id);
+  if (!t) return t.error();
+  Result<std::optional<storage::BuildRow>> b = store_.find_build(t->id, build_id);
+  if (!b) return b.error();
+  if (!*b) return not_found_error("build '" + build_id + "' of template '" + template_id + "' not found");
+  return store_.build_logs(build_id, q);
 }
 
 std::string BuildService::upload_path(const std::string& tenant_id, const std::string& hash) const {

@@ -99,9 +99,10 @@ class BuildService {
     std::string build_id;
   };
   // POST /v3/templates: the tenant's template of that name (new, or its
-  // own) and a new build, waiting for start().
-  Result<Requested> request(const std::string& tenant_id, const std::string& name, int64_t cpu_count,
-                            int64_t memory_mb);
+  // own) and a new build, waiting for start(), that takes the tags (none:
+  // "default") when it ends ready.
+  Result<Requested> request(const std::string& tenant_id, const std::string& name,
+                            const std::vector<std::string>& tags, int64_t cpu_count, int64_t memory_mb);
   // POST /v2/templates/{id}/builds/{build}: validates the spec (kInvalid
   // naming the step) and queues the build.
   Status start(const std::string& tenant_id, const std::string& template_id, const std::string& build_id,
@@ -114,6 +115,9 @@ class BuildService {
   };
   Result<Status_> status(const std::string& tenant_id, const std::string& template_id, const std::string& build_id,
                          int64_t logs_offset, int64_t limit);
+  // GET .../builds/{build}/logs.
+  Result<std::vector<storage::BuildLogRow>> logs(const std::string& tenant_id, const std::string& template_id,
+                                                 const std::string& build_id, const storage::BuildLogQuery& q);
 
   // GET /templates/{id}/files/{hash}: whether the upload is here, and if
   // not, the path and query of a signed, expiring upload URL (no API key).

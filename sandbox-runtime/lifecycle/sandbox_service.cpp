@@ -246,7 +246,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   if (p.network.asks_egress && !cfg_.egress)
     return invalid_error("field 'network.allowOut': egress is not available on this server "
                          "(it runs without --egress; every destination is denied)");
-  Result<std::optional<storage::TemplateRow>> tpl = store_.find_template(tenant.id, p.template_ref);
+  Result<std::optional<storage::TemplateRow>> tpl = store_.resolve_template(tenant.id, p.template_ref);
   if (!tpl) return tpl.error();
   if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");
   const storage::TemplateRow& t = **tpl;

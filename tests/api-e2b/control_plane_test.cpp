@@ -209,7 +209,7 @@ TEST_CASE("control plane: E2B routes this server does not serve are 501 with a m
       {"POST", "/volumes"},                       {"GET", "/teams"},
       {"GET", "/teams/t1/metrics/max"},           {"POST", "/v3/templates"},
       {"POST", "/v2/templates/tpl-base/builds/b1"}, {"GET", "/templates/tpl-base/builds/b1/status"},
-      {"GET", "/templates/tpl-base/files/abc"},   {"POST", "/templates/tags"},
+      {"GET", "/templates/tpl-base/files/abc"},   {"GET", "/templates/tpl-base/builds/b1/logs"},
   };
   for (const Case& c : cases) {
     CAPTURE(std::string(c.method));
@@ -320,4 +320,73 @@ TEST_CASE("control plane: templates: list, get, alias, tags; the owner's visibil
   own.id = "tpl-own2";
   CHECK(p.store->upsert_template(own));  // the name is free again
   CHECK(p.call("GET", "/sandboxes/" + sb).status == 200);  // base's sandbox was never touched
+}
+
+TEST_CASE("control plane: tags: a build's tags, assign, list, create by name:tag, remove") {
+  Plane p;
+  std::string tenant = p.tenants->authenticate(p.key)->id;
+  int n = 0;
+  auto build = [&](std::vector<std::string> tags, const std::string& layer) {
+    sg::storage::TemplateRow fresh;
+    fresh.id = "tpl-app";
+    fresh.status = "building";
+    fresh.rootfs_path = p.dir.sub("rootfs");
+    sg::storage::BuildRow b;
+    b.id = "00000000-0000-4000-8000-00000000000" + std::to_string(++n);
+    b.created_at = p.now;
+    b.tags = std::move(tags);
+    REQUIRE(p.store->request_build(tenant, "app", fresh, b));
+    REQUIRE(p.store->start_build(b.id, p.now));
+    REQUIRE(p.store->finish_build(b.id, p.dir.sub("rootfs"), "[\"" + layer + "\"]", "{}", p.now));
+    return b.id;
+  };
+  std::string b1 = build({}, "/l1");
+  std::string b2 = build({"v2"}, "/l2");
+
+  HttpResponse t = p.call("GET", "/templates/app/tags");
+  REQUIRE(t.status == 200);
+  json tags = json::parse(t.body);
+  REQUIRE(tags.size() == 2);
+  CHECK(tags[0] == json{{"tag", "default"}, {"buildID", b1}, {"createdAt", "2023-11-14T22:13:20Z"}});
+  CHECK(tags[1]["tag"] == "v2");
+  CHECK(tags[1]["buildID"] == b2);
+
+  // Sandboxes by tag run that build's layers; a missing tag is 404.
+  auto layers_of = [&](const std::string& ref) {
+    HttpResponse r = p.call("POST", "/sandboxes", json{{"templateID", ref}}.dump());
+    REQUIRE_MESSAGE(r.status == 201, r.body);
+    auto rec = p.rt.record(json::parse(r.body)["sandboxID"].get<std::string>() + "");
+    return rec.spec.layers;
+  };
+  CHECK(layers_of("app") == std::vector<std::string>{"/l1"});
+  CHECK(layers_of("app:v2") == std::vector<std::string>{"/l2"});
+  CHECK(layers_of("alpha/app:default") == std::vector<std::string>{"/l1"});
+  HttpResponse missing = p.call("POST", "/sandboxes", R"({"templateID":"app:v3"})");
+  CHECK(missing.status == 404);
+  CHECK(json::parse(missing.body)["message"].get<std::string>().find("no tag 'v3'") != std::string::npos);
+  CHECK(p.call("POST", "/sandboxes", R"({"templateID":"beta/app"})").status == 404);
+  CHECK(p.call("POST", "/sandboxes", R"({"templateID":"app:bad tag"})").status == 400);
+
+  // Assign: 201 {buildID, tags}; "default" moves what "app" runs.
+  HttpResponse a = p.call("POST", "/templates/tags", R"({"target":"app:v2","tags":["default","prod"]})");
+  REQUIRE(a.status == 201);
+  CHECK(json::parse(a.body) == json{{"buildID", b2}, {"tags", {"default", "prod"}}});
+  CHECK(layers_of("app") == std::vector<std::string>{"/l2"});
+  CHECK(json::parse(p.call("GET", "/templates/app/tags").body).size() == 3);
+  CHECK(p.call("POST", "/templates/tags", R"({"target":"app:v9","tags":["x"]})").status == 404);
+  CHECK(p.call("POST", "/templates/tags", R"({"target":"app","tags":[]})").status == 400);
+  CHECK(p.call("POST", "/templates/tags", R"({"target":"app","tags":["no spaces"]})").status == 400);
+  CHECK(p.call("POST", "/templates/tags", R"({"tags":["x"]})").status == 400);
+  CHECK(p.call("POST", "/templates/tags", R"({"target":"app","tags":["x"]})", &p.other_key).status == 404);
+  CHECK(p.call("POST", "/templates/tags", R"({"target":"base","tags":["x"]})").status == 400);
+
+  // Remove: 204; all or nothing; default stays.
+  CHECK(p.call("DELETE", "/templates/tags", R"({"name":"app","tags":["prod","nope"]})").status == 404);
+  CHECK(p.call("DELETE", "/templates/tags", R"({"name":"app","tags":["default"]})").status == 400);
+  CHECK(json::parse(p.call("GET", "/templates/app/tags").body).size() == 3);
+  CHECK(p.call("DELETE", "/templates/tags", R"({"name":"app","tags":["prod","v2"]})").status == 204);
+  json left = json::parse(p.call("GET", "/templates/app/tags").body);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0]["tag"] == "default");
+  CHECK(p.call("POST", "/sandboxes", R"({"templateID":"app:v2"})").status == 404);
 }

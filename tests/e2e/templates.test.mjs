@@ -99,6 +99,43 @@ test('an unreachable registry is a clear build error; the default base image is 
   await Template.build(Template().fromBaseImage().runCmd('touch /tmp/x'), 'tpl-default-base', opts);
 });
 
+test('tags: name:tag builds, assignTags, getTags, removeTags; Sandbox.create by tag; the logs route', async () => {
+  const v = (n) => Template().fromTemplate('base').runCmd(`echo ${n} > /etc/version`, { user: 'root' });
+  await Template.build(v(1), 'tpl-tags', opts);
+  const b2 = await Template.build(v(2), 'tpl-tags:v2', opts);
+  const version = async (ref) => {
+    const sbx = await Sandbox.create(ref, opts);
+    try {
+      return (await sbx.commands.run('cat /etc/version')).stdout.trim();
+    } finally {
+      await sbx.kill();
+    }
+  };
+  assert.equal(await version('tpl-tags'), '1');
+  assert.equal(await version('tpl-tags:v2'), '2');
+  await assert.rejects(Sandbox.create('tpl-tags:v3', opts), /no tag 'v3'/);
+
+  const assigned = await Template.assignTags('tpl-tags:v2', ['default', 'prod'], opts);
+  assert.deepEqual(assigned.tags, ['default', 'prod']);
+  assert.equal(assigned.buildId, b2.buildId);
+  assert.equal(await version('tpl-tags'), '2');
+  const tags = await Template.getTags('tpl-tags', opts);
+  assert.deepEqual(tags.map((t) => t.tag), ['default', 'prod', 'v2']);
+  assert.ok(tags.every((t) => t.buildId === b2.buildId && t.createdAt instanceof Date));
+  await Template.removeTags('tpl-tags', ['prod', 'v2'], opts);
+  assert.deepEqual((await Template.getTags('tpl-tags', opts)).map((t) => t.tag), ['default']);
+  await assert.rejects(Template.removeTags('tpl-tags', ['default'], opts), /cannot be removed/);
+
+  // The build logs route (E2B's TemplateBuildLogsResponse), newest first.
+  const res = await fetch(`${opts.apiUrl}/templates/${b2.templateId}/builds/${b2.buildId}/logs?direction=backward&limit=3`,
+    { headers: { 'X-API-Key': opts.apiKey } });
+  assert.equal(res.status, 200);
+  const { logs } = await res.json();
+  assert.equal(logs.length, 3);
+  assert.ok(logs.every((l) => typeof l.message === 'string' && l.level && l.timestamp), JSON.stringify(logs));
+  assert.ok(logs[0].timestamp >= logs[2].timestamp);
+});
+
 test('a template name taken by another template of the server is a conflict', async () => {
   await assert.rejects(Template.build(Template().fromTemplate('base'), 'base', opts), /taken/);
 });

@@ -14,7 +14,9 @@
 // and fifth fields) decided for the second and third (name, address).
 // Route 4 with bit 0x10 is PUT .../network (the SDK's updateNetwork).
 // Route 5 with bit 0x10 is a template build request (POST /v3/templates,
-// with 0x20 the build start), route 6 with 0x20 the build status query.
+// with 0x20 the build start), with 0x40 a tags request (and the target
+// as a template name); route 6 with 0x20 the build status query, with
+// 0x40 the build logs query.
 // Route 7 with bit 0x40 is the request framing check (http::framing_error):
 // Transfer-Encoding and Content-Length from the second and third fields.
 #include <cctype>
@@ -117,10 +119,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       }
+      if (route & 0x40) {  // POST (0x10: DELETE) /templates/tags; a template name as clients write it
+        auto r = sg::api::parse_tags_request(req, (route & 0x10) == 0);
+        check_error(r);
+        if (r) {
+          require(!r->target.empty() && !r->tags.empty() && r->tags.size() <= sg::storage::kMaxTags);
+          for (const std::string& t : r->tags) require(sg::storage::valid_tag(t));
+        }
+        auto ref = sg::storage::parse_template_ref(req.target);
+        check_error(ref);
+        if (ref) {
+          require(!ref->name.empty() && ref->name.find_first_of("/:") == std::string::npos);
+          require(sg::storage::valid_tag(ref->tag) && ref->team.find('/') == std::string::npos);
+        }
+        break;
+      }
       if (route & 0x10) {  // POST /v3/templates
         auto r = sg::api::parse_template_request(req);
         check_error(r);
         if (r) {
+          require(r->tags.size() <= sg::storage::kMaxTags);
+          for (const std::string& t : r->tags) require(sg::storage::valid_tag(t));
           require(!r->name.empty() && r->name.find(':') == std::string::npos);
           require(r->cpu_count >= 1 && r->cpu_count <= 64 && r->memory_mb >= 128 && r->memory_mb <= 65536);
         }
@@ -143,6 +162,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         auto b = sg::api::parse_build_status_query(req.query);
         check_error(b);
         if (b) require(b->logs_offset >= 0 && b->limit >= 1 && b->limit <= 1000);
+      }
+      if (route & 0x40) {
+        auto l = sg::api::parse_build_logs_query(req.query);
+        check_error(l);
+        if (l) require(l->limit >= 1 && l->limit <= 1000 && l->min_level >= 0 && l->min_level <= 3);
       }
       break;
     }

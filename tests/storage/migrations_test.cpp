@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "storage/migrations.h"
+#include "storage/store.h"
 #include "tests/support/temp_dir.h"
 
 using namespace sg;
@@ -131,4 +132,40 @@ TEST_CASE("a database newer than the binary is refused") {
   auto r = migrate(**db);
   REQUIRE(!r.ok());
   CHECK(r.error().message().find("newer than this sandgate knows") != std::string::npos);
+}
+
+TEST_CASE("migration 7: a template built before tags keeps its build as 'default'") {
+  test::TempDir dir;
+  std::string path = dir.sub("v6.db");
+  {
+    auto db = Db::open(path);
+    REQUIRE(db.ok());
+    std::vector<Migration> v6(migrations().begin(), migrations().begin() + 6);
+    REQUIRE(*migrate(**db, v6) == 6);
+    auto tx = (*db)->lock();
+    REQUIRE(tx.exec("INSERT INTO tenants VALUES('t1','acme',1,5,1024,0);"
+                    "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
+                    "disk_size_mb, created_at, updated_at, layers, config, build_id) "
+                    "VALUES('tp1','app','t1','ready','/base',2,512,0,1,2,'[\"/l1\"]','{\"user\":\"root\"}','b1');"
+                    "INSERT INTO template_builds(id, template_id, tenant_id, status, cpu_count, memory_mb, "
+                    "created_at, updated_at) VALUES('b0','tp1','t1','ready',2,512,1,1);"
+                    "INSERT INTO template_builds(id, template_id, tenant_id, status, cpu_count, memory_mb, "
+                    "created_at, updated_at) VALUES('b1','tp1','t1','ready',2,512,2,2);")
+                .ok());
+  }
+  auto store = Store::open(path);
+  REQUIRE(store.ok());
+  auto tags = (*store)->list_tags("tp1");
+  REQUIRE(tags.ok());
+  REQUIRE(tags->size() == 1);
+  CHECK((*tags)[0].tag == "default");
+  CHECK((*tags)[0].build_id == "b1");
+  auto t = (*store)->resolve_template("t1", "app");
+  REQUIRE((t.ok() && t->has_value()));
+  CHECK((*t)->layers == "[\"/l1\"]");
+  CHECK((*t)->config == "{\"user\":\"root\"}");
+  CHECK((*t)->rootfs_path == "/base");
+  // Its default build can take more tags.
+  CHECK((*store)->assign_tags("t1", "app", {"v1"}, 3).ok());
+  CHECK((*store)->list_tags("tp1")->size() == 2);
 }

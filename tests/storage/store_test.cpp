@@ -209,3 +209,124 @@ TEST_CASE("finish is final: a killed sandbox cannot be resurrected") {
   CHECK(row->state == "failed");
   CHECK(row->end_reason == "boom");
 }
+
+namespace {
+
+// A build of the tenant's template `name` asking for `tags`, run to ready
+// with `layers` as its files.
+std::string built(Store& s, const std::string& tenant_id, const std::string& name, std::vector<std::string> tags,
+                  const std::string& layers, int64_t now) {
+  static int n = 0;
+  TemplateRow fresh;
+  fresh.id = "tpl-" + name;
+  fresh.status = "building";
+  BuildRow b;
+  b.id = "build-" + std::to_string(++n);
+  b.created_at = now;
+  b.tags = std::move(tags);
+  REQUIRE(s.request_build(tenant_id, name, fresh, b).ok());
+  REQUIRE(s.start_build(b.id, now).ok());
+  REQUIRE(s.finish_build(b.id, "/rootfs", layers, "{}", now).ok());
+  return b.id;
+}
+
+}  // namespace
+
+TEST_CASE("tags: a build takes the tags it asked for, default moves the template, names resolve by tag") {
+  auto opened = Store::open(":memory:");
+  REQUIRE(opened.ok());
+  Store& s = **opened;
+  REQUIRE(s.insert_tenant(tenant("t1")).ok());
+  REQUIRE(s.insert_tenant(tenant("t2")).ok());
+  REQUIRE(s.upsert_template(base_template()).ok());
+
+  std::string b1 = built(s, "t1", "app", {}, "[\"/l1\"]", 10);
+  std::string b2 = built(s, "t1", "app", {"v2", "beta"}, "[\"/l2\"]", 20);
+  auto tags = s.list_tags("tpl-app");
+  REQUIRE(tags.ok());
+  REQUIRE(tags->size() == 3);  // by tag: beta, default, v2
+  CHECK(((*tags)[0].tag == "beta" && (*tags)[0].build_id == b2));
+  CHECK(((*tags)[1].tag == "default" && (*tags)[1].build_id == b1));
+  CHECK(((*tags)[2].tag == "v2" && (*tags)[2].build_id == b2));
+
+  auto def = s.resolve_template("t1", "app");
+  REQUIRE((def.ok() && def->has_value()));
+  CHECK((*def)->layers == "[\"/l1\"]");
+  CHECK((*def)->build_id == b1);
+  auto v2 = s.resolve_template("t1", "app:v2");
+  REQUIRE((v2.ok() && v2->has_value()));
+  CHECK((*v2)->layers == "[\"/l2\"]");
+  CHECK((*v2)->id == "tpl-app");
+  // team/name: the owner's name; another team's is no template at all.
+  auto teamed = s.resolve_template("t1", "name-t1/app:beta");
+  REQUIRE((teamed.ok() && teamed->has_value()));
+  CHECK((*teamed)->build_id == b2);
+  auto wrong_team = s.resolve_template("t1", "name-t2/app");
+  REQUIRE(wrong_team.ok());
+  CHECK_FALSE(wrong_team->has_value());
+  auto missing = s.resolve_template("t1", "app:v9");
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.error().kind() == ErrorKind::kNotFound);
+  CHECK(missing.error().message().find("no tag 'v9'") != std::string::npos);
+  CHECK(s.resolve_template("t1", "app:bad tag").error().kind() == ErrorKind::kInvalid);
+  CHECK(s.resolve_template("t1", "a/b/c").error().kind() == ErrorKind::kInvalid);
+  // The server's base has no tags: its row is "default"; no other tag.
+  auto base = s.resolve_template("t1", "base");
+  REQUIRE((base.ok() && base->has_value()));
+  CHECK((*base)->rootfs_path == "/x");
+  CHECK(s.resolve_template("t1", "base:v1").error().kind() == ErrorKind::kNotFound);
+  // Another tenant does not see a private template by any tag.
+  auto other = s.resolve_template("t2", "app:v2");
+  REQUIRE(other.ok());
+  CHECK_FALSE(other->has_value());
+
+  // Assigning moves tags (default moves the row); a bad one changes nothing.
+  auto moved = s.assign_tags("t1", "app:v2", {"default", "stable"}, 30);
+  REQUIRE(moved.ok());
+  CHECK(*moved == b2);
+  auto row = s.find_template("t1", "app");
+  REQUIRE((row.ok() && row->has_value()));
+  CHECK((*row)->layers == "[\"/l2\"]");
+  CHECK((*row)->build_id == b2);
+  CHECK(s.assign_tags("t1", "app:v9", {"x"}, 31).error().kind() == ErrorKind::kNotFound);
+  CHECK(s.assign_tags("t1", "app", {"ok", "bad tag"}, 31).error().kind() == ErrorKind::kInvalid);
+  CHECK(s.assign_tags("t2", "app", {"x"}, 31).error().kind() == ErrorKind::kNotFound);
+  CHECK(s.assign_tags("t1", "base", {"x"}, 31).error().kind() == ErrorKind::kInvalid);  // the server's
+  REQUIRE(s.list_tags("tpl-app")->size() == 4);  // beta, default, stable, v2: no "ok"
+
+  // Removing: all or nothing; never "default".
+  CHECK(s.remove_tags("t1", "app", {"beta", "nope"}).error().kind() == ErrorKind::kNotFound);
+  CHECK(s.list_tags("tpl-app")->size() == 4);
+  CHECK(s.remove_tags("t1", "app", {"default"}).error().kind() == ErrorKind::kInvalid);
+  CHECK(s.remove_tags("t1", "app:v2", {"beta"}).error().kind() == ErrorKind::kInvalid);
+  REQUIRE(s.remove_tags("t1", "app", {"beta", "v2"}).ok());
+  CHECK(s.list_tags("tpl-app")->size() == 2);
+  CHECK(s.resolve_template("t1", "app:v2").error().kind() == ErrorKind::kNotFound);
+
+  // A template whose only build is tagged is ready but has no default.
+  built(s, "t1", "only", {"v1"}, "[]", 40);
+  CHECK(s.resolve_template("t1", "only").error().message().find("no tag 'default'") != std::string::npos);
+  auto v1 = s.resolve_template("t1", "only:v1");
+  REQUIRE((v1.ok() && v1->has_value()));
+  CHECK((*v1)->status == "ready");
+}
+
+TEST_CASE("build logs: by time, in either direction, from a level up") {
+  auto opened = Store::open(":memory:");
+  REQUIRE(opened.ok());
+  Store& s = **opened;
+  std::vector<BuildLogRow> rows;
+  const char* levels[] = {"debug", "info", "warn", "error"};
+  for (int i = 0; i < 8; ++i) rows.push_back(BuildLogRow{0, 1000 + i * 10, levels[i % 4], "1", "line " + std::to_string(i)});
+  REQUIRE(s.append_build_logs("b1", rows).ok());
+  auto all = s.build_logs("b1", BuildLogQuery{});
+  REQUIRE(all.ok());
+  CHECK(all->size() == 8);
+  auto later = s.build_logs("b1", BuildLogQuery{.cursor_ms = 1050, .forward = true, .min_level = 0, .limit = 100});
+  REQUIRE(later->size() == 3);
+  CHECK(later->front().message == "line 5");
+  auto back = s.build_logs("b1", BuildLogQuery{.cursor_ms = 1050, .forward = false, .min_level = 2, .limit = 2});
+  REQUIRE(back->size() == 2);  // warn and error lines at or before 1050, newest first
+  CHECK((*back)[0].message == "line 3");
+  CHECK((*back)[1].message == "line 2");
+}

@@ -92,7 +92,6 @@ class Subscription {
   std::shared_ptr<Proc> proc_;            // null for an exited process
   std::deque<ProcEvent> queue_;           // GUARDED_BY(proc_->mu) or own for exited
   size_t pending_ = 0;                    // GUARDED_BY(proc_->mu)
-  bool ended_ = false;
 };
 
 struct ProcessStats {
