@@ -172,6 +172,7 @@ HttpResponse ControlPlane::assign_tags(const Call& c) {
   if (!r) return error_response(r.error());
   Result<std::string> build = store_.assign_tags(c.tenant.id, r->target, r->tags, sys::unix_seconds());
   if (!build) return error_response(build.error());
+  if (builds_) builds_->collect_soon();
   return http::json_body(201, dump(json{{"buildID", *build}, {"tags", r->tags}}));
 }
 
@@ -179,6 +180,7 @@ HttpResponse ControlPlane::remove_tags(const Call& c) {
   Result<TagsRequest> r = parse_tags_request(c.req, false);
   if (!r) return error_response(r.error());
   if (Status s = store_.remove_tags(c.tenant.id, r->target, r->tags); !s) return error_response(s.error());
+  if (builds_) builds_->collect_soon();
   return http::no_content(204);
 }
 
@@ -206,6 +208,7 @@ HttpResponse ControlPlane::delete_template(const Call& c) {
   if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
   if (Status s = store_.delete_template(c.tenant.id, (*t)->id, sys::unix_seconds()); !s)
     return error_response(s.error());
+  if (builds_) builds_->collect_soon();  // its layers go
   return http::no_content(204);
 }
 

@@ -266,4 +266,46 @@ Status run_and_wait(const std::vector<std::string>& argv, const std::string& log
   return {};
 }
 
+namespace {
+uint64_t usage_below(int dfd, dev_t dev, int depth) {
+  if (depth > 256) return 0;
+  int dup = ::dup(dfd);
+  if (dup < 0) return 0;
+  DIR* d = ::fdopendir(dup);
+  if (!d) {
+    ::close(dup);
+    return 0;
+  }
+  uint64_t total = 0;
+  while (struct dirent* e = ::readdir(d)) {
+    std::string_view n(e->d_name);
+    if (n == "." || n == "..") continue;
+    struct stat st;
+    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    total += static_cast<uint64_t>(st.st_blocks) * 512;
+    if (S_ISDIR(st.st_mode) && st.st_dev == dev) {
+      UniqueFd c(::openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (c) total += usage_below(c.get(), dev, depth + 1);
+    }
+  }
+  ::closedir(d);
+  return total;
+}
+}  // namespace
+
+uint64_t disk_usage(int dfd) {
+  struct stat root;
+  if (::fstat(dfd, &root) != 0) return 0;
+  return usage_below(dfd, root.st_dev, 0);
+}
+
+uint64_t disk_usage(const std::string& path) {
+  UniqueFd d(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (!d) {
+    struct stat st;
+    return ::lstat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+  }
+  return disk_usage(d.get());
+}
+
 }  // namespace sg::sys

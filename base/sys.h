@@ -33,6 +33,11 @@ std::string read_tail(const std::string& path, size_t n);
 Status make_dirs(const std::string& path, unsigned mode = 0755, Os& os = Os::real());
 // rm -rf that stays on one filesystem and never follows symlinks.
 Status remove_tree(const std::string& path, Os& os = Os::real());
+// Bytes allocated (st_blocks) to everything under the directory dfd (or
+// path), not following symlinks or crossing mounts; a hard link is
+// counted per name. Unreadable entries count 0.
+uint64_t disk_usage(int dfd);
+uint64_t disk_usage(const std::string& path);
 bool path_exists(const std::string& path);
 
 // An exclusive advisory lock (flock) on the file at path, created 0600 if

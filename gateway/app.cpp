@@ -508,6 +508,8 @@ std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use
   bc.clock = [] { return sys::unix_seconds(); };
   if (egress_policies) bc.sandbox_env = lifecycle::egress_proxy_env();
   bc.egress_policies = egress_policies;
+  bc.tenant_max_builds = cfg.template_builds;
+  bc.tenant_max_bytes = cfg.template_storage_mb << 20;
   return std::make_unique<builds::BuildService>(store, rt, std::move(bc));
 }
 

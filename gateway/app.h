@@ -41,6 +41,8 @@ struct AppConfig {
   int64_t local_max_sandboxes = 50;
   int64_t local_max_memory_mb = 64 * 1024;
   int64_t sandbox_disk_mb = 1024;  // the base template's diskSizeMB: each sandbox's writable layer
+  size_t template_builds = 4;            // per tenant, queued or running
+  int64_t template_storage_mb = 50 * 1024;  // per tenant: layers, uploads, image roots
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
   // If set, GET /metrics requires "Authorization: Bearer <token>" with the

@@ -112,6 +112,11 @@ serve options:
                                 are available; default auto)
   --sandbox-disk-mb N           the base template's disk size (16-1048576 MiB,
                                 default 1024)
+  --template-builds N           template builds a tenant may have queued or
+                                running at once (default 4)
+  --template-storage-mb N       what a tenant's template builds may keep on
+                                disk: layers, uploads, pulled images (MiB,
+                                default 51200)
   --user-namespaces auto|on|off map each process sandbox's root to its own
                                 range of 65536 unprivileged host uids (auto:
                                 where the kernel and the template's
@@ -414,6 +419,8 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
       {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
       {"sandbox-disk-mb", 16, 1 << 20, [&](int64_t v) { cfg.sandbox_disk_mb = v; }},
+      {"template-builds", 1, 1024, [&](int64_t v) { cfg.template_builds = static_cast<size_t>(v); }},
+      {"template-storage-mb", 1, 1LL << 30, [&](int64_t v) { cfg.template_storage_mb = v; }},
       {"sandbox-uid-base", 65536, 4294967294LL - 65536,
        [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
   };
@@ -573,6 +580,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "template-builds", "template-storage-mb",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {

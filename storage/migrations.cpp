@@ -202,6 +202,23 @@ UPDATE template_builds SET
 INSERT INTO template_tags(template_id, tag, build_id, created_at)
   SELECT id, 'default', build_id, updated_at FROM templates WHERE build_id IS NOT NULL AND status != 'deleted';
 )sql"},
+      // What template builds store (layers, uploads, image roots), by
+      // tenant, for quotas and collection; the build each sandbox runs.
+      {8, "template files",
+       R"sql(
+ALTER TABLE sandboxes ADD COLUMN build_id TEXT;
+CREATE INDEX sandboxes_build ON sandboxes(build_id);
+CREATE TABLE template_files (
+  path       TEXT PRIMARY KEY,
+  tenant_id  TEXT NOT NULL,
+  kind       TEXT NOT NULL,
+  template_id TEXT,
+  bytes      INTEGER NOT NULL,
+  created_at INTEGER NOT NULL,
+  used_at    INTEGER NOT NULL
+);
+CREATE INDEX template_files_tenant ON template_files(tenant_id);
+)sql"},
   };
   return kList;
 }

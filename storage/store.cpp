@@ -297,14 +297,14 @@ Status Store::insert_sandbox_within_quota(const SandboxRow& r, int64_t max_sandb
   SG_TRY_STMT(st, tx,
               "INSERT INTO sandboxes(id, tenant_id, template_id, alias, state, backend, metadata, env_vars, "
               "envd_token, envd_version, cpu_count, memory_mb, disk_size_mb, timeout_s, started_at, end_at, "
-              "on_timeout, auto_resume, allow_internet, init_pid, ended_at, end_reason, traffic_token) "
-              "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+              "on_timeout, auto_resume, allow_internet, init_pid, ended_at, end_reason, traffic_token, build_id) "
+              "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   st.bind(1, r.id).bind(2, r.tenant_id).bind(3, r.template_id).bind(4, r.alias).bind(5, r.state)
       .bind(6, r.backend).bind(7, r.metadata).bind(8, r.env_vars).bind(9, r.envd_token).bind(10, r.envd_version)
       .bind(11, r.cpu_count).bind(12, r.memory_mb).bind(13, r.disk_size_mb).bind(14, r.timeout_s)
       .bind(15, r.started_at).bind(16, r.end_at).bind(17, r.on_timeout).bind(18, r.auto_resume ? 1 : 0);
   if (r.allow_internet) st.bind(19, *r.allow_internet ? 1 : 0); else st.bind(19, std::nullopt);
-  st.bind(20, r.init_pid).bind(21, r.ended_at).bind(22, r.end_reason).bind(23, r.traffic_token);
+  st.bind(20, r.init_pid).bind(21, r.ended_at).bind(22, r.end_reason).bind(23, r.traffic_token).bind(24, r.build_id);
   SG_TRY(st.run());
   return tx.commit();
 }

@@ -89,6 +89,22 @@ struct BuildLogQuery {
   int64_t limit = 100;
 };
 
+// A file tree a template build stored: a layer, an upload, an image root.
+inline constexpr const char* kFileLayer = "layer";
+inline constexpr const char* kFileUpload = "upload";
+inline constexpr const char* kFileImage = "image";
+struct TemplateFileRow {
+  std::string path;
+  std::string tenant_id;  // whose build made it (an image: the first to pull it)
+  std::string kind;       // kFile*
+  std::string template_id;  // the template whose build made it
+  int64_t bytes = 0;      // on disk (allocated blocks)
+  int64_t created_at = 0;
+  int64_t used_at = 0;  // last made, uploaded or taken from the cache
+  // Read only: whether template_id is a template not deleted.
+  bool template_live = false;
+};
+
 // A tag: a name for one ready build of a template.
 inline constexpr const char* kDefaultTag = "default";
 inline constexpr size_t kMaxTags = 16;
@@ -162,6 +178,9 @@ struct SandboxRow {
   // E2B's trafficAccessToken (allowPublicTraffic false): user ports need
   // it in the e2b-traffic-access-token header. Unset: ports are public.
   std::optional<std::string> traffic_token;
+  // The template build it runs (none for the server's own templates):
+  // written at insert, for collecting unused layers; not read back.
+  std::optional<std::string> build_id;
 };
 
 struct EventRow {
@@ -330,6 +349,18 @@ class Store {
   // Lines seq >= offset, at most limit.
   Result<std::vector<BuildLogRow>> build_logs(const std::string& build_id, int64_t offset, int64_t limit);
   Result<std::vector<BuildLogRow>> build_logs(const std::string& build_id, const BuildLogQuery& q);
+  // Template files: records one (replacing a row of the same path), or
+  // that it was used now.
+  Status add_template_file(const TemplateFileRow& f);
+  Status touch_template_file(const std::string& path, int64_t now);
+  Status drop_template_file(const std::string& path);
+  Result<std::vector<TemplateFileRow>> template_files();
+  // What the tenant's template files take, in bytes.
+  Result<int64_t> template_bytes(const std::string& tenant_id);
+  // The file trees templates still need, as (rootfs, layers JSON) pairs:
+  // every template's row, every tagged build, every build a sandbox
+  // creating, running or paused runs.
+  Result<std::vector<std::pair<std::string, std::string>>> template_roots_in_use();
   // Marks it deleted and frees its name, in one transaction that refuses
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.

@@ -369,4 +369,61 @@ Result<std::vector<BuildLogRow>> Store::build_logs(const std::string& build_id, 
   return collect<BuildLogRow>(st, log_from);
 }
 
+Status Store::add_template_file(const TemplateFileRow& f) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "INSERT OR REPLACE INTO template_files(path, tenant_id, kind, template_id, bytes, created_at, used_at) "
+              "VALUES(?,?,?,?,?,?,?)");
+  st.bind(1, f.path).bind(2, f.tenant_id).bind(3, f.kind).bind(4, f.template_id).bind(5, f.bytes)
+      .bind(6, f.created_at).bind(7, f.used_at);
+  return st.run();
+}
+
+Status Store::touch_template_file(const std::string& path, int64_t now) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "UPDATE template_files SET used_at = MAX(used_at, ?) WHERE path = ?");
+  st.bind(1, now).bind(2, path);
+  return st.run();
+}
+
+Status Store::drop_template_file(const std::string& path) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "DELETE FROM template_files WHERE path = ?");
+  st.bind(1, path);
+  return st.run();
+}
+
+Result<std::vector<TemplateFileRow>> Store::template_files() {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "SELECT path, tenant_id, kind, template_id, bytes, created_at, used_at, EXISTS(SELECT 1 FROM templates t "
+              "WHERE t.id = template_files.template_id AND t.status != 'deleted') FROM template_files ORDER BY path");
+  return collect<TemplateFileRow>(st, [](const Stmt& s) {
+    return TemplateFileRow{s.text(0), s.text(1), s.text(2), s.text(3), s.int64(4), s.int64(5), s.int64(6),
+                           s.int64(7) != 0};
+  });
+}
+
+Result<int64_t> Store::template_bytes(const std::string& tenant_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "SELECT COALESCE(SUM(bytes), 0) FROM template_files WHERE tenant_id = ?");
+  st.bind(1, tenant_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  return st.int64(0);
+}
+
+Result<std::vector<std::pair<std::string, std::string>>> Store::template_roots_in_use() {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "SELECT rootfs_path, layers FROM templates WHERE status != 'deleted' "
+              "UNION SELECT b.rootfs_path, b.layers FROM template_builds b "
+              "JOIN template_tags g ON g.build_id = b.id JOIN templates t ON t.id = g.template_id "
+              "WHERE t.status != 'deleted' AND b.layers IS NOT NULL "
+              "UNION SELECT b.rootfs_path, b.layers FROM template_builds b JOIN sandboxes s ON s.build_id = b.id "
+              "WHERE s.state IN ('creating', 'running', 'paused') AND b.layers IS NOT NULL");
+  return collect<std::pair<std::string, std::string>>(
+      st, [](const Stmt& s) { return std::pair<std::string, std::string>(s.text(0), s.text(1)); });
+}
+
 }  // namespace sg::storage

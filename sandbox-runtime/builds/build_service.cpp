@@ -1,6 +1,7 @@
 // Template builds: see build_service.h and docs/templates.md.
 #include "sandbox-runtime/builds/build_service.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -222,8 +223,10 @@ class BuildService::Run {
       (void)sys::remove_tree(root);
       if (::rename(tmp.c_str(), root.c_str()) != 0) return sys::errno_error("rename", tmp);
       drop.dir.clear();
+      if (Status st = keep(root, storage::kFileImage); !st) return st;
     } else {
       log("info", "image " + img->manifest_digest.substr(0, 19) + ": unpacked already");
+      (void)svc_.store_.touch_template_file(root, svc_.cfg_.clock());
     }
     ctx_.rootfs = root;
     for (const auto& [k, v] : img->config.env) ctx_.env[k] = v;
@@ -316,6 +319,7 @@ class BuildService::Run {
     bool force = job_.spec.force || st.force;
     if (!force && sys::path_exists(dir)) {
       log("info", "CACHED " + what);
+      (void)svc_.store_.touch_template_file(dir, svc_.cfg_.clock());
       ctx_.layers.push_back(dir);
       ctx_.key = key;
       return Status::Ok();
@@ -326,10 +330,30 @@ class BuildService::Run {
       // on the old one keep it.
       dir += "-" + sys::random_hex(4);
     }
+    if (!upload.empty()) (void)svc_.store_.touch_template_file(upload, svc_.cfg_.clock());
     if (Status s = run_step(script, user, upload, st.files_hash, dir); !s) return s;
+    if (Status s = keep(dir, storage::kFileLayer); !s) return s;
     ctx_.layers.push_back(dir);
     ctx_.key = key;
     return Status::Ok();
+  }
+
+  // Records a file tree this build made, against the tenant's quota: past
+  // it, the tree is removed and the build fails.
+  Status keep(const std::string& path, const char* kind) {
+    int64_t now = svc_.cfg_.clock();
+    storage::TemplateFileRow f{path, job_.tenant_id, kind, job_.template_id,
+                               static_cast<int64_t>(sys::disk_usage(path)), now, now};
+    if (Status s = svc_.store_.add_template_file(f); !s) return s;
+    Result<int64_t> bytes = svc_.store_.template_bytes(job_.tenant_id);
+    if (!bytes) return bytes.error();
+    if (*bytes <= svc_.cfg_.tenant_max_bytes) return Status::Ok();
+    (void)sys::remove_tree(path);
+    (void)svc_.store_.drop_template_file(path);
+    return Error(ErrorKind::kQuota, "quota exceeded: this step's " + std::to_string(f.bytes >> 20) +
+                                        " MiB would take this team's templates to " + std::to_string(*bytes >> 20) +
+                                        " MiB, the limit is " + std::to_string(svc_.cfg_.tenant_max_bytes >> 20) +
+                                        " MiB; delete templates to free space");
   }
 
   std::string absolute(const std::string& p) const {
@@ -653,9 +677,21 @@ Status BuildService::start(const std::string& tenant_id, const std::string& temp
   if ((*b)->status != storage::kBuildWaiting)
     return conflict_error("build '" + build_id + "' is " + (*b)->status + "; request a new build");
   if (Status s = validate(spec); !s) return s;
-  if (Status s = store_.start_build(build_id, cfg_.clock()); !s) return s;
+  Result<int64_t> bytes = store_.template_bytes(tenant_id);
+  if (!bytes) return bytes.error();
+  if (*bytes >= cfg_.tenant_max_bytes)
+    return Error(ErrorKind::kQuota, "quota exceeded: this team's templates keep " + std::to_string(*bytes >> 20) +
+                                        " MiB, the limit is " + std::to_string(cfg_.tenant_max_bytes >> 20) +
+                                        " MiB; delete templates to free space");
   std::lock_guard<std::mutex> g(mu_);
   if (stopping_) return Error(ErrorKind::kUnavailable, "the server is stopping");
+  size_t mine = building_.count(tenant_id) ? building_[tenant_id] : 0;
+  for (const Job& j : queue_) mine += j.tenant_id == tenant_id;
+  if (mine >= cfg_.tenant_max_builds)
+    return Error(ErrorKind::kQuota, "quota exceeded: this team has " + std::to_string(mine) +
+                                        " builds queued or running, the limit is " +
+                                        std::to_string(cfg_.tenant_max_builds) + "; wait for one to end");
+  if (Status s = store_.start_build(build_id, cfg_.clock()); !s) return s;
   queue_.push_back(Job{tenant_id, t->id, build_id, std::move(spec)});
   cv_.notify_one();
   return Status::Ok();
@@ -666,13 +702,83 @@ void BuildService::work() {
     Job job;
     {
       std::unique_lock<std::mutex> g(mu_);
-      cv_.wait(g, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(g, [&] {
+        return stopping_ || (!collecting_ && (!queue_.empty() || (collect_wanted_ && running_jobs_ == 0)));
+      });
       if (stopping_) return;
-      job = std::move(queue_.front());
-      queue_.pop_front();
+      if (queue_.empty()) {
+        collect_wanted_ = false;
+        collecting_ = true;
+      } else {
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        ++running_jobs_;
+        ++building_[job.tenant_id];
+      }
+    }
+    if (job.build_id.empty()) {
+      Result<uint64_t> freed = collect_garbage();
+      if (!freed) LOG_WARN("template files: collection: " << freed.error().message());
+      std::lock_guard<std::mutex> g(mu_);
+      collecting_ = false;
+      cv_.notify_all();
+      continue;
     }
     run(job);
+    std::lock_guard<std::mutex> g(mu_);
+    --running_jobs_;
+    if (--building_[job.tenant_id] == 0) building_.erase(job.tenant_id);
+    collect_wanted_ = true;
+    cv_.notify_all();
   }
+}
+
+void BuildService::collect_soon() {
+  std::lock_guard<std::mutex> g(mu_);
+  collect_wanted_ = true;
+  cv_.notify_all();
+}
+
+Result<uint64_t> BuildService::collect_garbage() {
+  Result<std::vector<std::pair<std::string, std::string>>> roots = store_.template_roots_in_use();
+  if (!roots) return roots.error();
+  std::set<std::string> used;
+  for (const auto& [rootfs, layers] : *roots) {
+    used.insert(rootfs);
+    json l = json::parse(layers, nullptr, false);
+    if (l.is_array())
+      for (const json& d : l)
+        if (d.is_string()) used.insert(d.get<std::string>());
+  }
+  Result<std::vector<storage::TemplateFileRow>> files = store_.template_files();
+  if (!files) return files.error();
+  int64_t now = cfg_.clock(), keep = cfg_.keep_unused.count();
+  uint64_t freed = 0;
+  for (const storage::TemplateFileRow& f : *files) {
+    bool stale = now - f.used_at >= keep;
+    if (f.kind == storage::kFileUpload ? !stale : used.count(f.path) || (f.template_live && !stale)) continue;
+    if (Status s = sys::remove_tree(f.path); !s) {
+      LOG_WARN("template files: remove " << f.path << ": " << s.error().message());
+      continue;
+    }
+    if (Status s = store_.drop_template_file(f.path); !s) return s.error();
+    freed += static_cast<uint64_t>(f.bytes);
+  }
+  // Image blobs are a download cache: the unpacked roots are what
+  // templates use.
+  std::string blobs = cfg_.data_dir + "/images/blobs";
+  if (DIR* d = ::opendir(blobs.c_str())) {
+    while (struct dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::string p = blobs + "/" + e->d_name;
+      struct stat st;
+      if (::lstat(p.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || now - st.st_mtime < keep) continue;
+      if (::unlink(p.c_str()) == 0) freed += static_cast<uint64_t>(st.st_blocks) * 512;
+    }
+    ::closedir(d);
+  }
+  if (freed) LOG_INFO("template files: collected " << (freed >> 20) << " MiB");
+  return freed;
 }
 
 void BuildService::run(const Job& job) {
@@ -797,9 +903,20 @@ Status BuildService::upload(const std::string& template_id, const std::string& h
   // The owner: the template's tenant (the link was signed for it).
   Result<std::vector<storage::BuildRow>> builds = store_.list_builds(template_id);
   if (!builds || builds->empty()) return not_found_error("template '" + template_id + "' has no build");
-  std::string dir = cfg_.data_dir + "/template-files/" + builds->front().tenant_id;
+  const std::string& tenant = builds->front().tenant_id;
+  Result<int64_t> bytes = store_.template_bytes(tenant);
+  if (!bytes) return bytes.error();
+  if (*bytes + static_cast<int64_t>(body.size()) > cfg_.tenant_max_bytes)
+    return Error(ErrorKind::kQuota, "quota exceeded: this team's templates keep " + std::to_string(*bytes >> 20) +
+                                        " MiB, the limit is " + std::to_string(cfg_.tenant_max_bytes >> 20) +
+                                        " MiB; delete templates to free space");
+  std::string dir = cfg_.data_dir + "/template-files/" + tenant;
   if (Status s = sys::make_dirs(dir, 0700); !s) return s;
-  return sys::write_file_atomic(dir + "/" + hash, body);
+  std::string path = dir + "/" + hash;
+  if (Status s = sys::write_file_atomic(path, body); !s) return s;
+  int64_t now = cfg_.clock();
+  return store_.add_template_file(storage::TemplateFileRow{path, tenant, storage::kFileUpload, template_id,
+                                                           static_cast<int64_t>(sys::disk_usage(path)), now, now});
 }
 
 }  // namespace sg::builds

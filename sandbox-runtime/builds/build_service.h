@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -85,6 +86,15 @@ struct BuildConfig {
   std::vector<std::pair<std::string, std::string>> sandbox_env;
   network::EgressPolicies* egress_policies = nullptr;
   std::function<int64_t()> clock;  // unix seconds
+  // Per tenant: builds queued or running at once, and the bytes of the
+  // template files its builds keep (layers, uploads, image roots it was
+  // the first to pull).
+  size_t tenant_max_builds = 4;
+  int64_t tenant_max_bytes = 50ll << 30;
+  // Files nothing needs are kept this long after their last use as a
+  // cache (a failed build's steps, a superseded build), unless their
+  // template is deleted; uploads and image blobs likewise.
+  std::chrono::seconds keep_unused{86400};
 };
 
 class BuildService {
@@ -132,6 +142,17 @@ class BuildService {
                 std::string_view body);
   static bool is_upload_path(std::string_view path);
 
+  // Asks for a collection (after a template is deleted or a tag moved);
+  // it runs on a worker when no build is running. Also asked at start and
+  // after each build.
+  void collect_soon();
+  // The collection: removes the layers and image roots that no template,
+  // tag or sandbox (creating, running or paused) uses, either of a deleted
+  // template or unused for keep_unused; uploads and image blobs unused for
+  // keep_unused. Returns the bytes freed. Never while a build runs (the
+  // workers call it between builds; a test calls it with none queued).
+  Result<uint64_t> collect_garbage();
+
   // Ends the workers; builds running fail ("the server stopped").
   void stop();
 
@@ -156,6 +177,10 @@ class BuildService {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Job> queue_;            // GUARDED_BY(mu_)
+  std::map<std::string, size_t> building_;  // GUARDED_BY(mu_): builds running, by tenant
+  size_t running_jobs_ = 0;          // GUARDED_BY(mu_)
+  bool collect_wanted_ = true;       // GUARDED_BY(mu_): a collection at start
+  bool collecting_ = false;          // GUARDED_BY(mu_)
   std::set<runtime::Sandbox*> running_;  // GUARDED_BY(mu_): build sandboxes in use
   bool stopping_ = false;            // GUARDED_BY(mu_)
   std::atomic<bool> stop_flag_{false};

@@ -155,6 +155,7 @@ SandboxRow SandboxService::new_row(const storage::TenantRow& tenant, const stora
   row.id = new_sandbox_id();
   row.tenant_id = tenant.id;
   row.template_id = t.id;
+  row.build_id = t.build_id;
   row.alias = t.name;
   row.state = storage::kStateCreating;
   row.backend = rt_.name();

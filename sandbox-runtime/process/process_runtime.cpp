@@ -108,33 +108,6 @@ class Spawner {
   std::thread thread_;
 };
 
-// Bytes allocated to files under dir (st_blocks), not following symlinks or
-// crossing mounts. Hard links inside the layer are counted once per name.
-uint64_t disk_usage(int dfd, dev_t dev, int depth) {
-  if (depth > 256) return 0;
-  int dup = ::dup(dfd);
-  if (dup < 0) return 0;
-  DIR* d = ::fdopendir(dup);
-  if (!d) {
-    ::close(dup);
-    return 0;
-  }
-  uint64_t total = 0;
-  while (struct dirent* e = ::readdir(d)) {
-    std::string_view n(e->d_name);
-    if (n == "." || n == "..") continue;
-    struct stat st;
-    if (::fstatat(dfd, e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-    total += static_cast<uint64_t>(st.st_blocks) * 512;
-    if (S_ISDIR(st.st_mode) && st.st_dev == dev) {
-      UniqueFd c(::openat(dfd, e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-      if (c) total += disk_usage(c.get(), dev, depth + 1);
-    }
-  }
-  ::closedir(d);
-  return total;
-}
-
 class ProcessSandbox final : public runtime::Sandbox {
  public:
   ProcessSandbox(std::string id, std::string state_dir, sys::Os& os)
@@ -218,8 +191,7 @@ class ProcessSandbox final : public runtime::Sandbox {
     }
     std::string upper = state_dir_ + "/upper";
     UniqueFd d(::open(upper.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    struct stat root;
-    if (d && ::fstat(d.get(), &root) == 0) u.disk_used_bytes = disk_usage(d.get(), root.st_dev, 0);
+    if (d) u.disk_used_bytes = sys::disk_usage(d.get());
     return u;
   }
 

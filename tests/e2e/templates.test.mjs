@@ -5,7 +5,7 @@
 // which step and why. Run by CTest (`e2e_js_templates`).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, mkdirSync, writeFileSync, chmodSync, rmSync } from 'node:fs';
+import { mkdtempSync, mkdirSync, writeFileSync, chmodSync, rmSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Template, Sandbox, BuildError } from 'e2b';
@@ -226,5 +226,46 @@ test('stopping the server ends a running build at once and exits cleanly', async
     const exit = await own.stop();
     assert.deepEqual(exit, { code: 0, signal: null });
     assert.ok(Date.now() - t0 < 20000, `the stop took ${Date.now() - t0} ms`);
+  }
+});
+
+test('quotas: a tenant past its storage or build limit is refused; a deleted template\'s layers are collected', async () => {
+  const own = await startSandgate(['--template-builds', '1', '--template-storage-mb', '3']);
+  const layers = join(own.dir, 'data', 'layers');
+  const count = () => { try { return readdirSync(layers).length; } catch { return 0; } };
+  try {
+    // A step that writes more than the tenant may keep fails the build; its
+    // layer is not kept.
+    const big = Template().fromTemplate('base').runCmd('head -c 4000000 /dev/urandom > /home/user/big');
+    await assert.rejects(Template.build(big, 'tpl-big', own.opts), (e) => {
+      assert.ok(e instanceof BuildError, String(e));
+      assert.match(e.message, /quota exceeded: this step's 3 MiB would take this team's templates to 3 MiB, the limit is 3 MiB/);
+      return true;
+    });
+    assert.equal(count(), 0);
+
+    // Deleting a template frees its layers (collected between builds).
+    await Template.build(Template().fromTemplate('base').runCmd('echo one > /tmp/one'), 'tpl-gc', own.opts);
+    assert.equal(count(), 1);
+    const del = await fetch(`${own.url}/templates/tpl-gc`, { method: 'DELETE', headers: { 'X-API-KEY': own.key } });
+    assert.equal(del.status, 204);
+    for (let i = 0; count() > 0; i++) {
+      assert.ok(i < 400, 'the deleted template\'s layer was never collected');
+      await new Promise((r) => setTimeout(r, 25));
+    }
+
+    // One build at a time for this tenant: a second is 429 while one runs.
+    const info = await Template.buildInBackground(Template().fromTemplate('base').runCmd('sleep 600'), 'tpl-slow', own.opts);
+    const statusUrl = `${own.url}/templates/${info.templateId}/builds/${info.buildId}/status`;
+    for (let i = 0; ; i++) {
+      const st = await (await fetch(statusUrl, { headers: { 'X-API-KEY': own.key } })).json();
+      if (st.logEntries.some((e) => e.message.startsWith('RUN sleep'))) break;
+      assert.ok(i < 400, 'the step never started: ' + JSON.stringify(st));
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    await assert.rejects(Template.build(Template().fromTemplate('base').runCmd('true'), 'tpl-second', own.opts),
+      /builds queued or running, the limit is 1/);
+  } finally {
+    await own.stop();
   }
 });
