@@ -545,7 +545,7 @@ class BuildService::Run {
 
 BuildService::BuildService(storage::Store& store, runtime::Runtime& runtime, BuildConfig cfg)
     : store_(store), runtime_(runtime), cfg_(std::move(cfg)), secret_(sys::random_hex(32)) {
-  for (size_t i = 0; i < std::max<size_t>(cfg_.workers, 1); ++i) workers_.emplace_back([this] { work(); });
+  for (size_t i = 0; i < cfg_.workers; ++i) workers_.emplace_back([this] { work(); });
 }
 
 BuildService::~BuildService() { stop(); }
@@ -777,7 +777,7 @@ Result<uint64_t> BuildService::collect_garbage() {
     }
     ::closedir(d);
   }
-  if (freed) LOG_INFO("template files: collected " << (freed >> 20) << " MiB");
+  if (freed) LOG_INFO("template files: collected " << (freed >> 10) << " KiB");
   return freed;
 }
 

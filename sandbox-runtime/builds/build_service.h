@@ -69,7 +69,7 @@ struct BuildSpec {
 
 struct BuildConfig {
   std::string data_dir;  // layers in data_dir/layers, uploads in data_dir/template-files
-  size_t workers = 1;
+  size_t workers = 1;  // 0: none (builds queue and never run; tests of the bookkeeping)
   std::chrono::seconds step_timeout{600};
   std::chrono::seconds build_timeout{1800};
   std::chrono::seconds ready_timeout{120};  // a start command's ready command

@@ -204,7 +204,33 @@ bool rootfs_ready(const std::string& dir) {
 }
 
 // The first template format with today's package list.
-constexpr int kFirstFormatOfThisPackageSet = 3;
+constexpr int kFirstFormatOfThisPackageSet = 4;
+
+namespace {
+// What E2B's base has beyond debootstrap's set: Node.js and npm, pip and
+// venv, sudo (passwordless for "user"), iproute2 (ss: the SDKs'
+// waitForPort). Installed by apt inside the new root from the same mirror:
+// debootstrap's own resolver cannot install npm's dependency tree.
+Status add_e2b_packages(const std::string& root, const std::function<void(const std::string&)>& progress) {
+  if (progress) progress("I: installing nodejs, npm, python3-pip, python3-venv, sudo and iproute2 (apt)...");
+  if (Status s = run_streaming({"chroot", root, "apt-get", "update", "-q"}, progress); !s) return s;
+  if (Status s = run_streaming({"chroot", root, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install", "-y",
+                                "-q", "-o", "Dpkg::Use-Pty=0", "--no-install-recommends", "nodejs", "npm", "python3-pip", "python3-venv", "sudo",
+                                "iproute2"},
+                               progress);
+      !s)
+    return s;
+  // `pip install` works as in E2B's base (a python image): Debian marks
+  // its Python externally managed (PEP 668), which refuses it.
+  if (::unlink((root + "/usr/lib/python3.11/EXTERNALLY-MANAGED").c_str()) != 0 && errno != ENOENT)
+    return sys::errno_error("unlink", "EXTERNALLY-MANAGED");
+  if (Status s = sys::make_dirs(root + "/etc/sudoers.d", 0750); !s) return s;
+  std::string rule = root + "/etc/sudoers.d/user";
+  if (Status s = sys::write_file(rule, "user ALL=(ALL:ALL) NOPASSWD: ALL\n"); !s) return s;
+  if (::chmod(rule.c_str(), 0440) != 0) return sys::errno_error("chmod", rule);
+  return Status::Ok();
+}
+}  // namespace
 
 Upgrade upgrade_for_format(int format) {
   if (format <= 0) return Upgrade::kNotATemplate;
@@ -226,7 +252,9 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
     if (upgrade_for_format(format) == Upgrade::kRebuild) {
       // Other packages: build anew, then drop the old tree. (Nothing runs
       // on it: templates are built before sandboxes start.)
-      if (progress) progress("I: rebuilding template " + dest_dir + " (format " + std::to_string(format) + " lacks curl and git)");
+      if (progress)
+        progress("I: rebuilding template " + dest_dir + " (format " + std::to_string(format) +
+                 " has an older package set)");
       std::string old = dest_dir + ".old";
       if (Status r = sys::remove_tree(old); !r) return r.error().with_context("remove " + old);
       if (::rename(dest_dir.c_str(), old.c_str()) != 0) return sys::errno_error("rename", dest_dir + " to " + old);
@@ -252,6 +280,7 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
                             "bookworm", partial, mirror},
                            progress);
   if (!s) return s.error().with_context("build template " + dest_dir);
+  if (Status e = add_e2b_packages(partial, progress); !e) return e.error().with_context("build template " + dest_dir);
   if (Status f = finalize_rootfs(partial); !f) return f.error().with_context("build template " + dest_dir);
   if (::rename(partial.c_str(), dest_dir.c_str()) != 0) return sys::errno_error("rename", partial + " to " + dest_dir);
   return Status::Ok();

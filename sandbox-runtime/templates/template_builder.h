@@ -22,8 +22,9 @@ namespace sg::templates {
 // forking id(1) (a login shell starts ~2 ms faster). Older formats are
 // upgraded in place by build_base_rootfs (only while no sandbox uses them).
 // 3: curl and git in the package set (E2B's base has both); a template of
-// an older format with another package set is rebuilt.
-inline constexpr int kTemplateFormat = 3;
+// an older format with another package set is rebuilt. 4: Node.js, npm,
+// pip, venv, sudo (passwordless for user) and iproute2, as E2B's base.
+inline constexpr int kTemplateFormat = 4;
 inline constexpr const char* kMarkerFile = ".sandgate-template";
 inline constexpr const char* kDefaultMirror = "http://deb.debian.org/debian";
 
@@ -36,11 +37,12 @@ Upgrade upgrade_for_format(int format);
 
 // Runs debootstrap (minbase bookworm with bash, coreutils, procps, python3,
 // ca-certificates, curl, git; mirror from $SANDGATE_DEBIAN_MIRROR or kDefaultMirror)
-// into <dest>.partial, streaming each output line to progress, then
-// finalize_rootfs() and an atomic rename to dest. A leftover <dest>.partial
-// is removed first. Returns Ok at once if dest is already a ready template;
-// fails if dest exists but is not one. Needs root and network access; takes
-// about a minute and ~270 MB.
+// into <dest>.partial, then apt inside it for nodejs, npm, python3-pip,
+// python3-venv, sudo and iproute2 (E2B's base), streaming each output line
+// to progress, then finalize_rootfs() and an atomic rename to dest. A
+// leftover <dest>.partial is removed first. Returns Ok at once if dest is
+// already a ready template; fails if dest exists but is not one. Needs root
+// and network access; takes about three minutes and ~650 MB.
 Status build_base_rootfs(const std::string& dest_dir, const std::function<void(const std::string& line)>& progress);
 
 // The post-debootstrap steps, on a rootfs directory: adds user "user"

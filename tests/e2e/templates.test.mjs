@@ -8,7 +8,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, mkdirSync, writeFileSync, chmodSync, rmSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { Template, Sandbox, BuildError } from 'e2b';
+import { Template, Sandbox, BuildError, waitForPort } from 'e2b';
 import { startSandgate } from './server.mjs';
 
 let server, opts, ctx;
@@ -134,6 +134,38 @@ test('tags: name:tag builds, assignTags, getTags, removeTags; Sandbox.create by 
   assert.equal(logs.length, 3);
   assert.ok(logs.every((l) => typeof l.message === 'string' && l.level && l.timestamp), JSON.stringify(logs));
   assert.ok(logs[0].timestamp >= logs[2].timestamp);
+});
+
+test('base is like E2B\'s: node and npm, pip and venv, passwordless sudo, ss for waitForPort', async () => {
+  const sbx = await Sandbox.create('base', opts);
+  try {
+    const run = async (cmd) => {
+      const r = await sbx.commands.run(cmd);
+      return r.stdout.trim();
+    };
+    assert.match(await run('node -e "console.log(process.version)"'), /^v1[89]\.|^v2\d\./);
+    assert.match(await run('npm --version'), /^\d+\.\d+\.\d+$/);
+    assert.match(await run('python3 -m pip --version'), /^pip \d+/);
+    assert.equal(await run('python3 -m venv /tmp/v && /tmp/v/bin/python -c "import sys; print(sys.prefix)"'), '/tmp/v');
+    assert.equal(await run('whoami && pwd'), 'user\n/home/user');
+    assert.equal(await run('sudo -n whoami'), 'root');
+    // pip installs as E2B's image does (Debian's externally-managed marker is gone).
+    const wheel = await run('mkdir -p /tmp/p/pkgsg && echo "X = 1" > /tmp/p/pkgsg/__init__.py && ' +
+      'printf "[project]\\nname = \\"pkgsg\\"\\nversion = \\"1\\"\\n" > /tmp/p/pyproject.toml && ' +
+      'python3 -m pip install --no-build-isolation --no-index -q /tmp/p 2>&1; python3 -c "import pkgsg; print(pkgsg.X)"');
+    assert.match(wheel, /1$/);
+  } finally {
+    await sbx.kill();
+  }
+  // waitForPort is `ss` in the ready command.
+  await Template.build(Template().fromTemplate('base')
+    .setStartCmd('python3 -m http.server 8001 --bind 127.0.0.1', waitForPort(8001)), 'tpl-port', opts);
+  const s2 = await Sandbox.create('tpl-port', opts);
+  try {
+    assert.equal((await s2.commands.run('curl -s -o /dev/null -w "%{http_code}" http://127.0.0.1:8001/')).stdout, '200');
+  } finally {
+    await s2.kill();
+  }
 });
 
 test('a template name taken by another template of the server is a conflict', async () => {
