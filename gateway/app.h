@@ -43,6 +43,7 @@ struct AppConfig {
   int64_t sandbox_disk_mb = 1024;  // the base template's diskSizeMB: each sandbox's writable layer
   size_t template_builds = 4;            // per tenant, queued or running
   int64_t template_storage_mb = 50 * 1024;  // per tenant: layers, uploads, image roots
+  int64_t template_build_timeout_s = 1800;
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
   // If set, GET /metrics requires "Authorization: Bearer <token>" with the

@@ -489,6 +489,9 @@ class BuildService::Run {
                                                       });
     flush_lines(1, true);
     flush_lines(2, true);
+    if (!r && r.error().kind() == ErrorKind::kTimeout && sys::monotonic_ns() >= deadline_)
+      return Error(ErrorKind::kTimeout, "the build ran past its time limit of " +
+                                            std::to_string(svc_.cfg_.build_timeout.count()) + " s");
     if (!r) return r.error();
     if (r->exit_code != 0) return invalid_error("the command failed: " + r->status);
     if (Status s = sys::make_dirs(svc_.cfg_.data_dir + "/layers", 0700); !s) return s;

@@ -45,3 +45,15 @@ def test_build_from_base_and_create(server):
 def test_failing_step_is_a_build_exception(server):
     with pytest.raises(BuildException, match="exit status 7"):
         Template.build(Template().from_template("base").run_cmd("exit 7"), "py-fail-" + uuid.uuid4().hex[:8])
+
+
+def test_a_tagged_build_runs_by_name_and_tag(server):
+    name = "py-tag-" + uuid.uuid4().hex[:8]
+    Template.build(Template().from_template("base").run_cmd("echo one > /tmp/v"), name)
+    Template.build(Template().from_template("base").run_cmd("echo two > /tmp/v"), name + ":v2")
+    for ref, want in ((name, "one\n"), (name + ":default", "one\n"), (name + ":v2", "two\n")):
+        sbx = Sandbox.create(ref)
+        try:
+            assert sbx.commands.run("cat /tmp/v").stdout == want, ref
+        finally:
+            sbx.kill()

@@ -301,3 +301,18 @@ test('quotas: a tenant past its storage or build limit is refused; a deleted tem
     await own.stop();
   }
 });
+
+test('a build past its time limit fails with a clear error', async () => {
+  const own = await startSandgate(['--template-build-timeout', '2']);
+  try {
+    const t0 = Date.now();
+    await assert.rejects(Template.build(Template().fromTemplate('base').runCmd('sleep 60'), 'tpl-slow', own.opts), (e) => {
+      assert.ok(e instanceof BuildError, String(e));
+      assert.match(e.message, /the build ran past its time limit of 2 s/);
+      return true;
+    });
+    assert.ok(Date.now() - t0 < 30000, `the limit took ${Date.now() - t0} ms to act`);
+  } finally {
+    await own.stop();
+  }
+});

@@ -193,6 +193,8 @@ MUST_SEE = {
     ("PATCH", "/v2/templates/{templateID}"): {400, 404},
     ("GET", "/templates/aliases/{alias}"): {200, 404},
     ("GET", "/templates/{templateID}/tags"): {200, 404},
+    ("POST", "/templates/tags"): {400, 404},
+    ("DELETE", "/templates/tags"): {400, 404},
     ("GET", "/metrics"): {200},
     ("POST", "/v1/chat/completions"): {400, 503},
     ("POST", "/v1/responses"): {400, 503},

@@ -175,3 +175,36 @@ TEST_CASE("quotas at build start: stored bytes past the limit, and builds queued
   CHECK(full.error().kind() == ErrorKind::kQuota);
   CHECK(full.error().message().find("the limit is 1 MiB") != std::string::npos);
 }
+
+TEST_CASE("upload links: signed for one template and hash, expire, and count against the tenant's storage") {
+  Fixture f;
+  auto r = f.svc->request("t1", "up", {}, 1, 512);
+  REQUIRE(r);
+  std::string hash(64, 'a');
+  auto link = f.svc->file_link("t1", r->tpl.id, hash);
+  REQUIRE(link);
+  CHECK_FALSE(link->present);
+  std::string query = link->target.substr(link->target.find('?') + 1);
+  REQUIRE(f.svc->upload(r->tpl.id, hash, query, std::string(8192, 'x')));
+  CHECK(f.svc->file_link("t1", r->tpl.id, hash)->present);
+  int64_t kept = *f.store->template_bytes("t1");
+  CHECK(kept >= 8192);
+  // The same bytes again replace the row: counted once.
+  REQUIRE(f.svc->upload(r->tpl.id, hash, query, std::string(8192, 'x')));
+  CHECK(*f.store->template_bytes("t1") == kept);
+  // Past its time the link is refused, saying so; the upload is unchanged.
+  f.now += 3601;
+  Status late = f.svc->upload(r->tpl.id, hash, query, "other");
+  REQUIRE_FALSE(late);
+  CHECK(late.error().kind() == ErrorKind::kUnauthorized);
+  CHECK(late.error().message().find("expired") != std::string::npos);
+  CHECK(*sys::read_file(f.dir.sub("data/template-files/t1/" + hash), 1 << 20) == std::string(8192, 'x'));
+  // Past the storage limit an upload is refused.
+  auto fresh = f.svc->file_link("t1", r->tpl.id, std::string(64, 'b'));
+  REQUIRE(fresh);
+  Status big = f.svc->upload(r->tpl.id, std::string(64, 'b'), fresh->target.substr(fresh->target.find('?') + 1),
+                             std::string(1 << 20, 'y'));
+  REQUIRE_FALSE(big);
+  CHECK(big.error().kind() == ErrorKind::kQuota);
+  CHECK_FALSE(sys::path_exists(f.dir.sub("data/template-files/t1/" + std::string(64, 'b'))));
+}
