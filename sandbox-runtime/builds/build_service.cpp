@@ -489,6 +489,7 @@ class BuildService::Run {
                                                       });
     flush_lines(1, true);
     flush_lines(2, true);
+    if (!r && svc_.stop_flag_.load()) return Error(ErrorKind::kUnavailable, "the server stopped during the build");
     if (!r && r.error().kind() == ErrorKind::kTimeout && sys::monotonic_ns() >= deadline_)
       return Error(ErrorKind::kTimeout, "the build ran past its time limit of " +
                                             std::to_string(svc_.cfg_.build_timeout.count()) + " s");
@@ -666,6 +667,12 @@ Status validate(const BuildSpec& s) {
 
 }  // namespace
 
+Error BuildService::storage_full(int64_t bytes) const {
+  return Error(ErrorKind::kQuota, "quota exceeded: this team's templates keep " + std::to_string(bytes >> 20) +
+                                      " MiB, the limit is " + std::to_string(cfg_.tenant_max_bytes >> 20) +
+                                      " MiB; delete templates to free space");
+}
+
 Status BuildService::start(const std::string& tenant_id, const std::string& template_id, const std::string& build_id,
                            BuildSpec spec) {
   Result<storage::TemplateRow> t = own_template(tenant_id, template_id);
@@ -683,9 +690,7 @@ Status BuildService::start(const std::string& tenant_id, const std::string& temp
   Result<int64_t> bytes = store_.template_bytes(tenant_id);
   if (!bytes) return bytes.error();
   if (*bytes >= cfg_.tenant_max_bytes)
-    return Error(ErrorKind::kQuota, "quota exceeded: this team's templates keep " + std::to_string(*bytes >> 20) +
-                                        " MiB, the limit is " + std::to_string(cfg_.tenant_max_bytes >> 20) +
-                                        " MiB; delete templates to free space");
+    return storage_full(*bytes);
   std::lock_guard<std::mutex> g(mu_);
   if (stopping_) return Error(ErrorKind::kUnavailable, "the server is stopping");
   size_t mine = building_.count(tenant_id) ? building_[tenant_id] : 0;
@@ -910,9 +915,7 @@ Status BuildService::upload(const std::string& template_id, const std::string& h
   Result<int64_t> bytes = store_.template_bytes(tenant);
   if (!bytes) return bytes.error();
   if (*bytes + static_cast<int64_t>(body.size()) > cfg_.tenant_max_bytes)
-    return Error(ErrorKind::kQuota, "quota exceeded: this team's templates keep " + std::to_string(*bytes >> 20) +
-                                        " MiB, the limit is " + std::to_string(cfg_.tenant_max_bytes >> 20) +
-                                        " MiB; delete templates to free space");
+    return storage_full(*bytes);
   std::string dir = cfg_.data_dir + "/template-files/" + tenant;
   if (Status s = sys::make_dirs(dir, 0700); !s) return s;
   std::string path = dir + "/" + hash;

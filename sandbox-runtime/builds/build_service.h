@@ -168,6 +168,7 @@ class BuildService {
   std::string sign(const std::string& template_id, const std::string& hash, int64_t expires) const;
   std::string upload_path(const std::string& tenant_id, const std::string& hash) const;
   Result<storage::TemplateRow> own_template(const std::string& tenant_id, const std::string& template_id);
+  Error storage_full(int64_t bytes) const;  // kQuota: the tenant's files at `bytes`
 
   storage::Store& store_;
   runtime::Runtime& runtime_;

@@ -44,6 +44,19 @@ function template() {
       'curl -sf http://127.0.0.1:8000/ >/dev/null');
 }
 
+// Starts a build of `name` whose step sleeps 600 s on server `own`, and
+// resolves once the step runs.
+async function startSleeper(own, name) {
+  const info = await Template.buildInBackground(Template().fromTemplate('base').runCmd('sleep 600'), name, own.opts);
+  const statusUrl = `${own.url}/templates/${info.templateId}/builds/${info.buildId}/status`;
+  for (let i = 0; ; i++) {
+    const st = await (await fetch(statusUrl, { headers: { 'X-API-KEY': own.key } })).json();
+    if (st.logEntries.some((e) => e.message.startsWith('RUN sleep'))) return;
+    assert.ok(i < 400, 'the step never started: ' + JSON.stringify(st));
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
 test('Template.build builds from base; Sandbox.create runs it with its start command', async () => {
   const logs = [];
   const t0 = Date.now();
@@ -245,14 +258,7 @@ sys.stdout.buffer.write(b.getvalue())`]);
 test('stopping the server ends a running build at once and exits cleanly', async () => {
   const own = await startSandgate();
   try {
-    const info = await Template.buildInBackground(Template().fromTemplate('base').runCmd('sleep 600'), 'tpl-long', own.opts);
-    const statusUrl = `${own.url}/templates/${info.templateId}/builds/${info.buildId}/status`;
-    for (let i = 0; ; i++) {
-      const st = await (await fetch(statusUrl, { headers: { 'X-API-KEY': own.key } })).json();
-      if (st.logEntries.some((e) => e.message.startsWith('RUN sleep'))) break;
-      assert.ok(i < 400, 'the step never started: ' + JSON.stringify(st));
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await startSleeper(own, 'tpl-long');
   } finally {
     const t0 = Date.now();
     const exit = await own.stop();
@@ -287,14 +293,7 @@ test('quotas: a tenant past its storage or build limit is refused; a deleted tem
     }
 
     // One build at a time for this tenant: a second is 429 while one runs.
-    const info = await Template.buildInBackground(Template().fromTemplate('base').runCmd('sleep 600'), 'tpl-slow', own.opts);
-    const statusUrl = `${own.url}/templates/${info.templateId}/builds/${info.buildId}/status`;
-    for (let i = 0; ; i++) {
-      const st = await (await fetch(statusUrl, { headers: { 'X-API-KEY': own.key } })).json();
-      if (st.logEntries.some((e) => e.message.startsWith('RUN sleep'))) break;
-      assert.ok(i < 400, 'the step never started: ' + JSON.stringify(st));
-      await new Promise((r) => setTimeout(r, 50));
-    }
+    await startSleeper(own, 'tpl-slow');
     await assert.rejects(Template.build(Template().fromTemplate('base').runCmd('true'), 'tpl-second', own.opts),
       /builds queued or running, the limit is 1/);
   } finally {
