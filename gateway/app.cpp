@@ -509,6 +509,7 @@ std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use
   if (egress_policies) bc.sandbox_env = lifecycle::egress_proxy_env();
   bc.egress_policies = egress_policies;
   bc.tenant_max_builds = cfg.template_builds;
+  bc.sandbox_disk_mb = cfg.sandbox_disk_mb;
   bc.tenant_max_bytes = cfg.template_storage_mb << 20;
   bc.build_timeout = std::chrono::seconds(cfg.template_build_timeout_s);
   return std::make_unique<builds::BuildService>(store, rt, std::move(bc));

@@ -300,8 +300,8 @@ class Store {
   // deleted one.
   Result<std::optional<TemplateRow>> find_template(const std::string& tenant_id, const std::string& ref);
   // A template as clients name it (parse_template_ref) with the build
-  // its tag names: rootfs_path, layers, config and build_id are that
-  // build's. nullopt for no such template (or a team that is not its
+  // its tag names: rootfs_path, layers, config, build_id, cpu_count and
+  // memory_mb are that build's. nullopt for no such template (or a team that is not its
   // owner's); kNotFound naming the tag for a template without that tag.
   // A template without any tag (the server's own) is its row, as
   // "default".

@@ -76,8 +76,9 @@ Status set_tag(Db::Tx& tx, const std::string& template_id, const std::string& ta
   if (tag != kDefaultTag) return Status::Ok();
   SG_TRY_STMT(t, tx,
               "UPDATE templates SET rootfs_path = b.rootfs_path, layers = b.layers, config = b.config, "
-              "build_id = b.id, updated_at = ?1 FROM (SELECT id, rootfs_path, layers, config FROM template_builds "
-              "WHERE id = ?2) AS b WHERE templates.id = ?3");
+              "build_id = b.id, cpu_count = b.cpu_count, memory_mb = b.memory_mb, updated_at = ?1 FROM "
+              "(SELECT id, rootfs_path, layers, config, cpu_count, memory_mb FROM template_builds WHERE id = ?2) AS b "
+              "WHERE templates.id = ?3");
   t.bind(1, now).bind(2, build_id).bind(3, template_id);
   return t.run();
 }
@@ -132,7 +133,7 @@ Result<std::optional<TemplateRow>> Store::resolve_template(const std::string& te
   TemplateRow t = template_from(st);
   if (!r->team.empty() && (st.is_null(14) || st.text(14) != r->team)) return std::optional<TemplateRow>();
   SG_TRY_STMT(g, tx,
-              "SELECT b.id, b.rootfs_path, b.layers, b.config FROM template_tags g "
+              "SELECT b.id, b.rootfs_path, b.layers, b.config, b.cpu_count, b.memory_mb FROM template_tags g "
               "JOIN template_builds b ON b.id = g.build_id WHERE g.template_id = ? AND g.tag = ?");
   g.bind(1, t.id).bind(2, r->tag);
   Result<bool> tagged = g.step();
@@ -142,6 +143,8 @@ Result<std::optional<TemplateRow>> Store::resolve_template(const std::string& te
     t.rootfs_path = g.text(1);
     t.layers = g.text(2);
     t.config = g.text(3);
+    t.cpu_count = g.int64(4);
+    t.memory_mb = g.int64(5);
     t.status = "ready";
     return std::optional<TemplateRow>(std::move(t));
   }

@@ -599,7 +599,7 @@ Result<BuildService::Requested> BuildService::request(const std::string& tenant_
   fresh.status = "building";
   fresh.cpu_count = cpu_count;
   fresh.memory_mb = memory_mb;
-  fresh.disk_size_mb = 0;
+  fresh.disk_size_mb = cfg_.sandbox_disk_mb;
   fresh.created_at = fresh.updated_at = now;
   storage::BuildRow b;
   b.id = uuid4();

@@ -70,6 +70,9 @@ struct BuildSpec {
 struct BuildConfig {
   std::string data_dir;  // layers in data_dir/layers, uploads in data_dir/template-files
   size_t workers = 1;  // 0: none (builds queue and never run; tests of the bookkeeping)
+  // A built template's diskSizeMB: its sandboxes' writable layer limit, as
+  // base's (build steps themselves run without one: see spec()).
+  int64_t sandbox_disk_mb = 1024;
   std::chrono::seconds step_timeout{600};
   std::chrono::seconds build_timeout{1800};
   std::chrono::seconds ready_timeout{120};  // a start command's ready command

@@ -80,6 +80,11 @@ test('Template.build builds from base; Sandbox.create runs it with its start com
     assert.equal(await run('cat /opt/app/whoami.txt'), 'user\n/opt/app\n');
     // The start command's server answers at once: create waited for it.
     assert.equal(await run('curl -s http://127.0.0.1:8000/'), 'served\n');
+    // Its writable layer has base's size limit, like every sandbox.
+    const got = await fetch(`${opts.apiUrl}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-Key': opts.apiKey } });
+    assert.equal((await got.json()).diskSizeMB, 1024);
+    const rootMb = Number((await run('df --output=size -m / | tail -1')).trim());
+    assert.ok(rootMb > 0 && rootMb <= 1024, `the writable layer holds ${rootMb} MB`);
   } finally {
     await sbx.kill();
   }

@@ -224,6 +224,7 @@ std::string built(Store& s, const std::string& tenant_id, const std::string& nam
   b.id = "build-" + std::to_string(++n);
   b.created_at = now;
   b.tags = std::move(tags);
+  b.memory_mb = 1024 * static_cast<int64_t>(b.tags.size() + 1);
   REQUIRE(s.request_build(tenant_id, name, fresh, b).ok());
   REQUIRE(s.start_build(b.id, now).ok());
   REQUIRE(s.finish_build(b.id, "/rootfs", layers, "{}", now).ok());
@@ -256,6 +257,7 @@ TEST_CASE("tags: a build takes the tags it asked for, default moves the template
   auto v2 = s.resolve_template("t1", "app:v2");
   REQUIRE((v2.ok() && v2->has_value()));
   CHECK((*v2)->layers == "[\"/l2\"]");
+  CHECK((*v2)->memory_mb == 3072);  // that build's shape, not the first build's
   CHECK((*v2)->id == "tpl-app");
   // team/name: the owner's name; another team's is no template at all.
   auto teamed = s.resolve_template("t1", "name-t1/app:beta");
@@ -288,6 +290,7 @@ TEST_CASE("tags: a build takes the tags it asked for, default moves the template
   REQUIRE((row.ok() && row->has_value()));
   CHECK((*row)->layers == "[\"/l2\"]");
   CHECK((*row)->build_id == b2);
+  CHECK((*row)->memory_mb == 3072);
   CHECK(s.assign_tags("t1", "app:v9", {"x"}, 31).error().kind() == ErrorKind::kNotFound);
   CHECK(s.assign_tags("t1", "app", {"ok", "bad tag"}, 31).error().kind() == ErrorKind::kInvalid);
   CHECK(s.assign_tags("t2", "app", {"x"}, 31).error().kind() == ErrorKind::kNotFound);
