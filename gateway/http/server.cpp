@@ -334,11 +334,13 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   bool client_keep_alive = head.get().keep_alive();
   unsigned version = head.get().version();
   auto answer = [&](HttpResponse r) -> asio::awaitable<bool> {
-    // The request body (if any) was not read: the connection cannot go on.
+    // The request body (if any) was not read: the connection cannot go on,
+    // and closes lingering, so the answer is not lost to a reset.
     auto res = to_beast(std::move(r), version, false);
     tcp_layer.expires_after(cfg.read_timeout);
     boost::system::error_code wec;
     co_await bhttp::async_write(client, res, asio::redirect_error(asio::use_awaitable, wec));
+    if (!wec) co_await linger_close(client);
     co_return false;
   };
 
@@ -579,11 +581,14 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
   try {
     for (;;) {
       boost::system::error_code ec;
+      // An answer before the body was read; the connection then closes
+      // lingering (a reset would destroy the answer in flight).
       auto fail = [&](int status, const std::string& msg) -> asio::awaitable<void> {
         auto res = to_beast(json_error(status, msg), 11, false);
         beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
         boost::system::error_code wec;
         co_await bhttp::async_write(stream, res, asio::redirect_error(asio::use_awaitable, wec));
+        if (!wec) co_await linger_close(stream);
       };
       auto read_failed = [&](const boost::system::error_code& e) {
         return e == bhttp::error::end_of_stream || e == asio::error::eof || e == beast::error::timeout ||

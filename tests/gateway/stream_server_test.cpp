@@ -641,3 +641,20 @@ TEST_CASE("stream: a caller authorize() refuses holds no budget; one share canno
   a.close();
   REQUIRE(f.seen->until([&] { return f.seen->wait_done == 1; }));
 }
+
+TEST_CASE("proxy: an answer given before the body is read (no such sandbox) survives the body still coming") {
+  // The gateway answers 502 from the request head and closes; closing
+  // with the body unread would reset the connection and lose the answer
+  // (and fail the client's writes). It drains what the client sends.
+  Fixture f;
+  RawClient c = f.client();
+  REQUIRE(c.send(post("/sandbox/upload", std::string(4 << 20, 'b'))));
+  auto h = c.read_head();
+  REQUIRE(h);
+  CHECK(h->status == 502);
+  CHECK(h->header("connection") == "close");
+  auto body = c.read_exact(std::stoul(h->header("content-length")));
+  REQUIRE(body);
+  CHECK(body->find("The sandbox was not found") != std::string::npos);
+  CHECK(c.wait_eof());
+}
