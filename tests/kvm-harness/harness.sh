@@ -469,7 +469,7 @@ stalled_only() {
   errs=$(awk '/^not ok /{f = 1; next} f && /^  error:/{print; f = 0}' "$tap")
   [ "$(printf '%s\n' "$errs" | grep -c .)" -eq "$fails" ] || return 1
   ! printf '%s\n' "$errs" |
-    grep -qvE 'deadline_exceeded|timed out|fetch failed|terminated|ECONNRESET|socket hang up|other side closed' || return 1
+    grep -qvE 'deadline_exceeded|timed out|aborted due to timeout|fetch failed|terminated|ECONNRESET|socket hang up|other side closed' || return 1
   ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
 }
 
