@@ -495,15 +495,37 @@ std::unique_ptr<EgressProxy> make_egress(const AppConfig& cfg, network::EgressPo
   return std::make_unique<EgressProxy>(ec, policies);
 }
 
-// Template builds (process backend): layers and uploads under the data
-// directory, the egress proxy's environment for steps that download.
-std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store,
-                                                  runtime::Runtime& rt, network::EgressPolicies* egress_policies) {
-  if (use_kvm) {
-    LOG_INFO("template builds: off (they need the process backend)");
-    return nullptr;
+// Template builds: layers and uploads under the data directory, the
+// egress proxy's environment for steps that download. Steps run in process
+// sandboxes (a layer is their writable directory); on the kvm backend they
+// get a process runtime of their own (cgroup parent <parent>-builds, state
+// under data/sandboxes as on the process backend), and a finished build is readied for
+// microVMs (its image and boot snapshot) before it is ready.
+struct TemplateBuilds {
+  std::unique_ptr<runtime::Runtime> steps_runtime;  // kvm backend only; outlives the service
+  std::unique_ptr<builds::BuildService> service;
+  void stop() {
+    if (service) service->stop();  // running builds fail, their sandboxes go
+    if (steps_runtime)
+      if (Status s = steps_runtime->cleanup_stale(); !s) LOG_WARN("build sandboxes' cleanup: " << s.error().message());
   }
+};
+
+TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store, runtime::Runtime& rt,
+                           const runtime::ServiceOpener& open_service, network::EgressPolicies* egress_policies) {
+  TemplateBuilds b;
+  runtime::Runtime* steps = &rt;
   builds::BuildConfig bc;
+  if (use_kvm) {
+    AppConfig pc = cfg;
+    pc.cgroup_parent = cfg.cgroup_parent + "-builds";
+    b.steps_runtime = make_runtime(pc, false, open_service);  // state in data/sandboxes, unused by microVMs
+    if (Status s = b.steps_runtime->cleanup_stale(); !s) LOG_WARN("build sandboxes' cleanup: " << s.error().message());
+    steps = b.steps_runtime.get();
+    bc.prepare_template = [&rt](const runtime::SandboxSpec& spec) { return rt.prepare_template(spec); };
+    LOG_INFO("template builds: steps run in process sandboxes (cgroup parent " << pc.cgroup_parent
+                                                                             << "), templates boot as microVMs");
+  }
   bc.data_dir = cfg.data_dir;
   bc.clock = [] { return sys::unix_seconds(); };
   if (egress_policies) bc.sandbox_env = lifecycle::egress_proxy_env();
@@ -512,7 +534,8 @@ std::unique_ptr<builds::BuildService> make_builds(const AppConfig& cfg, bool use
   bc.sandbox_disk_mb = cfg.sandbox_disk_mb;
   bc.tenant_max_bytes = cfg.template_storage_mb << 20;
   bc.build_timeout = std::chrono::seconds(cfg.template_build_timeout_s);
-  return std::make_unique<builds::BuildService>(store, rt, std::move(bc));
+  b.service = std::make_unique<builds::BuildService>(store, *steps, std::move(bc));
+  return b;
 }
 
 // The one-shot requests: /metrics, sandgate's own routes, the E2B control
@@ -609,11 +632,11 @@ class GatewayServices {
 // The stop, in order: no new connections or service streams, then the
 // sandboxes, then what served them.
 void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::SandboxService& sandboxes,
-              builds::BuildService* builds, std::unique_ptr<EgressProxy>& egress, llm::ModelGateway& models,
+              TemplateBuilds& builds, std::unique_ptr<EgressProxy>& egress, llm::ModelGateway& models,
               runtime::Runtime& rt) {
   services.attach(nullptr);
   server.stop();
-  if (builds) builds->stop();  // running builds fail, their sandboxes go
+  builds.stop();
   sandboxes.shutdown();
   egress.reset();  // its connections' sandboxes are gone: their threads end
   // The model gateway outlives the server object (whose destruction drops
@@ -671,8 +694,8 @@ int serve(const AppConfig& cfg_in) {
   lifecycle::SandboxService sandboxes(**store, *rt,
                                       service_config(cfg, egress_policies, *memory_engine != nullptr, pressure, rows),
                                       [] { return sys::unix_seconds(); }, memory_engine->get());
-  std::unique_ptr<builds::BuildService> template_builds =
-      make_builds(cfg, *use_kvm, **store, *rt, cfg.egress ? &egress_policies : nullptr);
+  TemplateBuilds template_builds =
+      make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
 
   Result<std::unique_ptr<llm::ModelGateway>> models =
@@ -681,7 +704,7 @@ int serve(const AppConfig& cfg_in) {
   auto mono = [] { return sys::monotonic_ns(); };
   tenancy::RateLimiter request_limit(cfg.requests_per_s, cfg.requests_per_s * 2, mono);
   tenancy::RateLimiter create_limit(cfg.creates_per_s, cfg.creates_per_s * 2, mono);
-  api::ControlPlane control(tenants, **store, sandboxes, template_builds.get(), request_limit, create_limit,
+  api::ControlPlane control(tenants, **store, sandboxes, template_builds.service.get(), request_limit, create_limit,
                             control_plane_config(cfg));
 
   http::ProxyHooks proxy;
@@ -707,7 +730,7 @@ int serve(const AppConfig& cfg_in) {
   int sig = 0;
   sigwait(&sigs, &sig);
   LOG_INFO("signal " << sig << ": stopping");
-  stop_all(services, server, sandboxes, template_builds.get(), egress, **models, *rt);
+  stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
   LOG_INFO("stopped");
   return 0;
 }

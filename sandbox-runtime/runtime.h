@@ -197,6 +197,14 @@ class Runtime {
   // (killing any process still in them) and state directories. Called once at
   // start-up, before any create.
   virtual Status cleanup_stale() = 0;
+  // Readies a template for creates, so that its first one is not slow: the
+  // kvm backend builds its root filesystem image and boots it once for the
+  // snapshot its clones start from (spec's rootfs, layers, cpu_count and
+  // memory_mb; seconds to minutes). The process backend needs nothing.
+  virtual Status prepare_template(const SandboxSpec& spec) {
+    (void)spec;
+    return {};
+  }
 };
 
 }  // namespace sg::runtime

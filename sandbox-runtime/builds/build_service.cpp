@@ -769,6 +769,10 @@ Result<uint64_t> BuildService::collect_garbage() {
       LOG_WARN("template files: remove " << f.path << ": " << s.error().message());
       continue;
     }
+    // The microVM image made of it (microvm::ensure_template_image), if any.
+    struct stat ist;
+    if (::stat((f.path + ".ext4").c_str(), &ist) == 0 && ::unlink((f.path + ".ext4").c_str()) == 0)
+      freed += static_cast<uint64_t>(ist.st_blocks) * 512;
     if (Status s = store_.drop_template_file(f.path); !s) return s.error();
     freed += static_cast<uint64_t>(f.bytes);
   }
@@ -815,6 +819,23 @@ void BuildService::run(const Job& job) {
   if (!job.spec.start_cmd.empty()) {
     config["startCmd"] = job.spec.start_cmd;
     config["readyCmd"] = job.spec.ready_cmd;
+  }
+  if (cfg_.prepare_template) {
+    r.log("info", "Preparing the template for microVMs: its root filesystem image and boot snapshot");
+    runtime::SandboxSpec spec;
+    spec.id = "template";
+    spec.rootfs = c.rootfs;
+    spec.layers = c.layers;
+    spec.cpu_count = static_cast<uint32_t>(r.build_.cpu_count);
+    spec.memory_mb = static_cast<uint64_t>(r.build_.memory_mb);
+    if (Status p = cfg_.prepare_template(spec); !p) {
+      std::string why = http::client_message(p.error());
+      r.log("error", "Build failed preparing the template: " + why);
+      if (Status f = store_.fail_build(job.build_id, why, "prepare", cfg_.clock()); !f)
+        LOG_ERROR("build " << job.build_id << ": " << f.error().message());
+      LOG_INFO("template build " << job.build_id << " failed preparing it: " << p.error().message());
+      return;
+    }
   }
   double secs = static_cast<double>(sys::monotonic_ns() - t0) / 1e9;
   r.log("info", "Build finished in " + std::to_string(secs).substr(0, std::to_string(secs).find('.') + 2) + " s: " +

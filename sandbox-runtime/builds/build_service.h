@@ -98,6 +98,10 @@ struct BuildConfig {
   // cache (a failed build's steps, a superseded build), unless their
   // template is deleted; uploads and image blobs likewise.
   std::chrono::seconds keep_unused{86400};
+  // Readies a finished build for the gateway's backend before the build
+  // is ready (Runtime::prepare_template: the kvm backend's image and
+  // snapshot); unset where the steps' runtime is the sandboxes' own.
+  std::function<Status(const runtime::SandboxSpec&)> prepare_template;
 };
 
 class BuildService {

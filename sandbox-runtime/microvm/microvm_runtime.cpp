@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <spawn.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -460,12 +461,18 @@ class MicrovmRuntime final : public runtime::Runtime {
     return {};
   }
 
+  Status prepare_template(const runtime::SandboxSpec& spec) override {
+    auto image = ensure_template_image(spec.rootfs, spec.layers);
+    if (!image) return image.error();
+    if (!cfg_.use_snapshots) return {};
+    auto snap = snapshot_for(spec, *image);
+    if (!snap) return snap.error();
+    return {};
+  }
+
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
-    if (!spec.layers.empty())
-      return Error(ErrorKind::kUnavailable,
-                   "templates built by this server (layers over a base) run on the process backend only so far");
-    auto image = ensure_rootfs_image(spec.rootfs);
+    auto image = ensure_template_image(spec.rootfs, spec.layers);
     if (!image) return image.error();
     std::string dir = cfg_.state_root + "/" + spec.id;
     if (::mkdir(dir.c_str(), 0700) != 0) return sys::errno_error("mkdir", dir);
@@ -733,6 +740,75 @@ Status check_guest_dir(const std::string& guest_dir) {
   return {};
 }
 
+namespace {
+
+// mkfs.ext4 -d of a directory tree into image (through image.partial, so a
+// crash leaves no half image under the real name).
+Status make_image(const std::string& dir, const std::string& image, const std::string& what) {
+  auto bytes = tree_bytes(dir);
+  if (!bytes) return bytes.error();
+  uint64_t mib = (*bytes + *bytes / 4) / (1 << 20) + 128;
+  std::string tmp = image + ".partial";
+  ::unlink(tmp.c_str());
+  LOG_INFO("kvm: building the root filesystem image " << image << " (" << mib << " MiB) from " << what);
+  if (Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "sandgate-root", "-d", dir,
+                                    tmp, std::to_string(mib) + "M"},
+                                   image + ".log");
+      !s) {
+    ::unlink(tmp.c_str());
+    return s.error().with_context("build " + image);
+  }
+  ::unlink((image + ".log").c_str());
+  if (::rename(tmp.c_str(), image.c_str()) != 0) return sys::errno_error("rename", tmp);
+  return {};
+}
+
+// The merged tree of a built template: a read-only overlay of its layers
+// over the base, mounted at <work>/mnt. The lower directories are named
+// by short links in work, relative to it (64 layers' absolute paths
+// would pass the page that mount options fit in); mount(8) runs there.
+class MergedTree {
+ public:
+  static Result<std::unique_ptr<MergedTree>> mount(const std::string& work, const std::string& base,
+                                                   const std::vector<std::string>& layers) {
+    (void)sys::remove_tree(work);
+    if (Status s = sys::make_dirs(work + "/mnt", 0700); !s) return s.error();
+    auto t = std::unique_ptr<MergedTree>(new MergedTree(work));
+    std::string lower;
+    for (size_t i = layers.size(); i > 0; --i) {
+      std::string link = "l" + std::to_string(i);
+      if (::symlink(layers[i - 1].c_str(), (work + "/" + link).c_str()) != 0)
+        return sys::errno_error("symlink", work + "/" + link);
+      lower += link + ":";
+    }
+    if (::symlink(base.c_str(), (work + "/b").c_str()) != 0) return sys::errno_error("symlink", work + "/b");
+    lower += "b";
+    if (Status s = sys::run_and_wait({"sh", "-c", "cd \"$1\" && exec mount -t overlay -o \"ro,lowerdir=$2\" sandgate-template mnt",
+                                      "sh", work, lower},
+                                     work + ".log");
+        !s)
+      return s.error().with_context("mount the template's layers");
+    ::unlink((work + ".log").c_str());
+    t->mounted_ = true;
+    return t;
+  }
+  ~MergedTree() {
+    if (mounted_ && ::umount2((work_ + "/mnt").c_str(), 0) != 0) {
+      LOG_WARN("kvm: umount " << work_ << "/mnt: " << std::strerror(errno) << "; detaching it");
+      ::umount2((work_ + "/mnt").c_str(), MNT_DETACH);
+    }
+    (void)sys::remove_tree(work_);
+  }
+  std::string root() const { return work_ + "/mnt"; }
+
+ private:
+  explicit MergedTree(std::string work) : work_(std::move(work)) {}
+  std::string work_;
+  bool mounted_ = false;
+};
+
+}  // namespace
+
 Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
   std::string image = rootfs_dir + ".ext4";
   std::lock_guard lock(image_mu);
@@ -740,19 +816,37 @@ Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
   auto img = stat_of(image);
   if (img && (!marker || mtime_ns(*img) >= mtime_ns(*marker))) return image;
   if (!marker) return marker.error().with_context("template " + rootfs_dir + " is not complete");
-  auto bytes = tree_bytes(rootfs_dir);
-  if (!bytes) return bytes.error();
-  uint64_t mib = (*bytes + *bytes / 4) / (1 << 20) + 128;
-  std::string tmp = image + ".partial";
-  ::unlink(tmp.c_str());
-  LOG_INFO("kvm: building the root filesystem image " << image << " (" << mib << " MiB) from " << rootfs_dir);
-  if (Status s = sys::run_and_wait({"mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-L", "sandgate-root", "-d", rootfs_dir,
-                               tmp, std::to_string(mib) + "M"},
-                              image + ".log");
+  if (Status s = make_image(rootfs_dir, image, rootfs_dir); !s) return s.error();
+  return image;
+}
+
+Result<std::string> ensure_template_image(const std::string& rootfs, const std::vector<std::string>& layers) {
+  if (layers.size() > runtime::kMaxTemplateLayers)
+    return invalid_error("a template has at most " + std::to_string(runtime::kMaxTemplateLayers) + " layers, this one " +
+                         std::to_string(layers.size()));
+  // A template directory (base, a `sandgate template build`) has a marker;
+  // an image's unpacked root (fromImage, no steps) is complete once a
+  // template names it, and never changes.
+  if (layers.empty() && sys::path_exists(rootfs + "/.sandgate-template")) return ensure_rootfs_image(rootfs);
+  const std::string& top = layers.empty() ? rootfs : layers.back();
+  std::string image = top + ".ext4";
+  std::lock_guard lock(image_mu);
+  auto img = stat_of(image);
+  auto base_marker = stat_of(rootfs + "/.sandgate-template");
+  // Layers never change once exported; the base can be rebuilt in place.
+  if (img && (!base_marker || mtime_ns(*img) >= mtime_ns(*base_marker))) return image;
+  for (const std::string& d : layers)
+    if (auto st = stat_of(d); !st) return st.error().with_context("template layer");
+  if (layers.empty()) {
+    if (Status s = make_image(rootfs, image, rootfs); !s) return s.error();
+    return image;
+  }
+  auto merged = MergedTree::mount(top + ".merge", rootfs, layers);
+  if (!merged) return merged.error();
+  if (Status s = make_image((*merged)->root(), image,
+                            std::to_string(layers.size()) + " layers over " + rootfs);
       !s)
-    return s.error().with_context("build " + image);
-  ::unlink((image + ".log").c_str());
-  if (::rename(tmp.c_str(), image.c_str()) != 0) return sys::errno_error("rename", tmp);
+    return s.error();
   return image;
 }
 

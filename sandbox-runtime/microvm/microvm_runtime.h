@@ -61,6 +61,14 @@ Status check_guest_dir(const std::string& guest_dir);
 // than the template's marker file; returns its path.
 Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir);
 
+// A template's image: for a template directory, ensure_rootfs_image; for a
+// built template, its layers (lowest first) merged over rootfs by a
+// read-only overlay mount, as <top layer>.ext4 (built once: layers never
+// change; again if the base's marker is newer); for an image's unpacked
+// root with no layers, <rootfs>.ext4. The template-file collector removes
+// the image with its directory.
+Result<std::string> ensure_template_image(const std::string& rootfs, const std::vector<std::string>& layers);
+
 std::unique_ptr<runtime::Runtime> make_microvm_runtime(const MicrovmConfig& cfg);
 
 }  // namespace sg::microvm

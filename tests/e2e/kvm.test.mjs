@@ -1,6 +1,8 @@
 // The unmodified official E2B JS SDK against sandgate's KVM runtime: create,
 // commands, files, pause, resume with Sandbox.connect (a file and a running
-// background process survive), kill, list.
+// background process survive), kill, list; a template built with
+// Template.build() (steps in process sandboxes) booting as a microVM with
+// its start command.
 //
 // Two ways to run it:
 // - harness mode (tests/kvm-harness/harness.sh, CTest kvm_harness_e2e): the
@@ -20,7 +22,7 @@ import assert from 'node:assert/strict';
 import { accessSync, constants } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
-import { Sandbox, SandboxNotFoundError } from 'e2b';
+import { Sandbox, SandboxNotFoundError, Template, waitForPort } from 'e2b';
 import { startSandgate } from './server.mjs';
 
 const STEP = { timeout: 240_000 };
@@ -145,5 +147,31 @@ if (skip) {
     const left = await Sandbox.list(opts).nextItems();
     assert.ok(!left.some((s) => s.sandboxId === id), 'killed sandbox not listed');
     await assert.rejects(Sandbox.getInfo(id, opts), SandboxNotFoundError);
+  });
+
+  // The build's steps run in process sandboxes; before the build is ready
+  // the kvm backend merges its layers into an ext4 image and boots it once
+  // for the snapshot its sandboxes are cloned from.
+  test('a template built here boots as a microVM with its files and its start command', { timeout: 420_000 }, async () => {
+    const logs = [];
+    const tpl = Template().fromTemplate('base')
+      .runCmd('echo made by a step > /etc/sg-built && mkdir -p /srv/www && echo served > /srv/www/index.html',
+        { user: 'root' })
+      .setStartCmd('python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv/www', waitForPort(8000));
+    await Template.build(tpl, 'kvm-built', { ...opts, cpuCount: 2, memoryMB: 512,
+      onBuildLogs: (l) => logs.push(String(l.message ?? l)) });
+    assert.ok(logs.some((l) => l.includes('Preparing the template for microVMs')), logs.join('\n'));
+    const s = await Sandbox.create('kvm-built', { ...opts, timeoutMs: 300_000 });
+    try {
+      assert.equal(await s.files.read('/etc/sg-built'), 'made by a step\n');
+      // Created once the ready command passed: the server answers now.
+      const r = await s.commands.run('curl -s http://127.0.0.1:8000/index.html', { timeoutMs: 120_000 });
+      assert.equal(r.stdout, 'served\n');
+      // A microVM: the guest image's kernel command line, not the host's.
+      const cmdline = await s.commands.run('cat /proc/cmdline', { timeoutMs: 120_000 });
+      assert.match(cmdline.stdout, /sandgate\.hostname=sandbox/);
+    } finally {
+      await s.kill().catch(() => {});
+    }
   });
 }

@@ -211,7 +211,9 @@ if [ "$runtime" != process ]; then
   done
 fi
 initrd=$cache/initramfs-$runtime${extras:+-with}.cpio
-initrd_key=$(fingerprint "$(command -v busybox)" "$bin_dir/sandgate" "$bin_dir/sandgate-agent" "${vmm[@]}" "${guest_files[@]}" "${mod_order[@]}" "${extras[@]}")
+# mkfs.ext4: the kvm runtime makes a built template's image with it.
+mkfs_bin=$(readlink -f "$(command -v mkfs.ext4)")
+initrd_key=$(fingerprint "$(command -v busybox)" "$mkfs_bin" "$bin_dir/sandgate" "$bin_dir/sandgate-agent" "${vmm[@]}" "${guest_files[@]}" "${mod_order[@]}" "${extras[@]}")
 if [ "$(cat "$initrd.key" 2>/dev/null)" != "$initrd_key" ]; then
   log "building the outer initramfs"
   st=$work/initramfs
@@ -236,6 +238,13 @@ if [ "$(cat "$initrd.key" 2>/dev/null)" != "$initrd_key" ]; then
       [ -e "$st/$lib" ] || cp -L "$lib" "$st/$lib"
     done
   done
+  rm -f "$st/sbin/mkfs.ext4"  # never through a busybox link
+  cp "$mkfs_bin" "$st/sbin/mkfs.ext4"
+  [ -f /etc/mke2fs.conf ] && cp /etc/mke2fs.conf "$st/etc/"
+  { ldd "$mkfs_bin" 2>/dev/null || true; } | { grep -o -E '/[^ ]+' || true; } | while read -r lib; do
+    mkdir -p "$st/$(dirname "$lib")"
+    [ -e "$st/$lib" ] || cp -L "$lib" "$st/$lib"
+  done
   for f in "${guest_files[@]}"; do cp "$f" "$st/opt/sandgate/guest/"; done
   printf 'root:x:0:0:root:/root:/bin/sh\n' >"$st/etc/passwd"
   printf 'root:x:0:\n' >"$st/etc/group"
@@ -247,7 +256,7 @@ if [ "$(cat "$initrd.key" 2>/dev/null)" != "$initrd_key" ]; then
 fi
 
 # --- the assets disk (read-only in the guest): templates/base, the process
-# runtime's overlay lower layer (only its marker file for kvm), and
+# runtime's overlay lower layer (and template builds' base), and
 # templates/base.ext4 for the kvm runtime. `sandgate template image` returns
 # at once when base.ext4 is newer than the template's marker, and rebuilds
 # it when the template was rebuilt since (a newer template format).
@@ -266,12 +275,9 @@ if [ "$(cat "$assets.key" 2>/dev/null)" != "$assets_key" ]; then
   rm -rf "$st" "$assets"
   mkdir -p "$st/templates"
   # Hard links where the cache and the templates share a file system.
-  if [ "$runtime" = kvm ]; then
-    mkdir -p "$st/templates/base"
-    cp -a "$templates_dir/base/.sandgate-template" "$st/templates/base/"
-  else
-    cp -al "$templates_dir/base" "$st/templates/base" 2>/dev/null || cp -a "$templates_dir/base" "$st/templates/base"
-  fi
+  # The kvm runtime boots base.ext4, but template builds run their steps
+  # in process sandboxes over the base directory on either runtime.
+  cp -al "$templates_dir/base" "$st/templates/base" 2>/dev/null || cp -a "$templates_dir/base" "$st/templates/base"
   [ ${#ext4_in[@]} -eq 0 ] || cp -l "${ext4_in[0]}" "$st/templates/base.ext4" 2>/dev/null || cp --sparse=always "${ext4_in[0]}" "$st/templates/base.ext4"
   mb=$(du -sm "$st" | cut -f1)
   truncate -s "$((mb * 13 / 10 + 128))M" "$assets"

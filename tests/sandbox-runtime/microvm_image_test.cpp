@@ -3,7 +3,12 @@
 // image's presence.
 #include <doctest/doctest.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
 #include <utime.h>
+
+#include <cstdio>
+#include <string>
 
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "tests/support/temp_dir.h"
@@ -45,6 +50,95 @@ TEST_CASE("ensure_rootfs_image builds <rootfs>.ext4 once and again when the temp
   struct stat c {};
   REQUIRE(::stat(img->c_str(), &c) == 0);
   CHECK(c.st_ino != a.st_ino);
+}
+
+namespace {
+
+// What debugfs says of a path in an ext4 image: the file's bytes for
+// "cat", or its error ("File not found by ext2_lookup").
+std::string debugfs(const std::string& image, const std::string& request) {
+  std::string cmd = "debugfs -R '" + request + "' '" + image + "' 2>&1";
+  std::string out;
+  if (FILE* f = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    ::pclose(f);
+  }
+  // The first line is debugfs's banner.
+  size_t nl = out.find('\n');
+  return nl == std::string::npos ? out : out.substr(nl + 1);
+}
+
+}  // namespace
+
+TEST_CASE("ensure_template_image merges a built template's layers over its base, whiteouts and opaque dirs included") {
+  test::TempDir dir;
+  std::string base = dir.path() + "/base", l1 = dir.path() + "/layers/one", l2 = dir.path() + "/layers/two";
+  REQUIRE(sys::make_dirs(base + "/etc"));
+  REQUIRE(sys::make_dirs(base + "/opt/dir"));
+  REQUIRE(sys::write_file(base + "/etc/hostname", "sandbox\n"));
+  REQUIRE(sys::write_file(base + "/etc/removed", "base\n"));
+  REQUIRE(sys::write_file(base + "/opt/dir/a", "a\n"));
+  REQUIRE(sys::write_file(base + "/.sandgate-template", "{\"format\":4}"));
+  struct utimbuf old_time = {1000000000, 1000000000};
+  REQUIRE(::utime((base + "/.sandgate-template").c_str(), &old_time) == 0);
+  // Layer 1 (as export_layer leaves a step's writable layer): a new file,
+  // a changed one, a deleted one (an overlay whiteout, a 0:0 char device).
+  REQUIRE(sys::make_dirs(l1 + "/etc"));
+  REQUIRE(sys::write_file(l1 + "/etc/added", "one\n"));
+  REQUIRE(sys::write_file(l1 + "/etc/hostname", "built\n"));
+  REQUIRE(::mknod((l1 + "/etc/removed").c_str(), S_IFCHR | 0000, makedev(0, 0)) == 0);
+  // Layer 2: the file changed again, a directory replaced (opaque).
+  REQUIRE(sys::make_dirs(l2 + "/etc"));
+  REQUIRE(sys::make_dirs(l2 + "/opt/dir"));
+  REQUIRE(sys::write_file(l2 + "/etc/added", "two\n"));
+  REQUIRE(sys::write_file(l2 + "/opt/dir/b", "b\n"));
+  REQUIRE(::setxattr((l2 + "/opt/dir").c_str(), "trusted.overlay.opaque", "y", 1, 0) == 0);
+
+  auto img = microvm::ensure_template_image(base, {l1, l2});
+  REQUIRE_MESSAGE(img, (img ? "" : img.error().message()));
+  CHECK(*img == l2 + ".ext4");
+  CHECK(debugfs(*img, "cat /etc/hostname") == "built\n");
+  CHECK(debugfs(*img, "cat /etc/added") == "two\n");
+  CHECK(debugfs(*img, "cat /opt/dir/b") == "b\n");
+  CHECK(debugfs(*img, "stat /etc/removed").find("File not found") != std::string::npos);
+  CHECK(debugfs(*img, "stat /opt/dir/a").find("File not found") != std::string::npos);
+  CHECK(debugfs(*img, "cat /.sandgate-template") == "{\"format\":4}");
+  // Nothing of the merge is left: no mount, no work directory.
+  CHECK_FALSE(sys::path_exists(l2 + ".merge"));
+  CHECK_FALSE(sys::path_exists(l2 + ".ext4.partial"));
+  struct stat a {};
+  REQUIRE(::stat(img->c_str(), &a) == 0);
+
+  // Built once; the base rebuilt in place makes it again.
+  REQUIRE(microvm::ensure_template_image(base, {l1, l2}));
+  struct stat b {};
+  REQUIRE(::stat(img->c_str(), &b) == 0);
+  CHECK(b.st_ino == a.st_ino);
+  struct utimbuf future = {4000000000, 4000000000};
+  REQUIRE(::utime((base + "/.sandgate-template").c_str(), &future) == 0);
+  REQUIRE(microvm::ensure_template_image(base, {l1, l2}));
+  REQUIRE(::stat(img->c_str(), &b) == 0);
+  CHECK(b.st_ino != a.st_ino);
+
+  // A missing layer is an error that names it, and leaves no image.
+  auto gone = microvm::ensure_template_image(base, {l1, dir.path() + "/layers/missing"});
+  REQUIRE_FALSE(gone);
+  CHECK(gone.error().message().find("layers/missing") != std::string::npos);
+  CHECK_FALSE(sys::path_exists(dir.path() + "/layers/missing.ext4"));
+
+  // Without layers: a template directory is ensure_rootfs_image's; an
+  // image's unpacked root (no marker) becomes <root>.ext4.
+  auto plain = microvm::ensure_template_image(base, {});
+  REQUIRE(plain);
+  CHECK(*plain == base + ".ext4");
+  std::string oci = dir.path() + "/images/root";
+  REQUIRE(sys::make_dirs(oci + "/bin"));
+  REQUIRE(sys::write_file(oci + "/bin/hello", "#!/bin/sh\n"));
+  auto from_image = microvm::ensure_template_image(oci, {});
+  REQUIRE_MESSAGE(from_image, (from_image ? "" : from_image.error().message()));
+  CHECK(debugfs(*from_image, "cat /bin/hello") == "#!/bin/sh\n");
 }
 
 TEST_CASE("check_guest_dir names the missing file and the command that builds it") {
