@@ -213,7 +213,7 @@ HttpResponse ControlPlane::delete_template(const Call& c) {
 }
 
 HttpResponse ControlPlane::no_builds() const {
-  return http::json_error(501, "template builds are off on this server");
+  return http::json_error(501, "template builds are not supported by this server (it runs without a build service)");
 }
 
 HttpResponse ControlPlane::request_build(const Call& c) {
