@@ -479,6 +479,18 @@ stalled_only() {
   ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
 }
 
+# The same for a doctest suite run with --exec (tests/kvm): it failed, and
+# every failed check is one marked "[sg-harness: unanswered]" (a microVM
+# that did not answer a ping: CHECK_ANSWERS), with no crash.
+doctest_stalled_only() {
+  local out errs marks
+  out=$(tr -d '\r' <"$work/console.log" | sed -n '/^SG-HARNESS: exec: /,$p')
+  errs=$(printf '%s\n' "$out" | grep -c ' ERROR: ' || true)
+  marks=$(printf '%s\n' "$out" | grep -c '\[sg-harness: unanswered\]' || true)
+  [ "$errs" -gt 0 ] && [ "$errs" -eq "$marks" ] || return 1
+  ! printf '%s\n' "$out" | grep -qE 'FATAL ERROR|SIGSEGV|SIGABRT|segfault|general protection|Kernel panic'
+}
+
 # Whether a microVM's guest died by a triple fault (its sandgate-vmm logs
 # "guest shut down (triple fault)") while sandgate neither exited nor
 # crashed. Under nested TCG the microVMs' guests have crashed so in runs
@@ -570,6 +582,9 @@ if [ -n "$exec_cmd" ]; then
   fi
   log "the command exited with status $rc"
   [ "$rc" -ne 0 ] || check_seccomp || fail "seccomp refusals"
+  if [ "$rc" -ne 0 ] && doctest_stalled_only; then
+    frozen "every failed check was a microVM that stopped answering pings (a stalled guest)"
+  fi
   exit "$rc"
 fi
 
