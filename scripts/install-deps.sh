@@ -10,7 +10,7 @@ PKGS=(
   debootstrap iproute2 util-linux curl ca-certificates
   clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
   e2fsprogs cpio busybox-static qemu-system-x86
-  docker-registry bash-static apache2-utils
+  docker-registry bash-static apache2-utils zstd
   docker-compose python3-venv
 )
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the

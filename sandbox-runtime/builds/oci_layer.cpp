@@ -1,5 +1,5 @@
 // apply_layer: see oci_layer.h. A streaming tar reader (ustar, GNU long
-// names, PAX path and linkpath) over zlib's gzip decoder.
+// names, PAX path and linkpath) over zlib's gzip or zstd's decoder.
 #include "sandbox-runtime/builds/oci_layer.h"
 
 #include <dirent.h>
@@ -10,6 +10,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -29,20 +30,30 @@ constexpr size_t kBlock = 512;
 constexpr size_t kMaxName = 4096;
 constexpr size_t kMaxPax = 1 << 20;
 
-// Bytes of the layer, gunzipped when it is gzip.
+// Bytes of the layer, decompressed when it is gzip or zstd (by magic).
 class Source {
  public:
   explicit Source(int fd) : fd_(fd) {}
   ~Source() {
     if (gz_) inflateEnd(&z_);
+    if (zs_) ZSTD_freeDStream(zs_);
   }
+  Source(const Source&) = delete;
+  Source& operator=(const Source&) = delete;
   Status open() {
-    unsigned char magic[2];
-    ssize_t n = ::pread(fd_, magic, 2, 0);
-    if (n == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+    unsigned char magic[4];
+    ssize_t n = ::pread(fd_, magic, 4, 0);
+    if (n >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
       std::memset(&z_, 0, sizeof z_);
       if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) return internal_error("inflateInit2");
       gz_ = true;
+    } else if (n == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd) {
+      zs_ = ZSTD_createDStream();
+      if (!zs_) return internal_error("ZSTD_createDStream");
+      // A frame may ask for a window of up to 128 MiB (zstd's default
+      // limit, set here so that it stays the bound); more is refused.
+      if (ZSTD_isError(ZSTD_DCtx_setParameter(zs_, ZSTD_d_windowLogMax, 27)))
+        return internal_error("ZSTD_d_windowLogMax");
     }
     return Status::Ok();
   }
@@ -70,7 +81,27 @@ class Source {
       return static_cast<size_t>(r);
     }
   }
+  Result<size_t> unzstd(char* out, size_t n) {
+    ZSTD_outBuffer ob{out, n, 0};
+    while (ob.pos == 0) {
+      if (zin_.pos == zin_.size && !eof_) {
+        Result<size_t> r = raw(in_, sizeof in_);
+        if (!r) return r.error();
+        if (*r == 0) eof_ = true;
+        zin_ = ZSTD_inBuffer{in_, *r, 0};
+      }
+      size_t rc = ZSTD_decompressStream(zs_, &ob, &zin_);
+      if (ZSTD_isError(rc)) return invalid_error(std::string("layer: bad zstd data: ") + ZSTD_getErrorName(rc));
+      if (ob.pos == 0 && zin_.pos == zin_.size && eof_) {
+        // Frames may follow one another; the input may not end inside one.
+        if (rc != 0) return invalid_error("layer: the zstd stream ends inside a frame");
+        break;
+      }
+    }
+    return ob.pos;
+  }
   Result<size_t> some(char* out, size_t n) {
+    if (zs_) return unzstd(out, n);
     if (!gz_) return raw(out, n);
     z_.next_out = reinterpret_cast<Bytef*>(out);
     z_.avail_out = static_cast<uInt>(n);
@@ -100,6 +131,8 @@ class Source {
   bool gz_ = false;
   bool eof_ = false;
   z_stream z_{};
+  ZSTD_DStream* zs_ = nullptr;
+  ZSTD_inBuffer zin_{nullptr, 0, 0};
   char in_[1 << 16];
 };
 

@@ -1,4 +1,4 @@
-// Applying an OCI / Docker image layer (a tar, gzipped or not) onto a root
+// Applying an OCI / Docker image layer (a tar: plain, gzip or zstd) onto a root
 // directory, as a container engine's layer store does, for templates
 // built from registry images (docs/templates.md).
 //
@@ -32,7 +32,7 @@ struct AppliedLayer {
   uint64_t whiteouts = 0;
 };
 
-// layer: the blob's file (gzip detected from its magic). kInvalid for a
+// layer: the blob's file (gzip or zstd detected from its magic). kInvalid for a
 // malformed or hostile layer (the message names the member).
 Result<AppliedLayer> apply_layer(const std::string& root, const std::string& layer, const LayerLimits& limits = {});
 

@@ -224,8 +224,6 @@ class Puller {
     }
     for (const json& l : (*m)["layers"]) {
       std::string type = l.value("mediaType", "");
-      if (type.find("zstd") != std::string::npos)
-        return invalid_error("image " + ref_.text() + ": zstd-compressed layers are not supported yet");
       if (type.find("nondistributable") != std::string::npos || type.find("foreign") != std::string::npos)
         return invalid_error("image " + ref_.text() + ": foreign layers are not supported");
       Result<std::string> f = blob(l.value("digest", ""), l.value("size", uint64_t{0}), opt_.max_blob_bytes);

@@ -50,6 +50,17 @@ test('Template.build from a registry image: layers, whiteouts, the image env; a 
   assert.equal(existsSync(`/tmp/${marker}`), false, 'a layer wrote outside the image root');
 });
 
+test('an OCI image with a zstd-compressed layer', async () => {
+  await Template.build(Template().fromImage(`${open.host}/test/tiny:1-zstd`), 'tpl-zstd', opts);
+  const sbx = await Sandbox.create('tpl-zstd', opts);
+  try {
+    const r = await sbx.commands.run('cat /etc/motd; test -e /removed.txt && echo present || echo gone');
+    assert.equal(r.stdout, 'layer two\ngone\n');
+  } finally {
+    await sbx.kill();
+  }
+});
+
 test('an OCI index picks linux/amd64; a digest reference is checked', async () => {
   await Template.build(Template().fromImage(`${open.host}/test/tiny:1-index`), 'tpl-index', opts);
   const m = await (await fetch(`http://${open.host}/v2/test/tiny/manifests/1`, {

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+#include <zstd.h>
 
 #include <cstring>
 #include <string>
@@ -70,6 +71,14 @@ std::string gzip(const std::string& in) {
   deflate(&z, Z_FINISH);
   out.resize(z.total_out);
   deflateEnd(&z);
+  return out;
+}
+
+std::string zstd(const std::string& in, int level = 3) {
+  std::string out(ZSTD_compressBound(in.size()), '\0');
+  size_t n = ZSTD_compress(out.data(), out.size(), in.data(), in.size(), level);
+  REQUIRE_FALSE(ZSTD_isError(n));
+  out.resize(n);
   return out;
 }
 
@@ -167,6 +176,41 @@ TEST_CASE("oci layer: malformed archives are errors" * doctest::test_suite("own-
   REQUIRE(sys::write_file(f, t));
   auto big = builds::apply_layer(e.root, f, lim);
   REQUIRE_FALSE(big);
+}
+
+TEST_CASE("oci layer: zstd layers, in one frame or several, apply as gzip ones do; a cut or corrupt one is an error" *
+          doctest::test_suite("own-entry")) {
+  Env e;
+  std::string big(300000, 'b');  // more than one 64 KiB read of input and of output
+  for (size_t i = 0; i < big.size(); i += 7) big[i] = static_cast<char>('a' + i % 23);
+  std::string t = tar({{"etc/", '5'}, {"etc/conf", '0', "z=1\n"}, {"data", '0', big}});
+  std::string f = e.dir.sub("layer.zst");
+  REQUIRE(sys::write_file(f, zstd(t)));
+  auto one = builds::apply_layer(e.root, f);
+  REQUIRE_MESSAGE(one, (one ? "" : one.error().message()));
+  CHECK(one->entries == 3);
+  CHECK(*sys::read_file(e.root + "/etc/conf") == "z=1\n");
+  CHECK(*sys::read_file(e.root + "/data") == big);
+  // Frames one after another (as a parallel compressor writes them).
+  std::string t2 = tar({{"two", '0', "second\n"}, {"more", '0', big.substr(0, 70000)}});
+  REQUIRE(sys::write_file(f, zstd(t2.substr(0, 5000), 1) + zstd(t2.substr(5000), 19)));
+  auto two = builds::apply_layer(e.root, f);
+  REQUIRE_MESSAGE(two, (two ? "" : two.error().message()));
+  CHECK(*sys::read_file(e.root + "/two") == "second\n");
+  CHECK(*sys::read_file(e.root + "/more") == big.substr(0, 70000));
+  // Cut inside a frame: said so, not taken as the end.
+  std::string z = zstd(tar({{"cut", '0', big}}));
+  REQUIRE(sys::write_file(f, z.substr(0, z.size() / 2)));
+  auto cut = builds::apply_layer(e.root, f);
+  REQUIRE_FALSE(cut);
+  CHECK(cut.error().kind() == ErrorKind::kInvalid);
+  // Corrupt after the magic.
+  std::string bad = z;
+  for (size_t i = 8; i < 64 && i < bad.size(); ++i) bad[i] = static_cast<char>(0xff);
+  REQUIRE(sys::write_file(f, bad));
+  auto corrupt = builds::apply_layer(e.root, f);
+  REQUIRE_FALSE(corrupt);
+  CHECK(corrupt.error().kind() == ErrorKind::kInvalid);
 }
 
 TEST_CASE("image references: registry, repository, tag or digest, Docker Hub's defaults") {
