@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -83,6 +84,19 @@ struct RuntimeConfig {
 
 inline constexpr size_t kMaxTemplateLayers = 64;
 
+// A built template's start command (its config's startCmd, readyCmd, user,
+// workdir and env): run in the background, then the ready command until it
+// exits 0, at most ready_timeout.
+struct StartCommand {
+  std::string script;
+  std::string ready;  // "": none (ready once started)
+  std::string user = "user";
+  std::string cwd;
+  std::vector<std::pair<std::string, std::string>> env;
+  std::chrono::milliseconds ready_timeout{120000};
+  bool operator==(const StartCommand&) const = default;
+};
+
 struct SandboxSpec {
   std::string id;      // [a-z0-9]{20}; never contains '/', '-' or '.'
   std::string rootfs;  // template root directory: the read-only overlay lower layer
@@ -98,6 +112,10 @@ struct SandboxSpec {
   // envd access token handed to the agent (it checks X-Access-Token).
   std::string envd_access_token;
   std::chrono::milliseconds ready_timeout{15000};
+  // The template's start command. A runtime whose runs_start_command() is
+  // true has it running in every sandbox it creates (the kvm backend: in
+  // the template's snapshot); otherwise the caller runs it after create.
+  std::optional<StartCommand> start;
 };
 
 // Readings from the sandbox's cgroup and writable layer.
@@ -205,6 +223,8 @@ class Runtime {
     (void)spec;
     return {};
   }
+  // Whether create() leaves spec.start running (and ready) in the sandbox.
+  virtual bool runs_start_command() const { return false; }
 };
 
 }  // namespace sg::runtime

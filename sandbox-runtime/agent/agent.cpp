@@ -496,15 +496,17 @@ int run(const AgentConfig& cfg) {
       return;
     }
     if (act.configure) {
-      if (envd_server) {
-        act.reply = json{{"type", "error"}, {"message", "already configured"}, {"request", "configure"}}.dump();
-      } else {
-        apply_vm_configure(*act.configure);
-        std::vector<std::string> env = cfg.child_env;
-        env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
+      apply_vm_configure(*act.configure);
+      std::vector<std::string> env = cfg.child_env;
+      env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
+      // A second configure is a clone of a snapshot taken with envd running
+      // (a template whose start command runs in its snapshot): the clone's
+      // own token and environment replace the template's.
+      if (envd_server)
+        envd_server->reconfigure(act.configure->envd_access_token, std::move(env));
+      else
         start_envd(act.configure->envd_access_token, std::move(env));
-        act.reply = json{{"type", "configured"}}.dump();
-      }
+      act.reply = json{{"type", "configured"}}.dump();
     }
     if (!act.reply.empty()) (void)mux_ptr->send_control(std::move(act.reply));  // failure closes the channel
     if (act.shutdown) {

@@ -131,7 +131,7 @@ struct ControlAction {
   std::string reply;      // JSON to send back on stream 0, empty for none
   bool shutdown = false;  // the host asked the agent to exit
   // vm mode: a valid "configure" for the caller to apply (it answers
-  // "configured", or "already configured" when envd already runs).
+  // "configured"; a second one re-keys the running envd: Server::reconfigure).
   std::optional<VmConfigure> configure;
   std::string error;      // non-empty: malformed message; close the channel
 };

@@ -828,6 +828,8 @@ void BuildService::run(const Job& job) {
     spec.layers = c.layers;
     spec.cpu_count = static_cast<uint32_t>(r.build_.cpu_count);
     spec.memory_mb = static_cast<uint64_t>(r.build_.memory_mb);
+    // As a create will read it back from the template's config.
+    spec.start = host::start_command_of(config.dump(), cfg_.ready_timeout);
     if (Status p = cfg_.prepare_template(spec); !p) {
       std::string why = http::client_message(p.error());
       r.log("error", "Build failed preparing the template: " + why);

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <cerrno>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "base/base64.h"
@@ -234,6 +235,50 @@ Result<CommandResult> run_command(runtime::Sandbox& sandbox, const std::string& 
       result.status = end->value("status", "");
     }
     // keepalive: nothing to do.
+  }
+}
+
+std::optional<runtime::StartCommand> start_command_of(const std::string& config_json,
+                                                      std::chrono::milliseconds ready_timeout) {
+  nlohmann::json config = nlohmann::json::parse(config_json, nullptr, false);
+  if (!config.is_object() || !config.contains("startCmd") || !config["startCmd"].is_string()) return std::nullopt;
+  runtime::StartCommand start;
+  start.script = config["startCmd"].get<std::string>();
+  if (auto r = config.find("readyCmd"); r != config.end() && r->is_string()) start.ready = r->get<std::string>();
+  if (auto u = config.find("user"); u != config.end() && u->is_string()) start.user = u->get<std::string>();
+  if (auto w = config.find("workdir"); w != config.end() && w->is_string()) start.cwd = w->get<std::string>();
+  if (auto env = config.find("env"); env != config.end() && env->is_object())
+    for (auto it = env->begin(); it != env->end(); ++it)
+      if (it->is_string()) start.env.emplace_back(it.key(), it->get<std::string>());
+  start.ready_timeout = ready_timeout;
+  return start;
+}
+
+Status start_and_wait_ready(runtime::Sandbox& sandbox, const std::string& access_token,
+                            const runtime::StartCommand& start) {
+  uint64_t until = sys::monotonic_ns() + static_cast<uint64_t>(start.ready_timeout.count()) * 1000000ull;
+  Command cmd;
+  cmd.script = start.script;
+  cmd.user = start.user;
+  cmd.cwd = start.cwd;
+  cmd.env = start.env;
+  cmd.background = true;
+  Result<CommandResult> started = run_command(sandbox, access_token, cmd, {});
+  if (!started) return started.error().with_context("start command");
+  if (start.ready.empty()) return Status::Ok();
+  Command check = cmd;
+  check.script = start.ready;
+  check.background = false;
+  check.timeout = std::chrono::milliseconds(10000);
+  for (int attempt = 0;; ++attempt) {
+    Result<CommandResult> r = run_command(sandbox, access_token, check, {});
+    if (r && r->exit_code == 0) return Status::Ok();
+    if (sys::monotonic_ns() >= until)
+      return Error(ErrorKind::kTimeout, "its ready command did not succeed within " +
+                                            std::to_string(start.ready_timeout.count() / 1000) +
+                                            " s of the start command (last: " +
+                                            (r ? r->status : r.error().message()) + ")");
+    std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 20 ? 50 : 250));
   }
 }
 

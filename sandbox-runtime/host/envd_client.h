@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -54,5 +55,17 @@ using OutputFn = std::function<void(int stream, std::string_view data)>;
 // is gone; kInternal for a malformed reply.
 Result<CommandResult> run_command(runtime::Sandbox& sandbox, const std::string& access_token, const Command& command,
                                   const OutputFn& output);
+
+// A built template's start command from its config JSON (startCmd,
+// readyCmd, user, workdir, env: what the build service writes); nullopt
+// when it has none or the config is not an object.
+std::optional<runtime::StartCommand> start_command_of(const std::string& config_json,
+                                                      std::chrono::milliseconds ready_timeout);
+
+// Starts start.script in the background, then runs start.ready until it
+// exits 0 (every 50 ms, then 250 ms), at most start.ready_timeout from
+// the start: kTimeout naming the last result after that.
+Status start_and_wait_ready(runtime::Sandbox& sandbox, const std::string& access_token,
+                            const runtime::StartCommand& start);
 
 }  // namespace sg::host

@@ -204,41 +204,19 @@ runtime::SandboxSpec SandboxService::new_spec(const SandboxRow& row, const stora
   for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
   spec.envd_access_token = row.envd_token;
   spec.ready_timeout = cfg_.ready_timeout;
+  spec.start = host::start_command_of(t.config, cfg_.start_ready_timeout);
   return spec;
 }
 
-// A built template's start command (process backend: at each create),
-// then its ready command until it succeeds; the create answers once ready.
+// A built template's start command where the runtime does not run it
+// (the process backend: at each create), then its ready command until it
+// succeeds; the create answers once ready.
 Status SandboxService::run_start_command(runtime::Sandbox& sb, const std::string& token,
-                                         const storage::TemplateRow& t) {
-  nlohmann::json config = nlohmann::json::parse(t.config, nullptr, false);
-  if (!config.is_object() || !config.contains("startCmd") || !config["startCmd"].is_string()) return Status::Ok();
-  host::Command start;
-  start.script = config["startCmd"].get<std::string>();
-  start.user = config.value("user", std::string("user"));
-  start.cwd = config.value("workdir", std::string());
-  if (auto env = config.find("env"); env != config.end() && env->is_object())
-    for (auto it = env->begin(); it != env->end(); ++it)
-      if (it->is_string()) start.env.emplace_back(it.key(), it->get<std::string>());
-  start.background = true;
-  Result<host::CommandResult> started = host::run_command(sb, token, start, {});
-  if (!started) return started.error().with_context("template '" + t.name + "': start command");
-  std::string ready = config.value("readyCmd", std::string());
-  if (ready.empty()) return Status::Ok();
-  uint64_t until = sys::monotonic_ns() + static_cast<uint64_t>(cfg_.start_ready_timeout.count()) * 1000000ull;
-  host::Command check = start;
-  check.script = ready;
-  check.background = false;
-  check.timeout = std::chrono::milliseconds(10000);
-  for (int attempt = 0;; ++attempt) {
-    Result<host::CommandResult> r = host::run_command(sb, token, check, {});
-    if (r && r->exit_code == 0) return Status::Ok();
-    if (sys::monotonic_ns() >= until)
-      return Error(ErrorKind::kTimeout, "template '" + t.name + "': its ready command did not succeed within " +
-                                            std::to_string(cfg_.start_ready_timeout.count() / 1000) +
-                                            " s of the start command");
-    std::this_thread::sleep_for(std::chrono::milliseconds(attempt < 20 ? 50 : 250));
-  }
+                                         const runtime::SandboxSpec& spec, const storage::TemplateRow& t) {
+  if (!spec.start || rt_.runs_start_command()) return Status::Ok();
+  if (Status s = host::start_and_wait_ready(sb, token, *spec.start); !s)
+    return s.error().with_context("template '" + t.name + "'");
+  return Status::Ok();
 }
 
 Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, const CreateParams& p) {
@@ -267,7 +245,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
     return sb.error();
   }
-  if (Status s = run_start_command(**sb, row.envd_token, t); !s) {
+  if (Status s = run_start_command(**sb, row.envd_token, spec, t); !s) {
     (void)(*sb)->kill();
     (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
     event(tenant.id, row.id, "create_failed", s.error().message());

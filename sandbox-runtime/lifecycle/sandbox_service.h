@@ -257,7 +257,8 @@ class SandboxService {
   // The in-memory half of move(), for a row already written. REQUIRES(live.op_mu).
   static void enter(Live& live, State to) REQUIRES(live.op_mu);
   storage::SandboxRow new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t, const CreateParams& p);
-  Status run_start_command(runtime::Sandbox& sb, const std::string& token, const storage::TemplateRow& t);
+  Status run_start_command(runtime::Sandbox& sb, const std::string& token, const runtime::SandboxSpec& spec,
+                           const storage::TemplateRow& t);
   runtime::SandboxSpec new_spec(const storage::SandboxRow& row, const storage::TemplateRow& t,
                                 const CreateParams& p) const;
   // A wait-paused sandbox runs before traffic reaches it; a running

@@ -23,10 +23,12 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "sandbox-runtime/channel/control_message.h"
 #include "sandbox-runtime/host/cgroup.h"
+#include "sandbox-runtime/host/envd_client.h"
 #include "sandbox-runtime/host/host_channel.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -461,6 +463,8 @@ class MicrovmRuntime final : public runtime::Runtime {
     return {};
   }
 
+  bool runs_start_command() const override { return cfg_.use_snapshots; }
+
   Status prepare_template(const runtime::SandboxSpec& spec) override {
     auto image = ensure_template_image(spec.rootfs, spec.layers);
     if (!image) return image.error();
@@ -605,6 +609,11 @@ class MicrovmRuntime final : public runtime::Runtime {
       key += p + ":" + std::to_string(st->st_size) + ":" + std::to_string(mtime_ns(*st)) + ";";
     }
     key += std::to_string(spec.memory_mb) + "m" + std::to_string(spec.cpu_count) + "c" + cfg_.extra_cmdline;
+    if (spec.start) {
+      json st = {{"script", spec.start->script}, {"ready", spec.start->ready}, {"user", spec.start->user},
+                 {"cwd", spec.start->cwd}, {"env", spec.start->env}};
+      key += ";start=" + st.dump();
+    }
     std::string name = std::to_string(std::hash<std::string>{}(key)) + "-" + std::to_string(spec.memory_mb) + "m" +
                        std::to_string(spec.cpu_count) + "c";
     std::string snap = cfg_.state_root + "/snapshots/" + name;
@@ -625,8 +634,15 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (Status s = sys::make_dirs(vmdir, 0700); !s) return s.error();
     runtime::SandboxSpec tspec = spec;
     tspec.id = "template";
+    tspec.env.clear();  // a create's own envVars are not the template's
     auto vm = boot_to_ready(tspec, image, vmdir, cfg_.boot_timeout, "template-" + sys::random_hex(6), work);
     if (!vm) return vm.error().with_context("template microVM");
+    if (spec.start)
+      if (Status s = warm_start(**vm, tspec, *spec.start); !s) {
+        (void)(*vm)->kill();
+        (void)sys::remove_tree(vmdir);
+        return s.error();
+      }
     uint64_t t1 = sys::monotonic_ns();
     auto p = (*vm)->vmm("pause", std::chrono::milliseconds(10000));
     if (!p) return p.error();
@@ -641,6 +657,26 @@ class MicrovmRuntime final : public runtime::Runtime {
     LOG_INFO("kvm: template snapshot " << snap << " ready: boot " << (t1 - t0) / 1000000 << " ms, snapshot "
                                        << (sys::monotonic_ns() - t1) / 1000000 << " ms");
     return snap;
+  }
+
+  // A template's start command, run in its template microVM before the
+  // snapshot (E2B's semantics): configured with a token of its own (each
+  // clone is configured again, with its own), the command started, the
+  // ready command run until it exits 0; then one ping, so that the agent
+  // has answered everything before the VM is paused.
+  Status warm_start(MicrovmSandbox& vm, const runtime::SandboxSpec& tspec, const runtime::StartCommand& start) {
+    uint64_t t0 = sys::monotonic_ns();
+    vm.attach_channel(cfg_.open_service);
+    runtime::SandboxSpec cs = tspec;
+    cs.envd_access_token = sys::random_hex(16);
+    if (Status c = configure(vm, cs); !c) return c.error().with_context("template microVM");
+    if (Status s = host::start_and_wait_ready(vm, cs.envd_access_token, start); !s)
+      return s.error().with_context("the template's start command");
+    auto pong = vm.control(R"({"type":"ping","id":1})", std::chrono::milliseconds(30000));
+    if (!pong) return pong.error().with_context("the template microVM after its start command");
+    LOG_INFO("kvm: the template's start command is ready in its microVM after "
+             << (sys::monotonic_ns() - t0) / 1000000 << " ms; snapshotting it running");
+    return {};
   }
 
   Result<std::unique_ptr<MicrovmSandbox>> clone(const runtime::SandboxSpec& spec, const std::string& image,

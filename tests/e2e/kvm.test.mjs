@@ -150,28 +150,39 @@ if (skip) {
   });
 
   // The build's steps run in process sandboxes; before the build is ready
-  // the kvm backend merges its layers into an ext4 image and boots it once
-  // for the snapshot its sandboxes are cloned from.
-  test('a template built here boots as a microVM with its files and its start command', { timeout: 420_000 }, async () => {
+  // the kvm backend merges its layers into an ext4 image, boots it, runs the
+  // start command until the ready command passes, and snapshots it so:
+  // every sandbox of the template is a clone with the server already up.
+  test('a template built here boots as a microVM with its files and its start command already running', { timeout: 420_000 }, async () => {
     const logs = [];
     const tpl = Template().fromTemplate('base')
       .runCmd('echo made by a step > /etc/sg-built && mkdir -p /srv/www && echo served > /srv/www/index.html',
         { user: 'root' })
-      .setStartCmd('python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv/www', waitForPort(8000));
+      .setStartCmd('cat /proc/sys/kernel/random/uuid > /tmp/started-once; ' +
+        'exec python3 -m http.server 8000 --bind 127.0.0.1 --directory /srv/www', waitForPort(8000));
     await Template.build(tpl, 'kvm-built', { ...opts, cpuCount: 2, memoryMB: 512,
       onBuildLogs: (l) => logs.push(String(l.message ?? l)) });
     assert.ok(logs.some((l) => l.includes('Preparing the template for microVMs')), logs.join('\n'));
-    const s = await Sandbox.create('kvm-built', { ...opts, timeoutMs: 300_000 });
-    try {
-      assert.equal(await s.files.read('/etc/sg-built'), 'made by a step\n');
-      // Created once the ready command passed: the server answers now.
-      const r = await s.commands.run('curl -s http://127.0.0.1:8000/index.html', { timeoutMs: 120_000 });
-      assert.equal(r.stdout, 'served\n');
-      // A microVM: the guest image's kernel command line, not the host's.
-      const cmdline = await s.commands.run('cat /proc/cmdline', { timeoutMs: 120_000 });
-      assert.match(cmdline.stdout, /sandgate\.hostname=sandbox/);
-    } finally {
-      await s.kill().catch(() => {});
+    const started = [];
+    for (const env of [{ WHO: 'first' }, { WHO: 'second' }]) {
+      const s = await Sandbox.create('kvm-built', { ...opts, timeoutMs: 300_000, envs: env });
+      try {
+        assert.equal(await s.files.read('/etc/sg-built'), 'made by a step\n');
+        // The server answers: it came up in the template, before the snapshot.
+        const r = await s.commands.run('curl -s http://127.0.0.1:8000/index.html', { timeoutMs: 120_000 });
+        assert.equal(r.stdout, 'served\n');
+        // Each clone has its own token (the SDK's) and environment.
+        assert.equal((await s.commands.run('echo $WHO', { timeoutMs: 120_000 })).stdout, env.WHO + '\n');
+        // A microVM: the guest image's kernel command line, not the host's.
+        const cmdline = await s.commands.run('cat /proc/cmdline', { timeoutMs: 120_000 });
+        assert.match(cmdline.stdout, /sandgate\.hostname=sandbox/);
+        started.push(await s.files.read('/tmp/started-once'));
+      } finally {
+        await s.kill().catch(() => {});
+      }
     }
+    // The start command ran once, in the template, not at each create.
+    assert.match(started[0], /^[0-9a-f-]{36}\n$/);
+    assert.equal(started[1], started[0]);
   });
 }

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <set>
 #include <system_error>
 #include <thread>
@@ -123,7 +124,19 @@ struct Server::Impl {
         procs(r, spawn),
         hub(cfg.watch, &users) {}
 
-  EnvdConfig cfg;
+  EnvdConfig cfg;  // access_token and default_env as at construction: read identity()
+  // The token and environment in force: a microVM cloned from a warm
+  // snapshot is configured again (reconfigure()), while its requests run.
+  struct Identity {
+    std::string access_token;
+    std::vector<std::string> default_env;
+  };
+  std::shared_ptr<const Identity> ident = std::make_shared<const Identity>(Identity{cfg.access_token, cfg.default_env});
+  mutable std::mutex ident_mu;
+  std::shared_ptr<const Identity> identity() const {
+    std::lock_guard lk(ident_mu);
+    return ident;
+  }
   SpawnFn spawn;
   UserDb users;
   ProcessManager procs;
@@ -153,9 +166,10 @@ struct Server::Impl {
   void handle(Conn& c, const Request& r);
   void handle_rpc(Conn& c, const Request& r, const std::string& service, const std::string& method);
   bool check_token(const Request& r) const {
-    if (cfg.access_token.empty()) return true;
+    std::shared_ptr<const Identity> id = identity();
+    if (id->access_token.empty()) return true;
     const std::string* t = r.header("x-access-token");
-    return t && constant_time_equal(*t, cfg.access_token);
+    return t && constant_time_equal(*t, id->access_token);
   }
   RpcResult<User> rpc_user(const Request& r);
 
@@ -216,6 +230,12 @@ Status Server::start() {
     return internal_error(std::string("envd accept thread: ") + e.what());
   }
   return Status::Ok();
+}
+
+void Server::reconfigure(std::string access_token, std::vector<std::string> default_env) {
+  auto id = std::make_shared<const Impl::Identity>(Impl::Identity{std::move(access_token), std::move(default_env)});
+  std::lock_guard lk(impl_->ident_mu);
+  impl_->ident = std::move(id);
 }
 
 void Server::stop() {
@@ -374,7 +394,7 @@ void Server::Impl::handle(Conn& c, const Request& r) {
   if (p == "/files") {
     if (r.method != "GET" && r.method != "HEAD" && r.method != "POST")
       return send_http_error(c, 405, "use GET or POST /files");
-    FilesContext fc{&users, cfg.access_token, cfg.default_user};
+    FilesContext fc{&users, identity()->access_token, cfg.default_user};
     serve_files(c, r, fc);
     return;
   }
@@ -384,7 +404,7 @@ void Server::Impl::handle(Conn& c, const Request& r) {
   }
   if (p == "/envs" && r.method == "GET") {
     json env = json::object();
-    for (auto& kv : cfg.default_env) {
+    for (auto& kv : identity()->default_env) {
       size_t eq = kv.find('=');
       if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
     }
@@ -555,14 +575,15 @@ void Server::Impl::start(Conn& c, const json& req, const CallContext& ctx) {
       }
     env.emplace_back(k, v);
   };
+  std::shared_ptr<const Identity> id = identity();
   std::string path = kDefaultPath;
-  for (auto& kv : cfg.default_env)
+  for (auto& kv : id->default_env)
     if (kv.rfind("PATH=", 0) == 0) path = kv.substr(5);
   set("PATH", path);
   set("HOME", spec.user.home);
   set("USER", spec.user.name);
   set("LOGNAME", spec.user.name);
-  for (auto& kv : cfg.default_env) {
+  for (auto& kv : id->default_env) {
     size_t eq = kv.find('=');
     if (eq != std::string::npos && eq > 0) set(kv.substr(0, eq), kv.substr(eq + 1));
   }

@@ -78,6 +78,11 @@ class Server {
   // keep being driven meanwhile (the processes' statuses are waited for).
   void stop();
   ServerStats stats();
+  // Replaces the access token and the base environment for every request
+  // from now on (requests in flight keep what they began with); processes
+  // already running keep theirs. A microVM cloned from a snapshot taken
+  // with envd running (a template's warm start command) is re-keyed so.
+  void reconfigure(std::string access_token, std::vector<std::string> default_env);
 
   struct Impl;
 
