@@ -2,8 +2,8 @@
 // SDK: a cold build of a 2-step template with a start command (its steps
 // in process sandboxes, then the microVM image and boot snapshot), the same
 // build again (steps cached; image and snapshot kept), create latency
-// (median of 5) from base and from the built template, whose create waits
-// for its start command's server. Run inside the KVM test harness by
+// (median of 5) from base and from the built template, whose server (its
+// start command) answers at once: it runs in the template's snapshot. Run inside the KVM test harness by
 // scripts/bench-kvm.sh (QEMU TCG: emulated timings, for comparing runs and
 // parts, not for real KVM speed); prints "BENCH-RESULT {json}".
 import { test } from 'node:test';
