@@ -55,9 +55,18 @@ Result<struct stat> stat_of(const std::string& path) {
   return st;
 }
 
-// Serialises image builds: two sandgate processes never share a templates
-// dir's writes, but two threads of one may both find the image missing.
-std::mutex image_mu;
+// Serialises the builds of one image: two sandgate processes never share
+// a templates dir's writes, but two threads of one may both find it
+// missing. One lock per image, so that a template's minute of mkfs does
+// not hold up creates from others.
+std::mutex& image_lock(const std::string& image) {
+  static std::mutex map_mu;
+  static std::map<std::string, std::unique_ptr<std::mutex>> locks;
+  std::lock_guard g(map_mu);
+  std::unique_ptr<std::mutex>& m = locks[image];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
 
 // Bytes a directory tree needs on ext4: its blocks plus an inode's worth
 // per entry. Does not follow symlinks or cross into other file systems'
@@ -847,7 +856,7 @@ class MergedTree {
 
 Result<std::string> ensure_rootfs_image(const std::string& rootfs_dir) {
   std::string image = rootfs_dir + ".ext4";
-  std::lock_guard lock(image_mu);
+  std::lock_guard lock(image_lock(image));
   auto marker = stat_of(rootfs_dir + "/.sandgate-template");
   auto img = stat_of(image);
   if (img && (!marker || mtime_ns(*img) >= mtime_ns(*marker))) return image;
@@ -866,7 +875,7 @@ Result<std::string> ensure_template_image(const std::string& rootfs, const std::
   if (layers.empty() && sys::path_exists(rootfs + "/.sandgate-template")) return ensure_rootfs_image(rootfs);
   const std::string& top = layers.empty() ? rootfs : layers.back();
   std::string image = top + ".ext4";
-  std::lock_guard lock(image_mu);
+  std::lock_guard lock(image_lock(image));
   auto img = stat_of(image);
   auto base_marker = stat_of(rootfs + "/.sandgate-template");
   // Layers never change once exported; the base can be rebuilt in place.
