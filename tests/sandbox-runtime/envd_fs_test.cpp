@@ -462,3 +462,29 @@ TEST_CASE("envd /files writes in place like E2B's envd: same inode, no temp file
   CHECK(S_ISREG(l.st_mode));
   CHECK(sg::sys::read_file(env.home + "/link.txt").value() == "new");
 }
+
+TEST_CASE("envd reconfigure: a clone's token and environment replace the template's, for files, RPCs and /envs") {
+  Env env("template-token");
+  (void)sg::sys::write_file(env.home + "/r.txt", "mine");
+  env.server->reconfigure("clone-token", {"SANDBOX_VAR=clone", "PATH=/usr/bin:/bin"});
+  Client c(env.port());
+  auto r = c.request("GET", "/files?path=r.txt", {{"X-Access-Token", "template-token"}});
+  CHECK(r.status == 401);
+  Client c1(env.port());
+  r = c1.request("GET", "/files?path=r.txt", {{"X-Access-Token", "clone-token"}});
+  CHECK(r.status == 200);
+  CHECK(r.body == "mine");
+  // A signature made with the old token no longer opens the file.
+  std::string old_sig = sg::envd::file_signature("r.txt", "read", "", "template-token", std::nullopt);
+  Client c2(env.port());
+  r = c2.request("GET", "/files?path=r.txt&signature=" + qesc(old_sig));
+  CHECK(r.status == 401);
+  Client c3(env.port());
+  r = c3.request("GET", "/envs", {{"X-Access-Token", "clone-token"}});
+  REQUIRE(r.status == 200);
+  CHECK(r.j()["SANDBOX_VAR"] == "clone");
+  r = env.unary("filesystem.Filesystem/Stat", {{"path", "r.txt"}}, {{"X-Access-Token", "template-token"}});
+  CHECK(r.status == 401);
+  r = env.unary("filesystem.Filesystem/Stat", {{"path", "r.txt"}}, {{"X-Access-Token", "clone-token"}});
+  CHECK(r.status == 200);
+}

@@ -477,3 +477,14 @@ TEST_CASE("envd request head over 64 KiB is refused with 431") {
   CHECK(r.status == 431);
   CHECK(r.j()["code"] == 431);
 }
+
+TEST_CASE("envd reconfigure: processes started after it get the new environment; the old token is refused") {
+  Env env("template-token");
+  env.server->reconfigure("clone-token", {"SANDBOX_VAR=clone", "PATH=/usr/local/bin:/usr/bin:/bin"});
+  int status = 0;
+  auto refused = env.stream("process.Process/Start", start_req("true"), {{"X-Access-Token", "template-token"}}, &status);
+  CHECK(status == 401);
+  auto c = env.stream("process.Process/Start", start_req("echo $SANDBOX_VAR"), {{"X-Access-Token", "clone-token"}});
+  Run r = collect(*c);
+  CHECK(r.out == "clone\n");
+}
