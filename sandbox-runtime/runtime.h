@@ -185,8 +185,7 @@ class Sandbox {
   // must not exist) as a template layer that a later spec.layers can name:
   // the sandbox is frozen meanwhile, and ids are shifted back from its
   // user namespace range (process/layer_copy.h). kUnavailable where the
-  // backend cannot (the microVM backend; a process sandbox whose writable
-  // layer is a size-limited disk).
+  // backend cannot (the microVM backend).
   virtual Status export_layer(const std::string& dest) {
     (void)dest;
     return Error(ErrorKind::kUnavailable, "template layers need the process backend");
@@ -225,6 +224,14 @@ class Runtime {
   }
   // Whether create() leaves spec.start running (and ready) in the sandbox.
   virtual bool runs_start_command() const { return false; }
+  // Removes what prepare_template made of a template whose top layer (or
+  // image root, for one without layers) is `root`, once no sandbox uses it
+  // (the template-file collector calls it as it removes root): the bytes
+  // freed.
+  virtual uint64_t drop_template(const std::string& root) {
+    (void)root;
+    return 0;
+  }
 };
 
 }  // namespace sg::runtime

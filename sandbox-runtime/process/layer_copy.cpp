@@ -2,12 +2,14 @@
 #include "sandbox-runtime/process/layer_copy.h"
 
 #include <fcntl.h>
+#include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/xattr.h>
 #include <dirent.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <string_view>
@@ -87,10 +89,21 @@ struct Copier {
     if (!in) return sys::errno_error("open", what);
     UniqueFd out(::openat(dst_dir, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
     if (!out) return sys::errno_error("create", what);
+    // copy_file_range shares extents where it can; between filesystems of
+    // different types (a size-limited layer's ext4 and the host's) it
+    // refuses, and sendfile copies through the page cache. Both move the
+    // descriptors' offsets, so one can take over from the other.
+    bool in_kernel_copy = true;
     for (off_t left = st.st_size; left > 0;) {
-      ssize_t n = ::copy_file_range(in.get(), nullptr, out.get(), nullptr, static_cast<size_t>(left), 0);
+      size_t want = static_cast<size_t>(std::min<off_t>(left, 1 << 30));
+      ssize_t n = in_kernel_copy ? ::copy_file_range(in.get(), nullptr, out.get(), nullptr, want, 0)
+                                 : ::sendfile(out.get(), in.get(), nullptr, want);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) return sys::errno_error("copy_file_range", what);
+      if (n < 0 && in_kernel_copy && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP || errno == ENOSYS)) {
+        in_kernel_copy = false;
+        continue;
+      }
+      if (n < 0) return sys::errno_error(in_kernel_copy ? "copy_file_range" : "sendfile", what);
       if (n == 0) break;  // shrank meanwhile
       left -= n;
     }

@@ -28,6 +28,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -140,20 +141,34 @@ class ProcessSandbox final : public runtime::Sandbox {
   Status export_layer(const std::string& dest) override {
     std::lock_guard<std::mutex> l(mu_);
     if (killed_ || !has_cgroup_) return conflict_error("export the layer of sandbox " + id_ + ": it has been killed");
-    if (!disk_image_.empty())
-      return Error(ErrorKind::kUnavailable, "export the layer of sandbox " + id_ +
-                                                ": its writable layer is a size-limited disk (create it with disk_mb 0)");
     bool was_frozen = false;
     if (auto f = cgroup_.frozen(); f) was_frozen = *f;
     if (Status s = cgroup_.freeze(kFreezeTimeout); !s) return s.error().with_context("export the layer of " + id_);
     IdShift shift;
     if (uid_slots_) shift = IdShift{uid_base_, kUidsPerSandbox};
-    Result<LayerStats> copied = copy_layer(state_dir_ + "/upper", dest, shift);
+    Result<LayerStats> copied = disk_image_.empty() ? copy_layer(state_dir_ + "/upper", dest, shift)
+                                                    : copy_disk_layer(dest, shift);
     if (!was_frozen) {
       if (Status s = cgroup_.thaw(); !s) LOG_ERROR("thaw sandbox " << id_ << " after export: " << s.error().message());
     }
     if (!copied) return copied.error().with_context("export the layer of sandbox " + id_);
     return Status::Ok();
+  }
+
+  // A size-limited layer is mounted in the sandbox's mount namespace only.
+  // Mounting its loop device here as well (while the sandbox is frozen)
+  // reaches the same filesystem, as ext4 shares one superblock per device;
+  // the mount goes, detached, once the copy is made.
+  Result<LayerStats> copy_disk_layer(const std::string& dest, IdShift shift) {
+    std::string mnt = state_dir_ + "/export";
+    std::string node = state_dir_ + "/disk.dev";
+    if (::mkdir(mnt.c_str(), 0700) != 0 && errno != EEXIST) return sys::errno_error("mkdir", mnt);
+    if (::mount(node.c_str(), mnt.c_str(), "ext4", MS_NODEV | MS_NOSUID | MS_NOEXEC, nullptr) != 0)
+      return sys::errno_error("mount the writable layer", node);
+    Result<LayerStats> copied = copy_layer(mnt + "/upper", dest, shift);
+    if (::umount2(mnt.c_str(), MNT_DETACH) != 0) LOG_ERROR("umount " << mnt << ": " << std::strerror(errno));
+    ::rmdir(mnt.c_str());
+    return copied;
   }
 
   bool alive() override {

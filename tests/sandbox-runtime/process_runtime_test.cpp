@@ -1685,6 +1685,45 @@ std::string sh(runtime::Sandbox& s, const runtime::SandboxSpec& spec, const std:
 
 }  // namespace
 
+// A build step's sandbox has a size-limited writable layer (an ext4 image
+// mounted in the sandbox's namespace only): export_layer mounts its loop
+// device on the host for the copy and leaves nothing mounted; the sandbox
+// goes on writing to its disk afterwards.
+TEST_CASE("process runtime: a size-limited writable layer exports as a template layer") {
+  if (!process::writable_disk_available()) {
+    sg::test::skip_case(process::writable_disk_available().error().message());
+  }
+  Env env;
+  test::TempDir layers;
+  runtime::SandboxSpec sa = env.spec(new_id());
+  sa.disk_mb = 32;
+  auto a = env.rt->create(sa);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  sh(**a, sa, "set -e; head -c 3000000 /dev/urandom > /opt/blob; rm /etc/debian_version; mkdir -p /opt/d; "
+              "echo x > /opt/d/f; chown -R user:user /opt/d");
+  std::string sum = sh(**a, sa, "md5sum < /opt/blob");
+  std::string l1 = layers.sub("l1");
+  REQUIRE_MESSAGE((*a)->export_layer(l1), "export");
+  CHECK_FALSE(sys::path_exists(env.cfg.state_root + "/" + sa.id + "/export"));
+  CHECK(sys::read_file("/proc/self/mountinfo")->find(sa.id) == std::string::npos);
+  struct stat st;
+  REQUIRE(::stat((l1 + "/opt/d/f").c_str(), &st) == 0);
+  CHECK(st.st_uid == 1000);
+  REQUIRE(::lstat((l1 + "/etc/debian_version").c_str(), &st) == 0);
+  CHECK(S_ISCHR(st.st_mode));  // a whiteout
+  CHECK(sh(**a, sa, "echo more > /opt/more && cat /opt/more") == "more\n");
+  REQUIRE((*a)->kill());
+
+  runtime::SandboxSpec sb = env.spec(new_id());
+  sb.layers = {l1};
+  auto b = env.rt->create(sb);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  CHECK(sh(**b, sb, "md5sum < /opt/blob") == sum);
+  CHECK(sh(**b, sb, "test -e /etc/debian_version && echo present || echo gone; stat -c %U /opt/d/f") ==
+        "gone\nuser\n");
+  REQUIRE((*b)->kill());
+}
+
 // Template layers (issue 19): a sandbox's writable layer exported with
 // export_layer() is a lower layer of the next sandbox: files, deletions
 // (whiteouts), a directory replaced whole (opaque), owners, links.
