@@ -473,6 +473,7 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, network::EgressPol
   c.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
   c.waits = wait_config(cfg, memory_offload, pressure);
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
+  c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   return c;
 }
 
@@ -523,6 +524,7 @@ TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& s
     if (Status s = b.steps_runtime->cleanup_stale(); !s) LOG_WARN("build sandboxes' cleanup: " << s.error().message());
     steps = b.steps_runtime.get();
     bc.prepare_template = [&rt](const runtime::SandboxSpec& spec) { return rt.prepare_template(spec); };
+    bc.drop_prepared = [&rt](const std::string& root) { return rt.drop_template(root); };
     LOG_INFO("template builds: steps run in process sandboxes (cgroup parent " << pc.cgroup_parent
                                                                              << "), templates boot as microVMs");
   }
@@ -534,6 +536,7 @@ TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& s
   bc.sandbox_disk_mb = cfg.sandbox_disk_mb;
   bc.tenant_max_bytes = cfg.template_storage_mb << 20;
   bc.build_timeout = std::chrono::seconds(cfg.template_build_timeout_s);
+  bc.ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   b.service = std::make_unique<builds::BuildService>(store, *steps, std::move(bc));
   return b;
 }

@@ -44,6 +44,7 @@ struct AppConfig {
   size_t template_builds = 4;            // per tenant, queued or running
   int64_t template_storage_mb = 50 * 1024;  // per tenant: layers, uploads, image roots
   int64_t template_build_timeout_s = 1800;
+  int64_t template_ready_timeout_s = 60;  // a start command's ready command, at build end and at create
   int worker_threads = 8;
   bool local_tenant = true;  // create tenant "local" and print its key
   // If set, GET /metrics requires "Authorization: Bearer <token>" with the

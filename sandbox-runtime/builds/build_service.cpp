@@ -395,7 +395,9 @@ class BuildService::Run {
     sp.cpu_count = static_cast<uint32_t>(build_.cpu_count);
     sp.memory_mb = static_cast<uint64_t>(build_.memory_mb);
     sp.max_pids = 4096;
-    sp.disk_mb = 0;  // export_layer needs the writable layer as a host directory
+    // Each step's writes are bounded as a sandbox's are: a step that fills
+    // its layer fails with ENOSPC, not the host's disk.
+    sp.disk_mb = static_cast<uint64_t>(svc_.cfg_.sandbox_disk_mb);
     for (const auto& [k, v] : ctx_.env) sp.env.emplace_back(k, v);
     for (const auto& kv : svc_.cfg_.sandbox_env) sp.env.push_back(kv);
     sp.envd_access_token = sys::random_hex(16);
@@ -662,6 +664,15 @@ Status validate(const BuildSpec& s) {
       return invalid_error(where + ": unknown step type (RUN, COPY, ENV, WORKDIR and USER are built)");
     }
   }
+  // Each RUN and COPY makes a layer: more than a sandbox holds is refused
+  // now, not after the first 64 have been built (layers of a fromTemplate
+  // base are checked as the steps run).
+  size_t layers = static_cast<size_t>(
+      std::count_if(s.steps.begin(), s.steps.end(), [](const Step& st) { return st.type == "RUN" || st.type == "COPY"; }));
+  if (layers > runtime::kMaxTemplateLayers)
+    return invalid_error("the steps would make " + std::to_string(layers) + " layers (each RUN and COPY makes one); " +
+                         "a template holds at most " + std::to_string(runtime::kMaxTemplateLayers) +
+                         ": join RUN steps with &&");
   return Status::Ok();
 }
 
@@ -769,10 +780,8 @@ Result<uint64_t> BuildService::collect_garbage() {
       LOG_WARN("template files: remove " << f.path << ": " << s.error().message());
       continue;
     }
-    // The microVM image made of it (microvm::ensure_template_image), if any.
-    struct stat ist;
-    if (::stat((f.path + ".ext4").c_str(), &ist) == 0 && ::unlink((f.path + ".ext4").c_str()) == 0)
-      freed += static_cast<uint64_t>(ist.st_blocks) * 512;
+    // What the kvm backend made of it (its image and snapshots), if any.
+    if (cfg_.drop_prepared) freed += cfg_.drop_prepared(f.path);
     if (Status s = store_.drop_template_file(f.path); !s) return s.error();
     freed += static_cast<uint64_t>(f.bytes);
   }

@@ -71,11 +71,11 @@ struct BuildConfig {
   std::string data_dir;  // layers in data_dir/layers, uploads in data_dir/template-files
   size_t workers = 1;  // 0: none (builds queue and never run; tests of the bookkeeping)
   // A built template's diskSizeMB: its sandboxes' writable layer limit, as
-  // base's (build steps themselves run without one: see spec()).
+  // base's; each build step's writable layer has the same limit.
   int64_t sandbox_disk_mb = 1024;
   std::chrono::seconds step_timeout{600};
   std::chrono::seconds build_timeout{1800};
-  std::chrono::seconds ready_timeout{120};  // a start command's ready command
+  std::chrono::seconds ready_timeout{60};  // a start command's ready command
   uint64_t max_upload_bytes = 256ull << 20;
   std::chrono::seconds upload_link_ttl{3600};
   // The fromImage E2B's SDKs default to; built from the base template.
@@ -102,6 +102,9 @@ struct BuildConfig {
   // is ready (Runtime::prepare_template: the kvm backend's image and
   // snapshot); unset where the steps' runtime is the sandboxes' own.
   std::function<Status(const runtime::SandboxSpec&)> prepare_template;
+  // Removes what prepare_template made of a template file the collector
+  // removes (Runtime::drop_template): bytes freed. Unset: nothing to do.
+  std::function<uint64_t(const std::string&)> drop_prepared;
 };
 
 class BuildService {

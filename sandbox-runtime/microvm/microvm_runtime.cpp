@@ -483,6 +483,44 @@ class MicrovmRuntime final : public runtime::Runtime {
     return {};
   }
 
+  // The image and every snapshot made of it (each snapshot names its image
+  // in the file "image").
+  uint64_t drop_template(const std::string& root) override {
+    std::string image = root + ".ext4";
+    std::string dir = cfg_.state_root + "/snapshots";
+    std::vector<std::string> names;
+    if (DIR* d = ::opendir(dir.c_str())) {
+      while (struct dirent* e = ::readdir(d)) {
+        std::string n = e->d_name;
+        if (n[0] == '.' || n.find('.') != std::string::npos) continue;  // ., .., *.partial, *.boot
+        Result<std::string> of = sys::read_file(dir + "/" + n + "/image");
+        if (of && *of == image) names.push_back(n);
+      }
+      ::closedir(d);
+    }
+    uint64_t freed = 0;
+    for (const std::string& n : names) {
+      std::mutex* mu;
+      {
+        std::lock_guard lock(map_mu_);
+        mu = &snapshot_mu_[n];
+      }
+      std::lock_guard lock(*mu);
+      std::string snap = dir + "/" + n;
+      uint64_t bytes = sys::disk_usage(snap);
+      if (Status s = sys::remove_tree(snap); !s) {
+        LOG_WARN("kvm: remove snapshot " << snap << ": " << s.error().message());
+        continue;
+      }
+      freed += bytes;
+      LOG_INFO("kvm: removed snapshot " << snap << " of " << image);
+    }
+    std::lock_guard lock(image_lock(image));
+    struct stat st;
+    if (::stat(image.c_str(), &st) == 0 && ::unlink(image.c_str()) == 0) freed += static_cast<uint64_t>(st.st_blocks) * 512;
+    return freed;
+  }
+
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
     auto image = ensure_template_image(spec.rootfs, spec.layers);
@@ -662,6 +700,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     // A jailed template VMM wrote the files as its uid, which the next VMM
     // may get: they become root's.
     if (Status o = own_by_root(work); !o) return o.error();
+    if (Status w = sys::write_file(work + "/image", image); !w) return w.error();  // for drop_template
     if (::rename(work.c_str(), snap.c_str()) != 0) return sys::errno_error("rename", work);
     LOG_INFO("kvm: template snapshot " << snap << " ready: boot " << (t1 - t0) / 1000000 << " ms, snapshot "
                                        << (sys::monotonic_ns() - t1) / 1000000 << " ms");

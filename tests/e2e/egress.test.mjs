@@ -8,7 +8,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { Sandbox, SandboxNotFoundError } from 'e2b';
+import { Sandbox, SandboxNotFoundError, Template } from 'e2b';
 import { startSandgate } from './server.mjs';
 
 let server, opts, allowed, closed, originA, originB, urlA, urlB;
@@ -107,5 +107,18 @@ test('updateNetwork replaces the policy: new connections follow it, open tunnels
     await assert.rejects(Sandbox.updateNetwork('aaaaaaaaaaaaaaaaaaaa', {}, opts), SandboxNotFoundError);
   } finally {
     await sbx.kill().catch(() => {});
+  }
+});
+
+test('a template build\'s steps download through the proxy; its sandboxes keep what they fetched', async () => {
+  await Template.build(Template().fromTemplate('base').runCmd(`curl -sSf ${urlA}/package -o /opt/package`,
+    { user: 'root' }), 'tpl-egress', opts);
+  const sbx = await Sandbox.create('tpl-egress', { ...opts, allowInternetAccess: false });
+  try {
+    assert.equal(await sbx.files.read('/opt/package'), 'origin 127.0.0.2 saw GET /package');
+    // The sandbox itself has no way out.
+    assert.equal(await code(sbx, `${urlA}/again`), '403');
+  } finally {
+    await sbx.kill();
   }
 });

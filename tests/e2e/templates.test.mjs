@@ -236,6 +236,11 @@ sys.stdout.buffer.write(b.getvalue())`]);
     { fromTemplate: 'base', steps: [{ type: 'COPY', args: ['a', '/b'] }] });
   assert.equal(bad2.status, 400);
   assert.match(bad2.body.message, /filesHash/);
+  // More RUN and COPY steps than a template's 64 layers.
+  const bad3 = await api('POST', `/v2/templates/${templateID}/builds/${buildID}`,
+    { fromTemplate: 'base', steps: Array.from({ length: 65 }, (_, i) => ({ type: 'RUN', args: [`echo ${i}`] })) });
+  assert.equal(bad3.status, 400);
+  assert.match(bad3.body.message, /the steps would make 65 layers .*a template holds at most 64: join RUN steps with &&/);
   // The climbing tar: tar refuses the member, the step fails with its log.
   const start = await fetch(opts.apiUrl + `/v2/templates/${templateID}/builds/${buildID}`, {
     method: 'POST', headers: { 'X-API-KEY': opts.apiKey, 'Content-Type': 'application/json' },
@@ -316,6 +321,67 @@ test('a build past its time limit fails with a clear error', async () => {
       return true;
     });
     assert.ok(Date.now() - t0 < 30000, `the limit took ${Date.now() - t0} ms to act`);
+  } finally {
+    await own.stop();
+  }
+});
+
+test('a build step has the sandboxes\' disk limit: one that fills it fails with ENOSPC, one within it is kept', async (t) => {
+  const own = await startSandgate(['--sandbox-disk-mb', '32']);
+  try {
+    // No disk limits here at all (no loop devices): / is the host's filesystem.
+    const probe = await Sandbox.create('base', own.opts);
+    const kib = Number((await probe.commands.run("df -Pk / | awk 'NR==2 {print $2}'")).stdout.trim());
+    await probe.kill();
+    if (kib > 4 * 1024 * 1024) {
+      t.skip(`no disk limit on this host (/ is ${kib} KiB; loop devices missing?)`);
+      return;
+    }
+    const fill = Template().fromTemplate('base').runCmd('dd if=/dev/zero of=/home/user/fill bs=1M count=64');
+    const logs = [];
+    await assert.rejects(Template.build(fill, 'tpl-fill', { ...own.opts, onBuildLogs: (l) => logs.push(l.message) }),
+      (e) => {
+        assert.ok(e instanceof BuildError, String(e));
+        assert.match(e.message, /exit status 1/);
+        return true;
+      });
+    const text = logs.join('\n');
+    assert.match(text, /RUN dd if=\/dev\/zero/);
+    assert.match(text, /No space left on device/);
+    await Template.build(Template().fromTemplate('base').runCmd('dd if=/dev/zero of=/home/user/kept bs=1M count=8'),
+      'tpl-within', own.opts);
+    const sbx = await Sandbox.create('tpl-within', own.opts);
+    try {
+      assert.equal((await sbx.commands.run('stat -c %s /home/user/kept')).stdout.trim(), String(8 << 20));
+    } finally {
+      await sbx.kill();
+    }
+  } finally {
+    await own.stop();
+  }
+});
+
+test('a ready command that never succeeds fails the build, or the create, after --template-ready-timeout; nothing is left', async () => {
+  const own = await startSandgate(['--template-ready-timeout', '2']);
+  try {
+    await assert.rejects(Template.build(Template().fromTemplate('base').setStartCmd('sleep infinity', 'false'),
+      'tpl-never-ready', own.opts), (e) => {
+      assert.ok(e instanceof BuildError, String(e));
+      assert.match(e.message, /the ready command 'false' did not succeed within 2 s of the start command/);
+      return true;
+    });
+    // Ready at build, not at a create whose environment says otherwise.
+    await Template.build(Template().fromTemplate('base').setStartCmd('sleep infinity', 'test -z "$NOT_READY"'),
+      'tpl-ready-env', own.opts);
+    await assert.rejects(Sandbox.create('tpl-ready-env', { ...own.opts, envs: { NOT_READY: '1' } }),
+      /template 'tpl-ready-env': its ready command did not succeed within 2 s of the start command/);
+    assert.deepEqual(await Sandbox.list(own.opts).nextItems(), []);
+    const sbx = await Sandbox.create('tpl-ready-env', own.opts);
+    try {
+      assert.equal((await sbx.commands.run('pgrep -x sleep >/dev/null && echo running')).stdout, 'running\n');
+    } finally {
+      await sbx.kill();
+    }
   } finally {
     await own.stop();
   }

@@ -155,3 +155,39 @@ TEST_CASE("check_guest_dir names the missing file and the command that builds it
   REQUIRE(sys::write_file(dir.path() + "/initramfs.cpio", "x"));
   CHECK(microvm::check_guest_dir(dir.path()));
 }
+
+// The collector's hook (Runtime::drop_template): a template's image and the
+// snapshots made of it go; another template's, and snapshots being built,
+// stay.
+TEST_CASE("drop_template removes a template's image and its snapshots, nothing else") {
+  test::TempDir dir;
+  microvm::MicrovmConfig cfg;
+  cfg.state_root = dir.sub("state");
+  std::unique_ptr<runtime::Runtime> rt = microvm::make_microvm_runtime(cfg);
+  std::string layer = dir.sub("layers/aa"), other = dir.sub("layers/bb");
+  REQUIRE(sys::make_dirs(dir.sub("layers"), 0755));
+  std::string snaps = cfg.state_root + "/snapshots";
+  auto snapshot = [&](const std::string& name, const std::string& image) {
+    REQUIRE(sys::make_dirs(snaps + "/" + name, 0700));
+    REQUIRE(sys::write_file(snaps + "/" + name + "/memory", std::string(64 << 10, 'm')));
+    if (!image.empty()) REQUIRE(sys::write_file(snaps + "/" + name + "/image", image));
+  };
+  REQUIRE(sys::write_file(layer + ".ext4", std::string(128 << 10, 'i')));
+  REQUIRE(sys::write_file(other + ".ext4", "other"));
+  snapshot("111-512m2c", layer + ".ext4");
+  snapshot("222-1024m1c", layer + ".ext4");
+  snapshot("333-512m2c", other + ".ext4");
+  snapshot("444-512m2c", "");  // made before snapshots named their image
+  snapshot("555-512m2c.partial", layer + ".ext4");
+
+  uint64_t freed = rt->drop_template(layer);
+  CHECK(freed >= (128u << 10) + 2 * (64u << 10));
+  CHECK_FALSE(sys::path_exists(layer + ".ext4"));
+  CHECK_FALSE(sys::path_exists(snaps + "/111-512m2c"));
+  CHECK_FALSE(sys::path_exists(snaps + "/222-1024m1c"));
+  CHECK(sys::path_exists(snaps + "/333-512m2c/memory"));
+  CHECK(sys::path_exists(snaps + "/444-512m2c/memory"));
+  CHECK(sys::path_exists(snaps + "/555-512m2c.partial/memory"));
+  CHECK(sys::path_exists(other + ".ext4"));
+  CHECK(rt->drop_template(layer) == 0);  // again: nothing left to remove
+}
