@@ -3,7 +3,11 @@
 
 #include <signal.h>
 #include <sys/resource.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <sys/socket.h>
@@ -11,6 +15,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -32,12 +37,15 @@
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/batch_writer.h"
 #include "storage/store.h"
+#include "base/fd.h"
 #include "base/log.h"
 #include "base/sys.h"
 #include "tenancy/api_key.h"
 #include "tenancy/llm_keys.h"
 #include "tenancy/rate_limiter.h"
 #include "tenancy/tenants.h"
+
+extern char** environ;
 
 namespace sg::gateway {
 
@@ -235,6 +243,150 @@ Result<std::string> ensure_base_template(const std::string& templates_dir) {
 }
 
 namespace {
+// Layers are stored in template rows: absolute, whatever the cwd.
+std::string absolute_dir(const std::string& dir) {
+  char buf[PATH_MAX];
+  return ::realpath(dir.c_str(), buf) ? std::string(buf) : dir;
+}
+}  // namespace
+
+Result<std::vector<std::string>> ensure_code_interpreter_template(const std::string& templates_dir_in) {
+  if (Status s = sys::make_dirs(templates_dir_in); !s) return s.error();
+  std::string templates_dir = absolute_dir(templates_dir_in);
+  std::string base = templates_dir + "/base", dir = templates_dir + "/" + kCodeInterpreterTemplate;
+  if (std::vector<std::string> l = templates::code_interpreter_layers(base, dir); !l.empty()) return l;
+  std::string lock_path = dir + ".lock";
+  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!lock) return sys::errno_error("open", lock_path);
+  if (::flock(lock.get(), LOCK_EX) != 0) return sys::errno_error("flock", lock_path);
+  std::cerr << "sandgate: building the code interpreter template (" << kCodeInterpreterTemplate
+            << ": Jupyter's Python kernel, numpy, pandas, matplotlib, TypeScript; apt) into " << dir
+            << "; this runs once and takes a few minutes\n";
+  uint64_t t0 = sys::monotonic_ns();
+  Result<std::vector<std::string>> layers =
+      templates::ensure_code_interpreter_layers(base, dir, [&](const std::string& line) {
+        if (line.rfind("I: ", 0) == 0 || line.rfind("E: ", 0) == 0 || line.rfind("W: ", 0) == 0 ||
+            line.rfind("Need to get", 0) == 0)
+          std::cerr << "  [" << kCodeInterpreterTemplate << "] " << line << "\n";
+      });
+  if (!layers) return layers.error();
+  std::cerr << "sandgate: " << kCodeInterpreterTemplate << " ready in " << (sys::monotonic_ns() - t0) / 1000000000ull
+            << " s\n";
+  return layers;
+}
+
+namespace {
+
+// The code interpreter template's row: the base with its layers, the
+// interpreter server as its start command (ready when its default Python
+// kernel is), 2 vCPUs and 1 GiB as E2B's.
+Status register_code_interpreter(storage::Store& store, const std::string& base, const std::vector<std::string>& layers,
+                                 const std::string& status, int64_t disk_mb) {
+  Result<std::optional<storage::TemplateRow>> existing = store.find_template("", kCodeInterpreterTemplate);
+  if (!existing) return existing.error();
+  storage::TemplateRow t;
+  if (*existing) {
+    t = **existing;
+  } else {
+    t.id = lifecycle::new_sandbox_id();
+    t.name = kCodeInterpreterTemplate;
+    t.created_at = sys::unix_seconds();
+  }
+  t.status = status;
+  t.rootfs_path = base;
+  t.cpu_count = 2;
+  t.memory_mb = 1024;
+  t.disk_size_mb = disk_mb;
+  t.layers = nlohmann::json(layers).dump();
+  t.config = nlohmann::json{{"user", "user"},
+                            {"workdir", "/home/user"},
+                            {"env", nlohmann::json::object()},
+                            {"startCmd", templates::kCodeInterpreterStart},
+                            {"readyCmd", templates::kCodeInterpreterReady}}
+                 .dump();
+  t.updated_at = sys::unix_seconds();
+  return store.upsert_template(t);
+}
+
+// The code interpreter template at start: registered if built; otherwise
+// (--code-interpreter auto) built by a child sandgate (`template build
+// code-interpreter-v1`, its progress on this server's stderr) while the
+// template answers 503 "building"; poll() registers it when the child ends.
+// Destruction stops a build still running (its process group).
+class CodeInterpreterTemplate {
+ public:
+  CodeInterpreterTemplate(const AppConfig& cfg, storage::Store& store)
+      : cfg_(cfg), store_(store), templates_dir_(absolute_dir(cfg.templates_dir)) {}
+  CodeInterpreterTemplate(const CodeInterpreterTemplate&) = delete;
+  CodeInterpreterTemplate& operator=(const CodeInterpreterTemplate&) = delete;
+  ~CodeInterpreterTemplate() {
+    if (pid_ <= 0) return;
+    ::kill(-pid_, SIGTERM);
+    int st = 0;
+    while (::waitpid(pid_, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+
+  Status start() {
+    if (cfg_.code_interpreter == "off") return Status::Ok();
+    std::string base = templates_dir_ + "/base";
+    std::vector<std::string> layers =
+        templates::code_interpreter_layers(base, templates_dir_ + "/" + kCodeInterpreterTemplate);
+    if (!layers.empty()) return register_code_interpreter(store_, base, layers, "ready", cfg_.sandbox_disk_mb);
+    if (Status s = register_code_interpreter(store_, base, {}, "building", cfg_.sandbox_disk_mb); !s) return s;
+    std::string exe = exe_dir() + "/sandgate";
+    std::vector<std::string> args = {exe, "template", "build", kCodeInterpreterTemplate, "--templates-dir",
+                                      templates_dir_};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+    int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, &attr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+      pid_ = 0;
+      return Error(ErrorKind::kInternal, "start the code interpreter template's build: " + std::string(std::strerror(rc)));
+    }
+    LOG_INFO("template " << kCodeInterpreterTemplate << ": building it in the background (pid " << pid_
+                          << "); its creates answer 503 until it is ready");
+    return Status::Ok();
+  }
+
+  // From the sweep: registers the template once its build has ended.
+  void poll() {
+    if (pid_ <= 0) return;
+    int st = 0;
+    pid_t r = ::waitpid(pid_, &st, WNOHANG);
+    if (r == 0 || (r < 0 && errno == EINTR)) return;
+    pid_ = 0;
+    std::string base = templates_dir_ + "/base";
+    std::vector<std::string> layers =
+        templates::code_interpreter_layers(base, templates_dir_ + "/" + kCodeInterpreterTemplate);
+    if (r < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0 || layers.empty()) {
+      LOG_ERROR("template " << kCodeInterpreterTemplate << ": its build failed (see the lines above); "
+                            "`sandgate template build code-interpreter-v1` retries it");
+      (void)register_code_interpreter(store_, base, {}, "failed", cfg_.sandbox_disk_mb);
+      return;
+    }
+    if (Status s = register_code_interpreter(store_, base, layers, "ready", cfg_.sandbox_disk_mb); !s)
+      LOG_ERROR("template " << kCodeInterpreterTemplate << ": " << s.error().message());
+    else
+      LOG_INFO("template " << kCodeInterpreterTemplate << " is ready");
+  }
+
+ private:
+  const AppConfig& cfg_;
+  storage::Store& store_;
+  const std::string templates_dir_;
+  pid_t pid_ = 0;
+};
 
 // The start-up steps of serve(), in its order. Each returns what serve()
 // prints (after "sandgate: ") before it exits 1.
@@ -671,6 +823,8 @@ int serve(const AppConfig& cfg_in) {
   if (!use_kvm) return fail(use_kvm.error());
   Result<std::unique_ptr<storage::Store>> store = open_store(cfg);
   if (!store) return fail(store.error());
+  CodeInterpreterTemplate code_interpreter(cfg, **store);
+  if (Status s = code_interpreter.start(); !s) return fail(s.error());
 
   // Each sandbox's egress policy, written by the lifecycle core and the
   // builds, read by the egress proxy (which listens for changes).
@@ -725,6 +879,7 @@ int serve(const AppConfig& cfg_in) {
   std::function<void()> sweep;
   sweep = [&] {
     sandboxes.tick();
+    code_interpreter.poll();
     server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
   };
   server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 
@@ -81,6 +82,10 @@ struct AppConfig {
   // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
   // and mkfs.ext4 are available, "on" (a create fails without them), "off".
   std::string disk_limit = "auto";
+  // The code interpreter template (code-interpreter-v1): "auto" builds it
+  // in the background at start when it is missing (apt, a few minutes;
+  // creates of it answer 503 meanwhile), "off" leaves it out.
+  std::string code_interpreter = "auto";
   // Sandbox root as an unprivileged host uid range on the process backend
   // (sandbox-runtime/process/userns.h): "auto", "on", "off".
   std::string user_namespaces = "auto";
@@ -104,5 +109,14 @@ std::string cgroup_lock_name(const std::string& parent);
 // Ensures the base template exists under templates_dir (building it with
 // progress on stderr if missing). Returns its rootfs path.
 Result<std::string> ensure_base_template(const std::string& templates_dir);
+
+// The code interpreter SDKs' default template (docs/code-interpreter.md).
+inline constexpr const char* kCodeInterpreterTemplate = "code-interpreter-v1";
+
+// Ensures the code interpreter template's layers under
+// templates_dir/code-interpreter-v1 (building what is missing, with
+// progress on stderr; one builder at a time per templates dir, the others
+// wait on a lock). Returns its layers, lowest first.
+Result<std::vector<std::string>> ensure_code_interpreter_template(const std::string& templates_dir);
 
 }  // namespace sg::gateway

@@ -110,6 +110,11 @@ serve options:
                                 its template's disk size (a loop-mounted ext4
                                 image; auto: where loop devices and mkfs.ext4
                                 are available; default auto)
+  --code-interpreter auto|off   the code-interpreter-v1 template (E2B's code
+                                interpreter SDKs' default): auto builds it in
+                                the background when missing (apt, a few
+                                minutes; its creates answer 503 meanwhile);
+                                default auto
   --sandbox-disk-mb N           the base template's disk size (16-1048576 MiB,
                                 default 1024)
   --template-builds N           template builds a tenant may have queued or
@@ -360,6 +365,7 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
     std::string& out;
   };
   for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
+                             ChoiceOpt{"code-interpreter", {"auto", "off"}, cfg.code_interpreter},
                              ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
                              ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
                              ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
@@ -461,12 +467,19 @@ int run_kvm(const std::vector<std::string>& p, std::ostream& out, std::ostream& 
 
 int run_template(const std::vector<std::string>& p, Args& a, const std::string& data_dir, std::ostream& out,
                  std::ostream& err) {
-  if (p.size() != 2 || (p[1] != "build" && p[1] != "image")) {
-    err << "usage: sandgate template build|image [--templates-dir DIR]\n";
+  bool interpreter = p.size() == 3 && p[1] == "build" && p[2] == kCodeInterpreterTemplate;
+  if ((p.size() != 2 && !interpreter) || (p[1] != "build" && p[1] != "image")) {
+    err << "usage: sandgate template build|image [--templates-dir DIR]\n"
+           "       sandgate template build code-interpreter-v1 [--templates-dir DIR]\n";
     return 2;
   }
   std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
   Result<std::string> r = ensure_base_template(dir);
+  if (r && interpreter) {
+    Result<std::vector<std::string>> layers = ensure_code_interpreter_template(dir);
+    if (!layers) r = layers.error();
+    else r = layers->back();
+  }
   if (r && p[1] == "image") r = microvm::ensure_rootfs_image(*r);
   if (!r) {
     err << "sandgate: " << r.error().message() << "\n";
@@ -587,7 +600,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
       "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)

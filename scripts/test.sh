@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, builds everything
 # (debug, with tests) and runs every test with CTest. The base template the
-# integration tests use is built once into the build tree (debootstrap,
-# about a minute on first run) before the tests start, so tests never race
-# to build it.
+# integration tests use, and the code interpreter's, are built once into
+# the build tree (debootstrap and apt, about two minutes on first run)
+# before the tests start, so tests never race to build them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +17,9 @@ scripts/python-venv.sh build/debug
 cmake --preset debug -DSANDGATE_TESTS=ON >/dev/null
 cmake --build --preset debug -j"$(nproc)"
 build/debug/bin/sandgate template build --templates-dir build/debug/tests-rootfs
+# The code interpreter template (apt over base, about a minute first; then
+# cached): built here so that no test server builds it on its own.
+build/debug/bin/sandgate template build code-interpreter-v1 --templates-dir build/debug/tests-rootfs
 # microVMs boot the template as an ext4 image and the guest image (kernel +
 # initramfs, from Debian packages); both are cached.
 build/debug/bin/sandgate template image --templates-dir build/debug/tests-rootfs >/dev/null

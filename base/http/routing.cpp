@@ -64,6 +64,16 @@ Result<std::optional<ProxyTarget>> route_to_sandbox(const HttpRequest& head, con
   return std::optional<ProxyTarget>(ProxyTarget{host_id, *port});
 }
 
+HttpResponse port_unanswered(const ProxyTarget& target) {
+  std::string msg = "no answer from port " + std::to_string(target.port) + " in the sandbox (nothing listening?)";
+  if (target.port != kCodeInterpreterPort) return sandbox_unavailable(target.sandbox_id, msg);
+  msg = "no answer from port 49999 in sandbox " + target.sandbox_id +
+        ": nothing serves the code interpreter there (it runs in sandboxes of the template code-interpreter-v1, "
+        "the code interpreter SDKs' default)";
+  nlohmann::json j = {{"sandboxId", target.sandbox_id}, {"message", msg}, {"code", 404}};
+  return json_body(404, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
 HttpResponse sandbox_unavailable(const std::string& sandbox_id, const std::string& message) {
   nlohmann::json j = {{"sandboxId", sandbox_id}, {"message", message}, {"code", 502}};
   return json_body(502, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));

@@ -34,4 +34,13 @@ Result<std::optional<ProxyTarget>> route_to_sandbox(const HttpRequest& head, con
 // 502 {"sandboxId": ..., "message": ..., "code": 502}.
 HttpResponse sandbox_unavailable(const std::string& sandbox_id, const std::string& message);
 
+// The code interpreter SDKs' port (E2B's Jupyter server).
+inline constexpr uint16_t kCodeInterpreterPort = 49999;
+
+// The answer when a port of a live sandbox does not answer: 502 as E2B's,
+// except for the code interpreter's port, which is 404 naming the template
+// that has it: the SDKs read 502 as "the sandbox timed out", which misleads
+// runCode on a sandbox without the interpreter.
+HttpResponse port_unanswered(const ProxyTarget& target);
+
 }  // namespace sg::http

@@ -566,7 +566,8 @@ asio::awaitable<void> Conn::run_proxy(std::shared_ptr<Stream> s) {
     co_await bhttp::async_read_header(*s->up, ubuf, *resp, asio::redirect_error(asio::use_awaitable, ec));
     if (s->closed || dead) co_return;
     if (ec) {
-      fail("no answer from port " + std::to_string(target.port) + " in the sandbox (nothing listening?)");
+      respond(*s, port_unanswered(target));
+      start_discard(*s);
       co_return;
     }
     unsigned code = resp->get().result_int();

@@ -400,8 +400,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   if (req.method() == bhttp::verb::head) resp.skip(true);
   co_await bhttp::async_read_header(up, ubuf, resp, asio::redirect_error(asio::use_awaitable, ec));
   if (ec)
-    co_return co_await answer(sandbox_unavailable(
-        target.sandbox_id, "no answer from port " + std::to_string(target.port) + " in the sandbox (nothing listening?)"));
+    co_return co_await answer(port_unanswered(target));
   auto& res = resp.get();
   if (upgrade && res.result() == bhttp::status::switching_protocols) {
     bhttp::serializer<false, bhttp::buffer_body> rs(res);

@@ -7,11 +7,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -284,6 +286,126 @@ Status build_base_rootfs(const std::string& dest_dir, const std::function<void(c
   if (Status f = finalize_rootfs(partial); !f) return f.error().with_context("build template " + dest_dir);
   if (::rename(partial.c_str(), dest_dir.c_str()) != 0) return sys::errno_error("rename", partial + " to " + dest_dir);
   return Status::Ok();
+}
+
+namespace {
+
+// The packages the code interpreter adds to base: E2B's code-interpreter
+// image offers these where Debian packages them (its pip-only ones are not
+// here; `pip install` works in a sandbox).
+const std::vector<std::string> kInterpreterPackages = {
+    "python3-ipykernel", "python3-jupyter-client", "python3-matplotlib-inline", "python3-numpy", "python3-pandas",
+    "python3-matplotlib", "python3-scipy", "python3-seaborn", "python3-requests", "python3-bs4", "python3-openpyxl",
+    "python3-sympy", "python3-pil", "python3-yaml", "python3-tabulate", "node-typescript"};
+
+// The base template's identity: its marker's creation time.
+std::string base_identity(const std::string& base_dir) {
+  auto text = sys::read_file(base_dir + "/" + kMarkerFile, 64 * 1024);
+  if (!text) return "";
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) return "";
+  return std::to_string(j.value("format", 0)) + ":" + std::to_string(j.value("created", int64_t{0}));
+}
+
+std::string files_hash() {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (const auto& [name, content] : code_interpreter_files())
+    for (const std::string* part : {&name, &content}) {
+      for (unsigned char c : *part) h = (h ^ c) * 1099511628211ull;
+      h = (h ^ 0xff) * 1099511628211ull;
+    }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::string(hex, 12);
+}
+
+bool packages_ready(const std::string& base_dir, const std::string& dest_dir) {
+  auto text = sys::read_file(dest_dir + "/packages.json", 64 * 1024);
+  if (!text || !sys::path_exists(dest_dir + "/packages")) return false;
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  std::string base = base_identity(base_dir);
+  return j.is_object() && !base.empty() && j.value("base", "") == base;
+}
+
+// apt inside an overlay of the base: what it writes lands in the overlay's
+// upper directory, which becomes the layer (whiteouts and opaque
+// directories as the process runtime and ensure_template_image read them).
+Status build_packages(const std::string& base_dir, const std::string& dest_dir,
+                      const std::function<void(const std::string&)>& progress) {
+  std::string partial = dest_dir + "/packages.partial";
+  (void)::umount2((partial + "/merged").c_str(), MNT_DETACH);  // a build that was stopped
+  if (Status s = sys::remove_tree(partial); !s)
+    return s.error().with_context("remove the leftover " + partial + " (a mount inside it? unmount it first)");
+  std::string upper = partial + "/upper", work = partial + "/work", merged = partial + "/merged";
+  for (const std::string& d : {upper, work, merged})
+    if (Status s = sys::make_dirs(d, 0755); !s) return s;
+  std::string opts = "lowerdir=" + base_dir + ",upperdir=" + upper + ",workdir=" + work + ",redirect_dir=off,index=off";
+  if (::mount("overlay", merged.c_str(), "overlay", 0, opts.c_str()) != 0)
+    return sys::errno_error("mount an overlay of the base", merged);
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)::umount2(dir.c_str(), MNT_DETACH); }
+  } unmount{merged};
+  if (progress) progress("I: installing the code interpreter's packages (apt): Jupyter's Python kernel, numpy, pandas, matplotlib, ...");
+  if (Status s = run_streaming({"chroot", merged, "apt-get", "update", "-q"}, progress); !s) return s;
+  std::vector<std::string> install = {"chroot", merged, "env", "DEBIAN_FRONTEND=noninteractive", "apt-get", "install",
+                                      "-y", "-q", "-o", "Dpkg::Use-Pty=0", "--no-install-recommends"};
+  install.insert(install.end(), kInterpreterPackages.begin(), kInterpreterPackages.end());
+  if (Status s = run_streaming(install, progress); !s) return s;
+  // matplotlib's font cache, made once here for user rather than at each
+  // sandbox's first plot.
+  (void)run_streaming({"chroot", "--userspec=1000:1000", merged, "env", "HOME=/home/user", "python3", "-c",
+                       "import matplotlib.pyplot"},
+                      nullptr);
+  if (Status s = remove_files(merged + "/var/cache/apt/archives", ".deb"); !s) return s;
+  if (Status s = remove_files(merged + "/var/cache/apt", ".bin"); !s) return s;
+  if (Status s = remove_files(merged + "/var/lib/apt/lists", ""); !s) return s;
+  if (::umount2(merged.c_str(), 0) != 0) return sys::errno_error("umount", merged);
+  unmount.dir.clear();
+  std::string layer = dest_dir + "/packages";
+  if (Status s = sys::remove_tree(layer); !s) return s;
+  if (::rename(upper.c_str(), layer.c_str()) != 0) return sys::errno_error("rename", upper + " to " + layer);
+  if (Status s = sys::remove_tree(partial); !s) return s;
+  nlohmann::json marker{{"base", base_identity(base_dir)}, {"created", sys::unix_seconds()}};
+  return sys::write_file_atomic(dest_dir + "/packages.json", marker.dump() + "\n");
+}
+
+// The server's files as a layer of their own.
+Status build_server_layer(const std::string& layer) {
+  std::string partial = layer + ".partial";
+  if (Status s = sys::remove_tree(partial); !s) return s;
+  std::string dir = partial + kCodeInterpreterDir;
+  if (Status s = sys::make_dirs(dir, 0755); !s) return s;
+  for (const auto& [name, content] : code_interpreter_files()) {
+    std::string path = dir + "/" + name;
+    if (Status s = sys::write_file(path, content); !s) return s;
+    ::chmod(path.c_str(), name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0 ? 0755 : 0644);
+  }
+  for (std::string d = dir; d.size() > partial.size(); d = d.substr(0, d.rfind('/'))) ::chmod(d.c_str(), 0755);
+  if (::rename(partial.c_str(), layer.c_str()) != 0) return sys::errno_error("rename", partial + " to " + layer);
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<std::string> code_interpreter_layers(const std::string& base_dir, const std::string& dest_dir) {
+  std::string server = dest_dir + "/server-" + files_hash();
+  if (!packages_ready(base_dir, dest_dir) || !sys::path_exists(server)) return {};
+  return {dest_dir + "/packages", server};
+}
+
+Result<std::vector<std::string>> ensure_code_interpreter_layers(
+    const std::string& base_dir, const std::string& dest_dir, const std::function<void(const std::string& line)>& progress) {
+  if (!rootfs_ready(base_dir)) return Error(ErrorKind::kUnavailable, "the base template " + base_dir + " is not built");
+  if (Status s = sys::make_dirs(dest_dir, 0755); !s) return s.error();
+  if (!packages_ready(base_dir, dest_dir))
+    if (Status s = build_packages(base_dir, dest_dir, progress); !s)
+      return s.error().with_context("build the code interpreter template in " + dest_dir);
+  std::string server = dest_dir + "/server-" + files_hash();
+  if (!sys::path_exists(server))
+    if (Status s = build_server_layer(server); !s)
+      return s.error().with_context("build the code interpreter template in " + dest_dir);
+  return std::vector<std::string>{dest_dir + "/packages", server};
 }
 
 }  // namespace sg::templates

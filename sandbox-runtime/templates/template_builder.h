@@ -12,6 +12,8 @@
 
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "base/status.h"
 
@@ -53,5 +55,32 @@ Status finalize_rootfs(const std::string& dir);
 
 // True when dir holds a complete template of the current format.
 bool rootfs_ready(const std::string& dir);
+
+// The code interpreter template (code-interpreter-v1, docs/code-interpreter.md)
+// is two layers over the base template at base_dir, in dest_dir:
+//  - packages/: what apt adds inside an overlay of the base (Jupyter's
+//    Python kernel with numpy, pandas, matplotlib and more; TypeScript),
+//    with packages.json naming the base it was made on (rebuilt when the
+//    base is);
+//  - server-<hash>/: sandgate's interpreter server in
+//    /opt/sandgate/code-interpreter (code_interpreter_files(), hashed), so a
+//    newer server is a new small layer, not a new apt run.
+// Builds what is missing (each in a .partial directory renamed when whole)
+// and returns the layers, lowest first. Needs root and the Debian mirror
+// for packages/: a few minutes and ~400 MB the first time.
+Result<std::vector<std::string>> ensure_code_interpreter_layers(
+    const std::string& base_dir, const std::string& dest_dir, const std::function<void(const std::string& line)>& progress);
+
+// The layers if both are ready for the base as it is now; empty if not.
+std::vector<std::string> code_interpreter_layers(const std::string& base_dir, const std::string& dest_dir);
+
+// The interpreter server's files (relative name, content), embedded at
+// build time from sandbox-runtime/templates/code_interpreter/.
+const std::vector<std::pair<std::string, std::string>>& code_interpreter_files();
+
+// Where the template runs the server, and how its readiness is checked.
+inline constexpr const char* kCodeInterpreterDir = "/opt/sandgate/code-interpreter";
+inline constexpr const char* kCodeInterpreterStart = "exec python3 /opt/sandgate/code-interpreter/server.py";
+inline constexpr const char* kCodeInterpreterReady = "curl -sf http://127.0.0.1:49999/health";
 
 }  // namespace sg::templates

@@ -59,3 +59,12 @@ TEST_CASE("the unavailable answer has E2B's proxy shape") {
   CHECK(r.status == 502);
   CHECK(r.body == R"({"code":502,"message":"The sandbox was not found","sandboxId":"abc"})");
 }
+
+TEST_CASE("a port that does not answer is 502, the code interpreter's 404 naming its template") {
+  HttpResponse r = port_unanswered(ProxyTarget{"abc", 8080});
+  CHECK(r.status == 502);
+  CHECK(r.body.find("no answer from port 8080") != std::string::npos);
+  r = port_unanswered(ProxyTarget{"abc", kCodeInterpreterPort});
+  CHECK(r.status == 404);
+  CHECK(r.body.find("code-interpreter-v1") != std::string::npos);
+}
