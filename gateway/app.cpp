@@ -616,7 +616,7 @@ http::ServerConfig server_config(const AppConfig& cfg) {
   return scfg;
 }
 
-lifecycle::ServiceConfig service_config(const AppConfig& cfg, network::EgressPolicies& egress_policies,
+lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& egress_policies,
                                         bool memory_offload, memory::PressureGate& pressure,
                                         storage::BatchWriter& rows) {
   lifecycle::ServiceConfig c;
@@ -626,6 +626,7 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, network::EgressPol
   c.waits = wait_config(cfg, memory_offload, pressure);
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
+  c.warm_pool.per_key = static_cast<size_t>(cfg.warm_pool >= 0 ? cfg.warm_pool : use_kvm ? 0 : 2);
   return c;
 }
 
@@ -849,7 +850,7 @@ int serve(const AppConfig& cfg_in) {
   if (!memory_engine) return fail(memory_engine.error());
 
   lifecycle::SandboxService sandboxes(**store, *rt,
-                                      service_config(cfg, egress_policies, *memory_engine != nullptr, pressure, rows),
+                                      service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows),
                                       [] { return sys::unix_seconds(); }, memory_engine->get());
   TemplateBuilds template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);

@@ -86,6 +86,11 @@ struct AppConfig {
   // in the background at start when it is missing (apt, a few minutes;
   // creates of it answer 503 meanwhile), "off" leaves it out.
   std::string code_interpreter = "auto";
+  // Sandboxes of each hot template with a start command kept started ahead
+  // of creates, per tenant (sandbox-runtime/lifecycle/warm_pool.h); -1:
+  // 2 on the process backend, 0 on kvm (its clones start with the command
+  // already running).
+  int64_t warm_pool = -1;
   // Sandbox root as an unprivileged host uid range on the process backend
   // (sandbox-runtime/process/userns.h): "auto", "on", "off".
   std::string user_namespaces = "auto";

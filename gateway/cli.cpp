@@ -124,6 +124,11 @@ serve options:
                                 default 51200)
   --template-build-timeout S    a template build's time limit (s, default
                                 1800; each step at most 600)
+  --warm-pool N                 sandboxes of each template with a start command
+                                kept started ahead of creates, per tenant that
+                                created one in the last 10 min, within its
+                                quota (0-64; default 2 on the process backend,
+                                0 on kvm)
   --template-ready-timeout S    how long a template's ready command may take
                                 to succeed after its start command, at the
                                 end of its build and at each create (s,
@@ -435,6 +440,7 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"template-storage-mb", 1, 1LL << 30, [&](int64_t v) { cfg.template_storage_mb = v; }},
       {"template-build-timeout", 1, 86400, [&](int64_t v) { cfg.template_build_timeout_s = v; }},
       {"template-ready-timeout", 1, 3600, [&](int64_t v) { cfg.template_ready_timeout_s = v; }},
+      {"warm-pool", 0, 64, [&](int64_t v) { cfg.warm_pool = v; }},
       {"sandbox-uid-base", 65536, 4294967294LL - 65536,
        [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
   };
@@ -601,7 +607,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
-      "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout",
+      "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {

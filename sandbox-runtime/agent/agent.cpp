@@ -202,6 +202,7 @@ std::string ready_message(int pid) {
 static Result<VmConfigure> configure_from_json(const json& msg);
 
 ControlAction handle_control(std::string_view payload, const std::function<ProcessCounts()>& count_procs, bool vm) {
+  (void)vm;  // both modes take every message; the caller applies configure by mode
   ControlAction act;
   json msg = json::parse(payload.begin(), payload.end(), nullptr, /*allow_exceptions=*/false);
   if (msg.is_discarded() || !msg.is_object()) {
@@ -225,7 +226,7 @@ ControlAction handle_control(std::string_view payload, const std::function<Proce
     act.reply = reply.dump();
   } else if (type == "shutdown") {
     act.shutdown = true;
-  } else if (type == "configure" && vm) {
+  } else if (type == "configure") {
     auto c = configure_from_json(msg);
     if (c) act.configure = std::move(*c);
     else act.reply = json{{"type", "error"}, {"message", c.error().message()}, {"request", type}}.dump();
@@ -496,7 +497,9 @@ int run(const AgentConfig& cfg) {
       return;
     }
     if (act.configure) {
-      apply_vm_configure(*act.configure);
+      // The clock and entropy are a clone's, not a process sandbox's (the
+      // host's clock; no CAP_SYS_TIME).
+      if (cfg.vm) apply_vm_configure(*act.configure);
       std::vector<std::string> env = cfg.child_env;
       env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
       // A second configure is a clone of a snapshot taken with envd running

@@ -130,16 +130,19 @@ Result<VmConfigure> parse_vm_configure(std::string_view payload);
 struct ControlAction {
   std::string reply;      // JSON to send back on stream 0, empty for none
   bool shutdown = false;  // the host asked the agent to exit
-  // vm mode: a valid "configure" for the caller to apply (it answers
-  // "configured"; a second one re-keys the running envd: Server::reconfigure).
+  // A valid "configure" for the caller to apply (it answers "configured").
+  // In vm mode it sets the clock and entropy and starts envd, and a second
+  // one re-keys the running envd (Server::reconfigure); in process mode,
+  // where envd runs from the start, it only re-keys it (a sandbox of the
+  // warm pool handed to its creator).
   std::optional<VmConfigure> configure;
   std::string error;      // non-empty: malformed message; close the channel
 };
 
 // Pure handler of one stream-0 payload; count_procs answers "status"
 // ({"type":"status","processes":N,"runnable":R}, plus "truncated":true when
-// the runnable scan hit a bound). "configure" is understood only with vm
-// (elsewhere it is an unknown type); a malformed one gets an error reply.
+// the runnable scan hit a bound). A malformed "configure" gets an error
+// reply.
 ControlAction handle_control(std::string_view payload, const std::function<ProcessCounts()>& count_procs,
                              bool vm = false);
 

@@ -42,6 +42,14 @@ SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, Serv
       clock_(std::move(clock)),
       memory_(memory),
       offload_slots_(std::max<size_t>(1, cfg.offload_concurrency)) {
+  if (cfg_.warm_pool.per_key > 0)
+    pool_ = std::make_unique<WarmPool>(
+        cfg_.warm_pool, [this](const WarmPool::Recipe& r) { return make_pooled(r); },
+        [this](const WarmPool::Recipe& r, size_t n) { return pool_admits(r, n); }, clock_,
+        [this](WarmPool::Entry e) {
+          MutexLock g(lost_mu_);
+          unkilled_.emplace_back(e.id, std::move(e.sb));
+        });
   if (cfg_.waits.enabled)
     waits_ = std::make_unique<wait::WaitCoordinator>(cfg_.waits.coordinator, wait_actions(),
                                                      [] { return sys::monotonic_ns(); });
@@ -232,24 +240,56 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   if (t.status != "ready")
     return Error(ErrorKind::kUnavailable, "template '" + t.name + "' is " + t.status + ", not ready; retry shortly");
 
+  // A template with a start command: one of the warm pool's, if it has one
+  // (the row takes its id).
+  std::optional<WarmPool::Entry> pooled;
+  if (pool_ && host::start_command_of(t.config, cfg_.start_ready_timeout))
+    pooled = pool_->take(WarmPool::key_of(tenant.id, t), WarmPool::Recipe{tenant, t});
   SandboxRow row = new_row(tenant, t, p);
-  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s)
+  if (pooled) row.id = pooled->id;
+  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s) {
+    if (pooled) {  // over quota: it goes, as a create would not have started one
+      if (Status k = pooled->sb->kill(); !k) {
+        MutexLock g(lost_mu_);
+        unkilled_.emplace_back(pooled->id, std::move(pooled->sb));
+      }
+    }
     return s.error();
+  }
 
   runtime::SandboxSpec spec = new_spec(row, t, p);
   uint64_t t0 = sys::monotonic_ns();
-  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
-  if (!sb) {
-    (void)store_.finish(row.id, storage::kStateFailed, sb.error().message(), clock_());
-    event(tenant.id, row.id, "create_failed", sb.error().message());
-    LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
-    return sb.error();
+  Result<std::unique_ptr<runtime::Sandbox>> sb = Error(ErrorKind::kInternal, "not created");
+  if (pooled) {
+    if (Status h = hand_over(*pooled->sb, row, spec); h) {
+      sb = std::move(pooled->sb);
+    } else {
+      LOG_WARN("sandbox " << row.id << ": the warm pool's sandbox refused its creator's configuration ("
+                          << h.error().message() << "); starting one");
+      if (Status k = pooled->sb->kill(); !k) {
+        // Its remains keep the id: this create cannot start another on it.
+        MutexLock g(lost_mu_);
+        unkilled_.emplace_back(pooled->id, std::move(pooled->sb));
+        (void)store_.finish(row.id, storage::kStateFailed, k.error().message(), clock_());
+        return k.error();
+      }
+      pooled.reset();
+    }
   }
-  if (Status s = run_start_command(**sb, row.envd_token, spec, t); !s) {
-    (void)(*sb)->kill();
-    (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
-    event(tenant.id, row.id, "create_failed", s.error().message());
-    return s.error();
+  if (!pooled) {
+    sb = rt_.create(spec);
+    if (!sb) {
+      (void)store_.finish(row.id, storage::kStateFailed, sb.error().message(), clock_());
+      event(tenant.id, row.id, "create_failed", sb.error().message());
+      LOG_ERROR("create sandbox " << row.id << " (tenant " << tenant.name << "): " << sb.error().message());
+      return sb.error();
+    }
+    if (Status s = run_start_command(**sb, row.envd_token, spec, t); !s) {
+      (void)(*sb)->kill();
+      (void)store_.finish(row.id, storage::kStateFailed, s.error().message(), clock_());
+      event(tenant.id, row.id, "create_failed", s.error().message());
+      return s.error();
+    }
   }
   auto live = std::make_shared<Live>();  // kCreating; not shared until running
   live->tenant_id = tenant.id;
@@ -286,7 +326,8 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     live_[row.id] = live;
   }
   double ms = static_cast<double>(sys::monotonic_ns() - t0) / 1e6;
-  event(tenant.id, row.id, "created", "template " + t.name + ", ready in " + std::to_string(ms) + " ms");
+  event(tenant.id, row.id, "created",
+        "template " + t.name + (pooled ? ", from the warm pool" : "") + ", ready in " + std::to_string(ms) + " ms");
   LOG_INFO("sandbox " << row.id << " created for tenant " << tenant.name << " from " << t.name << " in " << ms
                       << " ms");
   return row;
@@ -826,7 +867,55 @@ void SandboxService::sweep_liveness(const std::vector<std::pair<std::string, std
     }
   }}
 
+Result<WarmPool::Entry> SandboxService::make_pooled(const WarmPool::Recipe& r) {
+  CreateParams p;
+  p.template_ref = r.tpl.id;
+  SandboxRow row = new_row(r.tenant, r.tpl, p);
+  runtime::SandboxSpec spec = new_spec(row, r.tpl, p);
+  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
+  if (!sb) return sb.error();
+  if (Status s = run_start_command(**sb, row.envd_token, spec, r.tpl); !s) {
+    if (Status k = (*sb)->kill(); !k) {
+      MutexLock g(lost_mu_);
+      unkilled_.emplace_back(row.id, std::move(*sb));
+    }
+    return s.error();
+  }
+  return WarmPool::Entry{row.id, std::move(*sb)};
+}
+
+bool SandboxService::pool_admits(const WarmPool::Recipe& r, size_t pooled_for_tenant) {
+  Result<std::vector<SandboxRow>> live = store_.list_live();
+  if (!live) return false;
+  int64_t count = static_cast<int64_t>(pooled_for_tenant) + 1;
+  int64_t mb = count * r.tpl.memory_mb;
+  for (const SandboxRow& s : *live)
+    if (s.tenant_id == r.tenant.id) {
+      ++count;
+      mb += s.memory_mb;
+    }
+  // Room for what the pool would hold and one more create beside it.
+  return count + 1 <= r.tenant.max_sandboxes && mb + r.tpl.memory_mb <= r.tenant.max_memory_mb;
+}
+
+Status SandboxService::hand_over(runtime::Sandbox& sb, const SandboxRow& row, const runtime::SandboxSpec& spec) {
+  if (!sb.alive()) return Error(ErrorKind::kUnavailable, "it is not running");
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& [k, v] : spec.env) env[k] = v;
+  nlohmann::json req = {{"type", "configure"}, {"sandboxId", row.id}, {"envdAccessToken", row.envd_token}, {"env", env}};
+  Result<std::string> r = sb.control(req.dump(), std::chrono::milliseconds(10000));
+  if (!r) return r.error();
+  nlohmann::json reply = nlohmann::json::parse(*r, nullptr, false);
+  if (!reply.is_object() || reply.value("type", "") != "configured")
+    return internal_error("the agent refused configure: " + r->substr(0, 200));
+  return Status::Ok();
+}
+
+WarmPool::Stats SandboxService::warm_pool_stats() { return pool_ ? pool_->stats() : WarmPool::Stats{}; }
+
 void SandboxService::shutdown() {
+  // The pool first: its thread starts sandboxes through this service.
+  if (pool_) pool_->stop();
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
   {
     MutexLock g(mu_);

@@ -48,6 +48,7 @@
 #include "sandbox-runtime/lifecycle/guest_memory.h"
 #include "sandbox-runtime/lifecycle/params.h"
 #include "sandbox-runtime/lifecycle/state.h"
+#include "sandbox-runtime/lifecycle/warm_pool.h"
 #include "sandbox-runtime/network/egress_policies.h"
 #include "sandbox-runtime/runtime.h"
 #include "storage/store.h"
@@ -94,6 +95,9 @@ struct ServiceConfig {
     // empty: always.
     std::function<bool()> offload_wanted;
   } waits;
+  // Sandboxes of hot templates with a start command started ahead of their
+  // creates (warm_pool.h); per_key 0: none.
+  WarmPoolConfig warm_pool{0};
   // Wait transitions as event rows (kind "wait"), for a batched writer
   // (storage/batch_writer.h); empty: not recorded. Called on the
   // coordinator's threads: must not block.
@@ -206,6 +210,8 @@ class SandboxService {
   uint64_t memory_in_use();
   // The tenant of a live sandbox, from memory; kNotFound otherwise.
   Result<std::string> live_tenant(const std::string& id);
+  // The warm pool's counts (all zero without one).
+  WarmPool::Stats warm_pool_stats();
 
  private:
   struct Live {
@@ -259,6 +265,14 @@ class SandboxService {
   storage::SandboxRow new_row(const storage::TenantRow& tenant, const storage::TemplateRow& t, const CreateParams& p);
   Status run_start_command(runtime::Sandbox& sb, const std::string& token, const runtime::SandboxSpec& spec,
                            const storage::TemplateRow& t);
+  // The warm pool's side: a pooled sandbox made as a create would make it
+  // (no envVars, no metadata: those come when it is taken); whether the
+  // tenant's quota has room for one more beside what the pool holds for it;
+  // and handing a taken one to its row (the agent's "configure": the row's
+  // id and envd token, and spec's environment for every later process).
+  Result<WarmPool::Entry> make_pooled(const WarmPool::Recipe& r);
+  bool pool_admits(const WarmPool::Recipe& r, size_t pooled_for_tenant);
+  Status hand_over(runtime::Sandbox& sb, const storage::SandboxRow& row, const runtime::SandboxSpec& spec);
   runtime::SandboxSpec new_spec(const storage::SandboxRow& row, const storage::TemplateRow& t,
                                 const CreateParams& p) const;
   // A wait-paused sandbox runs before traffic reaches it; a running
@@ -295,6 +309,9 @@ class SandboxService {
   std::vector<Unrecorded> unrecorded_ GUARDED_BY(lost_mu_);
   // Ended sandboxes whose runtime kill failed; tick() kills them again.
   std::vector<std::pair<std::string, std::unique_ptr<runtime::Sandbox>>> unkilled_ GUARDED_BY(lost_mu_);
+  // Built once everything its thread calls into exists, stopped (in
+  // shutdown() or its destruction) before any of it goes.
+  std::unique_ptr<WarmPool> pool_;
   // Last: built once everything its threads call into exists, and stopped
   // (destroyed) before any of it goes.
   std::unique_ptr<wait::WaitCoordinator> waits_;

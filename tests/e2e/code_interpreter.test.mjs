@@ -272,3 +272,37 @@ test('on base (no interpreter) runCode fails at once saying where the interprete
     await plain.kill();
   }
 });
+
+// The warm pool (sandbox-runtime/lifecycle/warm_pool.h): once a tenant
+// has created a sandbox of a template with a start command, sandboxes of it
+// are started ahead; the next create takes one and gives it its own id,
+// token and envVars.
+test('the warm pool serves the next create with a started interpreter, with the creator\'s envs and token', async () => {
+  const metric = async (name) => {
+    const text = await (await fetch(`${opts.apiUrl}/metrics`)).text();
+    const m = new RegExp(`^${name} (\\d+)`, 'm').exec(text);
+    assert.ok(m, `${name} not in /metrics`);
+    return Number(m[1]);
+  };
+  // The suite's first create made the template hot: wait for the pool.
+  for (let i = 0; (await metric('sandgate_warm_pool_sandboxes')) < 1; i++) {
+    assert.ok(i < 600, 'the warm pool never filled');
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const taken = await metric('sandgate_warm_pool_taken_total');
+  const pooled = await Sandbox.create({ ...opts, envs: { WHO: 'creator' }, secure: true });
+  try {
+    assert.equal(await metric('sandgate_warm_pool_taken_total'), taken + 1);
+    assert.equal((await pooled.commands.run('echo $WHO')).stdout, 'creator\n');
+    assert.equal((await pooled.runCode('6 * 7')).text, '42');
+    // envd answers the creator's token only.
+    const bad = await fetch(`${opts.sandboxUrl}/envs`, {
+      headers: { 'E2b-Sandbox-Id': pooled.sandboxId, 'E2b-Sandbox-Port': '49983', 'X-Access-Token': 'wrong' },
+    });
+    assert.equal(bad.status, 401);
+    const info = await Sandbox.getInfo(pooled.sandboxId, opts);
+    assert.equal(info.templateId.length > 0, true);
+  } finally {
+    await pooled.kill();
+  }
+});

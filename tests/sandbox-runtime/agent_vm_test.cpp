@@ -15,7 +15,7 @@ namespace {
 auto no_procs = [] { return agent::ProcessCounts{}; };
 }
 
-TEST_CASE("configure is handled only in vm mode and carries its fields") {
+TEST_CASE("configure carries its fields, in both modes") {
   std::string msg =
       R"({"type":"configure","sandboxId":"abc","envdAccessToken":"tok","env":{"A":"1","B":"two"},"unixTimeNs":1796000000000000000,"entropy":"00ff10"})";
   auto a = agent::handle_control(msg, no_procs, /*vm=*/true);
@@ -27,10 +27,12 @@ TEST_CASE("configure is handled only in vm mode and carries its fields") {
   CHECK(a.configure->env == std::vector<std::string>{"A=1", "B=two"});
   CHECK(a.configure->unix_time_ns == 1796000000000000000);
   CHECK(a.configure->entropy == std::string("\x00\xff\x10", 3));
-  // The process backend's agent does not know it: an unknown type.
+  // The process backend's agent takes it too (it re-keys envd there; the
+  // clock and entropy are applied in vm mode only, by the caller).
   auto p = agent::handle_control(msg, no_procs, /*vm=*/false);
-  CHECK_FALSE(p.configure);
-  CHECK(p.reply.find("unknown control message type") != std::string::npos);
+  REQUIRE(p.configure);
+  CHECK(p.configure->envd_access_token == "tok");
+  CHECK(p.reply.empty());
 }
 
 TEST_CASE("a malformed configure gets an error reply and changes nothing") {

@@ -13,6 +13,7 @@
 
 #include <sys/socket.h>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -38,6 +39,7 @@ class FakeRuntime : public runtime::Runtime {
     bool killed = false;
     bool dead = false;  // its PID 1 exited (set_dead)
     int pauses = 0, resumes = 0, kills = 0;
+    std::vector<std::string> configures;  // "configure" control messages, in order
   };
 
   explicit FakeRuntime(std::string name = "process") : shared_(std::make_shared<Shared>()), name_(std::move(name)) {}
@@ -54,6 +56,11 @@ class FakeRuntime : public runtime::Runtime {
   }
 
   Status cleanup_stale() override { return Status::Ok(); }
+  // As the kvm runtime with snapshots: create() leaves a template's start
+  // command running (so the service does not run it over envd, which
+  // these sandboxes do not have).
+  bool runs_start_command() const override { return runs_start_command_; }
+  void set_runs_start_command(bool v) { runs_start_command_ = v; }
 
   // The Nth call of op from now fails (1: the next), once.
   void fail_at(Op op, int n) {
@@ -194,6 +201,10 @@ class FakeRuntime : public runtime::Runtime {
       std::lock_guard<std::mutex> g(s_->mu);
       if (Status s = s_->call(Op::kControl, id_); !s) return s.error();
       if (request.find("\"status\"") != std::string::npos) return std::string(R"({"type":"status","runnable":0})");
+      if (request.find("\"configure\"") != std::string::npos) {
+        s_->records[id_].configures.push_back(request);
+        return std::string(R"({"type":"configured"})");
+      }
       return std::string(R"({"type":"pong"})");
     }
 
@@ -223,6 +234,7 @@ class FakeRuntime : public runtime::Runtime {
   };
 
   std::shared_ptr<Shared> shared_;
+  std::atomic<bool> runs_start_command_{false};
   std::string name_;
 };
 

@@ -249,6 +249,23 @@ std::string ModelGateway::metrics() {
   // every second.
   metrics::render_count(out, "sandgate_sandboxes_memory_bytes", "gauge",
                         "Resident memory of all sandboxes plus their pool bytes.", impl_->sandboxes.memory_in_use());
+  // The warm pool (sandbox-runtime/lifecycle/warm_pool.h): what it holds,
+  // and how creates of hot templates were served.
+  lifecycle::WarmPool::Stats wp = impl_->sandboxes.warm_pool_stats();
+  metrics::render_count(out, "sandgate_warm_pool_sandboxes", "gauge",
+                        "Sandboxes started ahead of creates, ready to be taken.", wp.ready);
+  metrics::render_count(out, "sandgate_warm_pool_starting", "gauge", "Warm pool sandboxes being started now.",
+                        wp.starting);
+  metrics::render_count(out, "sandgate_warm_pool_taken_total", "counter",
+                        "Creates served by a sandbox from the warm pool.", wp.taken);
+  metrics::render_count(out, "sandgate_warm_pool_missed_total", "counter",
+                        "Creates of a pooled template that found no sandbox ready and started one.", wp.missed);
+  metrics::render_count(out, "sandgate_warm_pool_started_total", "counter", "Sandboxes the warm pool started.",
+                        wp.made);
+  metrics::render_count(out, "sandgate_warm_pool_failed_total", "counter",
+                        "Warm pool sandboxes that failed to start.", wp.failed);
+  metrics::render_count(out, "sandgate_warm_pool_dropped_total", "counter",
+                        "Warm pool sandboxes killed unused (their template went idle).", wp.dropped);
   return out;
 }
 
