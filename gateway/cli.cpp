@@ -54,6 +54,8 @@ commands:
                                 model-proxy requests and tokens used
   template build                build the base template if missing
   template image                build the base template's ext4 image (kvm backend)
+  template build|image code-interpreter-v1
+                                the same for the code interpreter template
   kvm check                     say whether this host's /dev/kvm can run microVMs
                                 (exit 0: yes, 1: no, with the reason)
   version                       print the version
@@ -473,20 +475,22 @@ int run_kvm(const std::vector<std::string>& p, std::ostream& out, std::ostream& 
 
 int run_template(const std::vector<std::string>& p, Args& a, const std::string& data_dir, std::ostream& out,
                  std::ostream& err) {
-  bool interpreter = p.size() == 3 && p[1] == "build" && p[2] == kCodeInterpreterTemplate;
+  bool interpreter = p.size() == 3 && p[2] == kCodeInterpreterTemplate;
   if ((p.size() != 2 && !interpreter) || (p[1] != "build" && p[1] != "image")) {
-    err << "usage: sandgate template build|image [--templates-dir DIR]\n"
-           "       sandgate template build code-interpreter-v1 [--templates-dir DIR]\n";
+    err << "usage: sandgate template build|image [code-interpreter-v1] [--templates-dir DIR]\n";
     return 2;
   }
   std::string dir = a.opts.count("templates-dir") ? a.opts["templates-dir"] : data_dir + "/templates";
   Result<std::string> r = ensure_base_template(dir);
   if (r && interpreter) {
+    // Its layers; with image, the microVM image merged from them.
     Result<std::vector<std::string>> layers = ensure_code_interpreter_template(dir);
     if (!layers) r = layers.error();
+    else if (p[1] == "image") r = microvm::ensure_template_image(*r, *layers);
     else r = layers->back();
+  } else if (r && p[1] == "image") {
+    r = microvm::ensure_rootfs_image(*r);
   }
-  if (r && p[1] == "image") r = microvm::ensure_rootfs_image(*r);
   if (!r) {
     err << "sandgate: " << r.error().message() << "\n";
     return 1;

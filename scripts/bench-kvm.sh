@@ -7,8 +7,10 @@
 # timings are emulated and say nothing about real KVM speed.
 # Then custom templates on the kvm backend (tests/e2e/bench/
 # kvm_templates.bench.mjs, the JS SDK against sandgate in the harness):
-# docs/bench/templates-kvm-emulated.json. SANDGATE_BENCH_PRESET=debug uses
-# the debug build tree (the result says which).
+# docs/bench/templates-kvm-emulated.json; and the code interpreter
+# (kvm_code_interpreter.bench.mjs): docs/bench/code-interpreter-kvm-emulated.json.
+# SANDGATE_BENCH_ONLY=templates|code-interpreter runs only that one.
+# SANDGATE_BENCH_PRESET=debug uses the debug build tree (the result says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${SANDGATE_BENCH_PRESET:-release}
@@ -21,7 +23,7 @@ $b/bin/sandgate template build --templates-dir $b/tests-rootfs >/dev/null
 $b/bin/sandgate template image --templates-dir $b/tests-rootfs >/dev/null
 scripts/guest-image.sh $b/guest
 mkdir -p docs/bench
-if [ "${SANDGATE_BENCH_ONLY:-}" = templates ]; then
+if [ -n "${SANDGATE_BENCH_ONLY:-}" ]; then
   :
 elif $b/bin/sandgate kvm check; then
   state=$(mktemp -d)
@@ -38,6 +40,20 @@ else
   grep -a -o 'BENCH-RESULT .*' "$log" | sed 's/^BENCH-RESULT //' | tr -d '\r' >docs/bench/microvm-emulated.json
   rm -f "$log"
 fi
+
+# The code interpreter in the harness (its assets disk then carries the
+# code interpreter template): docs/bench/code-interpreter-kvm-emulated.json.
+if [ "${SANDGATE_BENCH_ONLY:-}" = code-interpreter ] || [ -z "${SANDGATE_BENCH_ONLY:-}" ]; then
+  log=$(mktemp)
+  SANDGATE_BIN_DIR=$b/bin SANDGATE_GUEST_DIR=$b/guest SANDGATE_TESTS_TEMPLATES_DIR=$b/tests-rootfs \
+    SANDGATE_HARNESS_CACHE=$b/kvm-harness SANDGATE_HARNESS_TEST_TIMEOUT=3000 SANDGATE_HARNESS_CODE_INTERPRETER=1 \
+    SANDGATE_HARNESS_ARGS="--template-ready-timeout 900" \
+    tests/kvm-harness/harness.sh tests/e2e/bench/kvm_code_interpreter.bench.mjs | tee "$log"
+  grep -a -o 'BENCH-RESULT .*' "$log" | sed 's/^BENCH-RESULT //' | tr -d '\r' | head -n 1 |
+    sed "s/}\$/,\"build\":\"$preset\"}/" >docs/bench/code-interpreter-kvm-emulated.json
+  rm -f "$log"
+fi
+[ "${SANDGATE_BENCH_ONLY:-}" = code-interpreter ] && exit 0
 
 # Custom templates, always in the harness (its serve mode runs the bench
 # from this host against sandgate inside).

@@ -2,13 +2,15 @@
 # Builds the release configuration with the benchmarks and runs them.
 # Results (committed: the latest numbers): docs/bench/create-latency.json,
 # docs/bench/commands.json, docs/bench/llm-proxy.json, docs/bench/memory-codecs.json,
-# docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json, docs/bench/templates.json.
+# docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json, docs/bench/templates.json,
+# docs/bench/code-interpreter.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 cmake --preset release -DSANDGATE_TESTS=ON >/dev/null
 cmake --build --preset release -j"$(nproc)" --target create_latency_bench llm_proxy_bench memory_codec_bench memory_restore_bench egress_bench vmm_seccomp_bench sandgate sandgate-agent
 build/release/bin/sandgate template build --templates-dir build/release/tests-rootfs >/dev/null
+build/release/bin/sandgate template build code-interpreter-v1 --templates-dir build/release/tests-rootfs >/dev/null
 mkdir -p docs/bench
 build/release/bin/create_latency_bench docs/bench/create-latency.json "${1:-50}"
 build/release/bin/llm_proxy_bench docs/bench/llm-proxy.json
@@ -23,4 +25,6 @@ SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PW
   node tests/e2e/bench/egress.bench.mjs docs/bench/egress-sandbox.json
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/templates.bench.mjs docs/bench/templates.json
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/code_interpreter.bench.mjs docs/bench/code-interpreter.json 50
 node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt

@@ -436,8 +436,14 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
                                     up.shutdown(asio::socket_base::shutdown_both, ignored);
                                   }
                                 });
-  ec = co_await relay::relay_body(up, ubuf, resp, rs, client, [] {},
-                                  [&] { tcp_layer.expires_after(cfg.stalled_write_timeout); });
+  // The head goes out at once: a stream whose first body bytes come late
+  // (an execution that prints nothing yet, server-sent events) is already
+  // answered, so the client's wait for the response head ends.
+  tcp_layer.expires_after(cfg.stalled_write_timeout);
+  co_await bhttp::async_write_header(client, rs, asio::redirect_error(asio::use_awaitable, ec));
+  if (!ec)
+    ec = co_await relay::relay_body(up, ubuf, resp, rs, client, [] {},
+                                    [&] { tcp_layer.expires_after(cfg.stalled_write_timeout); });
   gone->done = true;
   {
     boost::system::error_code ignored;

@@ -144,6 +144,21 @@ test('timeoutMs interrupts code that never ends; the next run in that context wo
   const e = await sbx.runCode('kept + 1', { context: ctx, timeoutMs: 30_000 });
   assert.equal(e.error, undefined);
   assert.equal(e.text, '8');
+  // Also while it floods output (the check does not wait for quiet).
+  await assert.rejects(sbx.runCode('while True:\n    print("x" * 1000)', { context: ctx, timeoutMs: 2000 }),
+    TimeoutError);
+  assert.equal((await sbx.runCode('kept + 2', { context: ctx, timeoutMs: 30_000 })).text, '9');
+  // JavaScript: SIGINT breaks the script; its state stays.
+  const js = await sbx.createCodeContext({ language: 'javascript' });
+  await sbx.runCode('var jsKept = 5', { context: js });
+  await assert.rejects(sbx.runCode('while (true) {}', { context: js, timeoutMs: 1500 }), TimeoutError);
+  assert.equal((await sbx.runCode('jsKept * 2', { context: js, timeoutMs: 30_000 })).text, '10');
+  // bash cannot break a loop of builtins: its context starts anew, saying so.
+  const sh = await sbx.createCodeContext({ language: 'bash' });
+  await assert.rejects(sbx.runCode('while :; do echo y; done', { context: sh, timeoutMs: 1500 }), TimeoutError);
+  const after = await sbx.runCode('echo fresh', { context: sh, timeoutMs: 30_000 });
+  assert.deepEqual(after.logs.stdout, ['fresh\n']);
+  assert.match(after.logs.stderr.join(''), /started a new one \(its state is lost\)/);
 });
 
 test('env_vars hold for one execution only', async () => {
@@ -231,6 +246,13 @@ test('an output flood is cut with a marker; the context stays usable', async () 
   assert.match(e.logs.stderr.join(''), /\[sandgate: output truncated/);
   assert.equal(e.text, "'done'");
   assert.equal((await sbx.runCode('2 * 3')).text, '6');
+  // A print loop that never ends is interrupted once it has printed 4 times
+  // the limit past it, saying so; the context goes on.
+  const loop = await sbx.runCode('while True:\n    try:\n        print("z" * 10000)\n    except Exception:\n        pass',
+    { timeoutMs: 120_000 });
+  assert.equal(loop.error.name, 'OutputLimitExceeded');
+  assert.match(loop.logs.stderr.join(''), /\[sandgate: output truncated/);
+  assert.equal((await sbx.runCode('3 * 3')).text, '9');
 });
 
 test('a kernel that dies is an error naming it; the context restarts', async () => {

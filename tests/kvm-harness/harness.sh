@@ -36,6 +36,11 @@
 #   SANDGATE_HARNESS_MEM_MB, SANDGATE_HARNESS_CPUS   outer guest size (4096, 2)
 #   SANDGATE_HARNESS_BOOT_TIMEOUT, SANDGATE_HARNESS_TEST_TIMEOUT   seconds (240, 480)
 #   SANDGATE_HARNESS_MODULES      extra kernel modules to load (names, e.g. "tun vhost_vsock")
+#   SANDGATE_HARNESS_CODE_INTERPRETER=1  the assets disk carries the code interpreter
+#                                 template too (its layers and, for kvm, its merged
+#                                 image, made here: `sandgate template build|image
+#                                 code-interpreter-v1`); otherwise sandgate runs with
+#                                 --code-interpreter off
 #   SANDGATE_HARNESS_ARGS         extra `sandgate serve` arguments (no commas); they come
 #                                 after the harness's own, so e.g. --openai-base-url
 #                                 there replaces the mock upstream
@@ -268,7 +273,19 @@ base_img=$templates_dir/base.ext4
 assets=$cache/assets-$runtime.ext4
 ext4_in=()
 [ "$runtime" != process ] && ext4_in=("$base_img")
-assets_key=$(fingerprint "$templates_dir/base" "$templates_dir/base/.sandgate-template" "${ext4_in[@]}")
+ci_dir=''
+ci_img=''
+if [ "${SANDGATE_HARNESS_CODE_INTERPRETER:-}" = 1 ]; then
+  "$bin_dir/sandgate" template build code-interpreter-v1 --templates-dir "$templates_dir" >/dev/null ||
+    fail "sandgate template build code-interpreter-v1 --templates-dir $templates_dir failed"
+  ci_dir=$templates_dir/code-interpreter-v1
+  if [ "$runtime" != process ]; then
+    ci_img=$("$bin_dir/sandgate" template image code-interpreter-v1 --templates-dir "$templates_dir") ||
+      fail "sandgate template image code-interpreter-v1 --templates-dir $templates_dir failed"
+  fi
+  assets=$cache/assets-$runtime-ci.ext4
+fi
+assets_key=$(fingerprint "$templates_dir/base" "$templates_dir/base/.sandgate-template" "${ext4_in[@]}" ${ci_dir:+"$ci_dir/packages.json"} ${ci_img:+"$ci_img"})
 if [ "$(cat "$assets.key" 2>/dev/null)" != "$assets_key" ]; then
   log "building the assets disk"
   st=$cache/assets.staging
@@ -279,6 +296,15 @@ if [ "$(cat "$assets.key" 2>/dev/null)" != "$assets_key" ]; then
   # in process sandboxes over the base directory on either runtime.
   cp -al "$templates_dir/base" "$st/templates/base" 2>/dev/null || cp -a "$templates_dir/base" "$st/templates/base"
   [ ${#ext4_in[@]} -eq 0 ] || cp -l "${ext4_in[0]}" "$st/templates/base.ext4" 2>/dev/null || cp --sparse=always "${ext4_in[0]}" "$st/templates/base.ext4"
+  if [ -n "$ci_dir" ]; then
+    # Only the server layer this sandgate embeds (and its image).
+    mkdir -p "$st/templates/code-interpreter-v1"
+    cp -al "$ci_dir/packages" "$st/templates/code-interpreter-v1/" 2>/dev/null || cp -a "$ci_dir/packages" "$st/templates/code-interpreter-v1/"
+    cp -a "$ci_dir/packages.json" "$st/templates/code-interpreter-v1/"
+    server_layer=$("$bin_dir/sandgate" template build code-interpreter-v1 --templates-dir "$templates_dir")
+    cp -a "$server_layer" "$st/templates/code-interpreter-v1/"
+    [ -z "$ci_img" ] || cp -l "$ci_img" "$st/templates/code-interpreter-v1/" 2>/dev/null || cp --sparse=always "$ci_img" "$st/templates/code-interpreter-v1/"
+  fi
   mb=$(du -sm "$st" | cut -f1)
   truncate -s "$((mb * 13 / 10 + 128))M" "$assets"
   mkfs.ext4 -q -F -L sg-assets -d "$st" "$assets"
@@ -334,6 +360,7 @@ log "artefacts ready; booting the outer guest (TCG, ${mem_mb} MiB, $cpus vCPUs, 
 # --- boot. The forwarded port is picked by binding port 0; if another
 # process takes it before QEMU binds it, QEMU fails at once and we retry.
 args="$model_args${SANDGATE_HARNESS_ARGS:+ $SANDGATE_HARNESS_ARGS}"
+[ -n "$ci_dir" ] || args="$args --code-interpreter off"
 args=${args# }
 cmdline="console=ttyS0 quiet panic=-1 nokaslr sandgate.runtime=$runtime sandgate.loglevel=$log_level${args:+ sandgate.args=${args// /,}}"
 [ -z "$exec_cmd" ] || cmdline+=" sandgate.exec=$(printf %s "$exec_cmd" | base64 -w0)"

@@ -130,6 +130,52 @@ def __sg_setup():
                 return None
         return wrapper
 
+    # Output is bounded where it is made: past the server's budget a cell's
+    # prints are dropped here (one marker says so) instead of piling up in
+    # the kernel's stream buffers faster than they can be sent, and past
+    # four budgets the cell is stopped with OutputLimitExceeded (a
+    # BaseException: `except Exception` does not swallow it).
+    import builtins
+    import os
+    import sys
+
+    limit = int(os.environ.get("SANDGATE_CI_MAX_OUTPUT", str(8 << 20)))
+
+    class OutputLimitExceeded(BaseException):
+        pass
+
+    builtins.OutputLimitExceeded = OutputLimitExceeded
+    state = {"used": 0, "noted": False}
+
+    def reset(*_):
+        state["used"] = 0
+        state["noted"] = False
+
+    ip.events.register("pre_run_cell", reset)
+
+    def bounded(stream):
+        write = stream.write
+
+        def limited(s):
+            n = len(s) if isinstance(s, str) else 0
+            state["used"] += n
+            if state["used"] <= limit:
+                return write(s)
+            if not state["noted"]:
+                state["noted"] = True
+                write(s[: max(0, n - (state["used"] - limit))])  # what fits
+                sys.stderr._sg_write(f"\n[sandgate: output truncated: this execution printed more than {limit} "
+                                     "bytes; the rest is dropped]\n")
+            if state["used"] > 4 * limit:
+                raise OutputLimitExceeded(f"this execution printed more than {4 * limit} bytes; it was stopped")
+            return n
+
+        stream._sg_write = write
+        stream.write = limited
+
+    bounded(sys.stdout)
+    bounded(sys.stderr)
+
     formatters = ip.display_formatter.formatters
     chart = _ChartFormatter(parent=ip.display_formatter)
     chart.for_type_by_name("matplotlib.figure", "Figure", guarded(chart_of_figure))

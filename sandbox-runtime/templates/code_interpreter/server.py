@@ -17,6 +17,7 @@
 # A query (?source=...) is ignored. Every execution is bounded: its output
 # (MAX_OUTPUT bytes, then one marker), and its time by the client: a closed
 # connection interrupts it.
+import codecs
 import json
 import os
 import queue
@@ -38,6 +39,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PORT = int(os.environ.get("SANDGATE_CI_PORT", "49999"))
 MAX_BODY = 16 << 20
 MAX_OUTPUT = int(os.environ.get("SANDGATE_CI_MAX_OUTPUT", str(8 << 20)))
+FLOOD_FACTOR = 4
 MAX_CONTEXTS = 64
 DEFAULT_CWD = "/home/user"
 LANGUAGES = ("python", "javascript", "typescript", "bash", "r", "java")
@@ -89,8 +91,16 @@ class Sink:
     def __init__(self, handler):
         self.handler = handler
         self.sent = {"stream": 0, "result": 0}  # bytes of each budget
+        self.dropped = 0  # bytes of printed output past the budget
         self.truncated = set()
         self.gone = False
+
+    def flooding(self):
+        """True once the execution printed FLOOD_FACTOR times the budget:
+        the executor then interrupts it, so that a print loop cannot keep
+        the server and the kernel busy (and their memory growing) for
+        output nobody receives."""
+        return self.dropped > MAX_OUTPUT * FLOOD_FACTOR
 
     def emit(self, msg):
         if self.gone:
@@ -100,9 +110,11 @@ class Sink:
             # Printed text and results have a budget each, so that a flood
             # of prints still lets the result through.
             budget = "result" if kind == "result" else "stream"
+            size = sum(len(v) for v in msg.values() if isinstance(v, str)) + 64
             if budget in self.truncated:
+                if budget == "stream":
+                    self.dropped += size
                 return
-            size = len(json.dumps(msg))
             if self.sent[budget] + size > MAX_OUTPUT:
                 self.truncated.add(budget)
                 room = MAX_OUTPUT - self.sent[budget]
@@ -116,6 +128,10 @@ class Sink:
                 return
             self.sent[budget] += size
         self._write(msg)
+
+    def emit_note(self, text):
+        """A line of sandgate's own on stderr, outside the budgets."""
+        self._write({"type": "stderr", "timestamp": now_iso(), "text": text})
 
     def _write(self, msg):
         try:
@@ -207,19 +223,29 @@ class JupyterContext:
     def _execute(self, code, sink):
         msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
         interrupted = False
+        checked = time.monotonic()
         while True:
             try:
                 msg = self.client.get_iopub_msg(timeout=0.2)
             except queue.Empty:
+                msg = None
+            # Every 0.2 s, output flowing or not: is the kernel alive, and
+            # is the client still there?
+            if msg is None or time.monotonic() - checked > 0.2:
+                checked = time.monotonic()
                 if not self.alive():
                     sink.emit({"type": "error", "name": "KernelDied",
                                "value": f"the {self.language} kernel died during this execution; "
                                         "its state is lost: restart the context to go on",
                                "traceback": ""})
                     return
-                if not interrupted and sink.client_gone():
+                if not interrupted and (sink.client_gone() or sink.flooding()):
+                    if sink.flooding():
+                        sink.emit_note(f"[sandgate: this execution printed over {FLOOD_FACTOR * MAX_OUTPUT >> 20} "
+                                       "MiB more than was sent; it was interrupted]\n")
                     self.km.interrupt_kernel()
                     interrupted = True
+            if msg is None:
                 continue
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -271,6 +297,7 @@ class ProcessContext:
         os.close(req_r)
         os.close(ans_w)
         self.answers = b""
+        self.decoders = {k: codecs.getincrementaldecoder("utf-8")("replace") for k in ("stdout", "stderr")}
         for f in (self.proc.stdout, self.proc.stderr):
             os.set_blocking(f.fileno(), False)
         self.count = 0
@@ -304,15 +331,24 @@ class ProcessContext:
         os.kill(self.proc.pid, signal.SIGINT)
 
     def _drain(self, sink):
+        # A bounded number of reads per call, so that a flood does not keep
+        # the loop from its other checks; the decoders keep a character
+        # split between reads whole.
         for f, kind in ((self.proc.stdout, "stdout"), (self.proc.stderr, "stderr")):
-            while True:
+            for _ in range(16):
                 try:
                     data = os.read(f.fileno(), 65536)
                 except BlockingIOError:
                     break
                 if not data:
                     break
-                sink.emit({"type": kind, "text": data.decode("utf-8", "replace"), "timestamp": now_iso()})
+                text = self.decoders[kind].decode(data)
+                if text:
+                    sink.emit({"type": kind, "text": text, "timestamp": now_iso()})
+
+    def _pending(self):
+        r, _, _ = select.select([self.proc.stdout.fileno(), self.proc.stderr.fileno()], [], [], 0)
+        return bool(r) and self.alive()
 
     def execute(self, code, env_vars, sink):
         self.count += 1
@@ -321,7 +357,12 @@ class ProcessContext:
         while True:
             if b"\n" in self.answers:
                 line, self.answers = self.answers.split(b"\n", 1)
-                self._drain(sink)
+                # Everything the cell printed was written before its answer
+                # (bounded: what it left running may go on printing).
+                for _ in range(64):
+                    if not self._pending():
+                        break
+                    self._drain(sink)
                 self._answer(json.loads(line), sink)
                 return
             fds = [self.ans_r, self.proc.stdout.fileno(), self.proc.stderr.fileno()]
@@ -342,7 +383,10 @@ class ProcessContext:
                                     "its state is lost: restart the context to go on",
                            "traceback": ""})
                 return
-            if sink.client_gone() and interrupted_at is None:
+            if (sink.client_gone() or sink.flooding()) and interrupted_at is None:
+                if sink.flooding():
+                    sink.emit_note(f"[sandgate: this execution printed over {FLOOD_FACTOR * MAX_OUTPUT >> 20} "
+                                   "MiB more than was sent; it was interrupted]\n")
                 interrupted_at = time.monotonic()
                 self.interrupt()
             elif interrupted_at is not None and time.monotonic() - interrupted_at > 5:
@@ -597,8 +641,27 @@ class Handler(BaseHTTPRequestHandler):
 
     def write_chunk(self, text):
         data = text.encode()
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.send_all(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def send_all(self, data):
+        """Writes to the client without ever blocking for good: a client that
+        stops reading holds the write back (backpressure), but one that has
+        left (its end reads EOF; behind the gateway, the stream's close) is
+        noticed while waiting, as OSError."""
         self.wfile.flush()
+        sock = self.connection
+        view = memoryview(data)
+        while view:
+            r, w, _ = select.select([sock], [sock], [], 0.2)
+            if r and sock.recv(1, socket.MSG_PEEK) == b"":
+                raise ConnectionResetError("the client left")
+            if not w:
+                continue
+            try:
+                n = sock.send(view[:65536], socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            view = view[n:]
 
     def execute(self, body):
         code = body.get("code")
@@ -650,10 +713,11 @@ class Handler(BaseHTTPRequestHandler):
         sink.emit({"type": "end_of_execution"})
         if not sink.gone:
             try:
-                self.wfile.write(b"0\r\n\r\n")
-                self.wfile.flush()
+                self.send_all(b"0\r\n\r\n")
             except OSError:
-                pass
+                self.close_connection = True
+        else:
+            self.close_connection = True
 
 
 def main():

@@ -15,7 +15,9 @@ const median = (v) => { const s = [...v].sort((a, b) => a - b); return s[Math.fl
 const ctx = mkdtempSync(join(tmpdir(), 'sandgate-bench-ctx-'));
 mkdirSync(join(ctx, 'app'));
 for (let i = 0; i < 20; i++) writeFileSync(join(ctx, 'app', `f${i}.txt`), 'x'.repeat(4096 * (i + 1)));
-const server = await startSandgate(['--rate', '0', '--create-rate', '0']);
+// No warm pool: each create starts its template's start command (the
+// pool's effect is code_interpreter.bench.mjs's).
+const server = await startSandgate(['--rate', '0', '--create-rate', '0', '--warm-pool', '0']);
 try {
   const opts = server.opts;
   const four = () => Template({ fileContextPath: ctx }).fromTemplate('base')
