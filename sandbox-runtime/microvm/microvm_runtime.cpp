@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -858,14 +859,24 @@ class MergedTree {
     (void)sys::remove_tree(work);
     if (Status s = sys::make_dirs(work + "/mnt", 0700); !s) return s.error();
     auto t = std::unique_ptr<MergedTree>(new MergedTree(work));
+    // The links are resolved from work: their targets must be absolute.
+    auto absolute = [](const std::string& p) -> Result<std::string> {
+      char buf[PATH_MAX];
+      if (!::realpath(p.c_str(), buf)) return sys::errno_error("realpath", p);
+      return std::string(buf);
+    };
     std::string lower;
     for (size_t i = layers.size(); i > 0; --i) {
       std::string link = "l" + std::to_string(i);
-      if (::symlink(layers[i - 1].c_str(), (work + "/" + link).c_str()) != 0)
+      Result<std::string> target = absolute(layers[i - 1]);
+      if (!target) return target.error();
+      if (::symlink(target->c_str(), (work + "/" + link).c_str()) != 0)
         return sys::errno_error("symlink", work + "/" + link);
       lower += link + ":";
     }
-    if (::symlink(base.c_str(), (work + "/b").c_str()) != 0) return sys::errno_error("symlink", work + "/b");
+    Result<std::string> base_abs = absolute(base);
+    if (!base_abs) return base_abs.error();
+    if (::symlink(base_abs->c_str(), (work + "/b").c_str()) != 0) return sys::errno_error("symlink", work + "/b");
     lower += "b";
     if (Status s = sys::run_and_wait({"sh", "-c", "cd \"$1\" && exec mount -t overlay -o \"ro,lowerdir=$2\" sandgate-template mnt",
                                       "sh", work, lower},

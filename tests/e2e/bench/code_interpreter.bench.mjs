@@ -63,7 +63,7 @@ const report = {
   benchmark: `Sandbox.create() to the first runCode('1+1') result, @e2b/code-interpreter 2.8.0, process backend, n=${n}`,
   cold_no_pool: cold,
   warm_pool: warm,
-  kvm: 'not measured here: the harness does not carry the code interpreter template (docs/code-interpreter.md)',
+  kvm: 'docs/bench/code-interpreter-kvm-emulated.json (scripts/bench-kvm.sh, inside the KVM harness)',
   machine: { cpu: cpus()[0]?.model, cores: cpus().length, kernel: release() },
   date: new Date().toISOString(),
 };
