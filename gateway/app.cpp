@@ -95,23 +95,36 @@ Result<std::string> ensure_local_tenant(tenancy::Tenants& tenants, storage::Stor
   return k->key;
 }
 
-Status register_template(storage::Store& store, const std::string& name, const std::string& rootfs,
-                         int64_t disk_mb) {
-  Result<std::optional<storage::TemplateRow>> existing = store.find_template("", name);
+// The server's own templates (no owner: public). A built one has layers
+// over its rootfs and a configuration (its start command); status is
+// "ready", or "building"/"failed" while it has none yet.
+struct ServerTemplate {
+  std::string name, rootfs;
+  int64_t disk_mb = 1024;
+  int64_t memory_mb = 512;
+  std::string status = "ready";
+  std::string layers = "[]";
+  std::string config = "{}";
+};
+
+Status register_template(storage::Store& store, const ServerTemplate& st) {
+  Result<std::optional<storage::TemplateRow>> existing = store.find_template("", st.name);
   if (!existing) return existing.error();
   storage::TemplateRow t;
   if (*existing) {
     t = **existing;
   } else {
     t.id = lifecycle::new_sandbox_id();
-    t.name = name;
+    t.name = st.name;
     t.created_at = sys::unix_seconds();
   }
-  t.status = "ready";
-  t.rootfs_path = rootfs;
+  t.status = st.status;
+  t.rootfs_path = st.rootfs;
   t.cpu_count = 2;
-  t.memory_mb = 512;
-  t.disk_size_mb = disk_mb;
+  t.memory_mb = st.memory_mb;
+  t.disk_size_mb = st.disk_mb;
+  t.layers = st.layers;
+  t.config = st.config;
   t.updated_at = sys::unix_seconds();
   return store.upsert_template(t);
 }
@@ -282,21 +295,12 @@ namespace {
 // kernel is), 2 vCPUs and 1 GiB as E2B's.
 Status register_code_interpreter(storage::Store& store, const std::string& base, const std::vector<std::string>& layers,
                                  const std::string& status, int64_t disk_mb) {
-  Result<std::optional<storage::TemplateRow>> existing = store.find_template("", kCodeInterpreterTemplate);
-  if (!existing) return existing.error();
-  storage::TemplateRow t;
-  if (*existing) {
-    t = **existing;
-  } else {
-    t.id = lifecycle::new_sandbox_id();
-    t.name = kCodeInterpreterTemplate;
-    t.created_at = sys::unix_seconds();
-  }
-  t.status = status;
-  t.rootfs_path = base;
-  t.cpu_count = 2;
+  ServerTemplate t;
+  t.name = kCodeInterpreterTemplate;
+  t.rootfs = base;
+  t.disk_mb = disk_mb;
   t.memory_mb = 1024;
-  t.disk_size_mb = disk_mb;
+  t.status = status;
   t.layers = nlohmann::json(layers).dump();
   t.config = nlohmann::json{{"user", "user"},
                             {"workdir", "/home/user"},
@@ -304,8 +308,7 @@ Status register_code_interpreter(storage::Store& store, const std::string& base,
                             {"startCmd", templates::kCodeInterpreterStart},
                             {"readyCmd", templates::kCodeInterpreterReady}}
                  .dump();
-  t.updated_at = sys::unix_seconds();
-  return store.upsert_template(t);
+  return register_template(store, t);
 }
 
 // The code interpreter template at start: registered if built; otherwise
@@ -508,7 +511,11 @@ Result<std::unique_ptr<storage::Store>> open_store(const AppConfig& cfg) {
   Result<std::unique_ptr<storage::Store>> store = storage::Store::open(db);
   if (!store) return store.error();
   ::chmod(db.c_str(), 0600);
-  if (Status s = register_template(**store, "base", *base, cfg.sandbox_disk_mb); !s)
+  ServerTemplate base_template;
+  base_template.name = "base";
+  base_template.rootfs = *base;
+  base_template.disk_mb = cfg.sandbox_disk_mb;
+  if (Status s = register_template(**store, base_template); !s)
     return Error(s.error().kind(), "register template base: " + s.error().message());
   return store;
 }

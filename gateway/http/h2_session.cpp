@@ -550,7 +550,10 @@ asio::awaitable<void> Conn::run_proxy(std::shared_ptr<Stream> s) {
   head += "\r\n";
   co_await asio::async_write(*s->up, asio::buffer(head), asio::redirect_error(asio::use_awaitable, ec));
   if (ec) {
-    if (!s->closed) fail("port " + std::to_string(target.port) + " is not reachable in the sandbox");
+    if (!s->closed) {
+      respond(*s, port_unanswered(target));  // refused before the request went in
+      start_discard(*s);
+    }
     co_return;
   }
   asio::co_spawn(ex, send_upstream(s, chunked), asio::detached);

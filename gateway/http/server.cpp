@@ -377,7 +377,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   if (!upgrade) req.keep_alive(false);
   bhttp::serializer<true, bhttp::buffer_body> sr(req);
   co_await bhttp::async_write_header(up, sr, asio::redirect_error(asio::use_awaitable, ec));
-  if (ec) co_return co_await answer(sandbox_unavailable(target.sandbox_id, "port " + std::to_string(target.port) + " is not reachable in the sandbox"));
+  if (ec) co_return co_await answer(port_unanswered(target));  // refused before the request went in
   bool up_failed = false;
   ec = co_await relay::relay_body(client, cbuf, rp, sr, up, [&] { tcp_layer.expires_after(cfg.read_timeout); }, [] {},
                                   &up_failed);

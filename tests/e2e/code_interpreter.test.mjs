@@ -157,7 +157,7 @@ test('timeoutMs interrupts code that never ends; the next run in that context wo
   const sh = await sbx.createCodeContext({ language: 'bash' });
   await assert.rejects(sbx.runCode('while :; do echo y; done', { context: sh, timeoutMs: 1500 }), TimeoutError);
   const after = await sbx.runCode('echo fresh', { context: sh, timeoutMs: 30_000 });
-  assert.deepEqual(after.logs.stdout, ['fresh\n']);
+  assert.equal(after.logs.stdout.join(''), 'fresh\n');
   assert.match(after.logs.stderr.join(''), /started a new one \(its state is lost\)/);
 });
 
@@ -169,8 +169,8 @@ test('env_vars hold for one execution only', async () => {
   assert.equal(js.text, "'js'");
   assert.equal((await sbx.runCode('process.env.ONLY_NOW', { language: 'javascript' })).text, undefined);
   const sh = await sbx.runCode('echo "[$ONLY_NOW]"', { language: 'bash', envs: { ONLY_NOW: "it's" } });
-  assert.deepEqual(sh.logs.stdout, ["[it's]\n"]);
-  assert.deepEqual((await sbx.runCode('echo "[$ONLY_NOW]"', { language: 'bash' })).logs.stdout, ['[]\n']);
+  assert.equal(sh.logs.stdout.join(''), "[it's]\n");
+  assert.equal((await sbx.runCode('echo "[$ONLY_NOW]"', { language: 'bash' })).logs.stdout.join(''), '[]\n');
 });
 
 test('JavaScript, TypeScript and bash contexts run and keep their state', async () => {
@@ -178,7 +178,7 @@ test('JavaScript, TypeScript and bash contexts run and keep their state', async 
   assert.equal(js.language, 'javascript');
   let e = await sbx.runCode('const base = 40; console.log("from js"); base + 2', { context: js });
   assert.equal(e.text, '42');
-  assert.deepEqual(e.logs.stdout, ['from js\n']);
+  assert.equal(e.logs.stdout.join(''), 'from js\n');
   assert.equal((await sbx.runCode('base * 2', { context: js })).text, '80');
   e = await sbx.runCode('await new Promise((r) => setTimeout(r, 10)); return "awaited"', { context: js });
   assert.equal(e.text, "'awaited'");
@@ -195,16 +195,16 @@ test('JavaScript, TypeScript and bash contexts run and keep their state', async 
   e = await sbx.runCode('cd /tmp && COUNT=3\nf() { echo "f says $1"; }', { context: sh });
   assert.equal(e.error, undefined);
   e = await sbx.runCode('pwd; f $COUNT', { context: sh });
-  assert.deepEqual(e.logs.stdout, ['/tmp\nf says 3\n']);
+  assert.equal(e.logs.stdout.join(''), '/tmp\nf says 3\n');
   e = await sbx.runCode('echo to-err >&2; false', { context: sh });
-  assert.deepEqual(e.logs.stderr, ['to-err\n']);
+  assert.equal(e.logs.stderr.join(''), 'to-err\n');
   assert.equal(e.error.value, 'exit status 1');
   // A syntax error fails its cell only.
   e = await sbx.runCode('if then fi', { context: sh });
   assert.ok(e.error);
-  assert.deepEqual((await sbx.runCode('echo $COUNT', { context: sh })).logs.stdout, ['3\n']);
+  assert.equal((await sbx.runCode('echo $COUNT', { context: sh })).logs.stdout.join(''), '3\n');
   // The language alone picks the default context of it.
-  assert.deepEqual((await sbx.runCode('echo default', { language: 'bash' })).logs.stdout, ['default\n']);
+  assert.equal((await sbx.runCode('echo default', { language: 'bash' })).logs.stdout.join(''), 'default\n');
 });
 
 test('R and Java: a clear error naming the language', async () => {

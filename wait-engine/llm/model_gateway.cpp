@@ -252,20 +252,24 @@ std::string ModelGateway::metrics() {
   // The warm pool (sandbox-runtime/lifecycle/warm_pool.h): what it holds,
   // and how creates of hot templates were served.
   lifecycle::WarmPool::Stats wp = impl_->sandboxes.warm_pool_stats();
-  metrics::render_count(out, "sandgate_warm_pool_sandboxes", "gauge",
-                        "Sandboxes started ahead of creates, ready to be taken.", wp.ready);
-  metrics::render_count(out, "sandgate_warm_pool_starting", "gauge", "Warm pool sandboxes being started now.",
-                        wp.starting);
-  metrics::render_count(out, "sandgate_warm_pool_taken_total", "counter",
-                        "Creates served by a sandbox from the warm pool.", wp.taken);
-  metrics::render_count(out, "sandgate_warm_pool_missed_total", "counter",
-                        "Creates of a pooled template that found no sandbox ready and started one.", wp.missed);
-  metrics::render_count(out, "sandgate_warm_pool_started_total", "counter", "Sandboxes the warm pool started.",
-                        wp.made);
-  metrics::render_count(out, "sandgate_warm_pool_failed_total", "counter",
-                        "Warm pool sandboxes that failed to start.", wp.failed);
-  metrics::render_count(out, "sandgate_warm_pool_dropped_total", "counter",
-                        "Warm pool sandboxes killed unused (their template went idle).", wp.dropped);
+  struct Count {
+    const char* name;
+    const char* type;
+    const char* help;
+    uint64_t value;
+  };
+  for (const Count& c : {
+           Count{"sandgate_warm_pool_sandboxes", "gauge", "Sandboxes started ahead of creates, ready to be taken.", wp.ready},
+           Count{"sandgate_warm_pool_starting", "gauge", "Warm pool sandboxes being started now.", wp.starting},
+           Count{"sandgate_warm_pool_taken_total", "counter", "Creates served by a sandbox from the warm pool.", wp.taken},
+           Count{"sandgate_warm_pool_missed_total", "counter",
+                 "Creates of a pooled template that found no sandbox ready and started one.", wp.missed},
+           Count{"sandgate_warm_pool_started_total", "counter", "Sandboxes the warm pool started.", wp.made},
+           Count{"sandgate_warm_pool_failed_total", "counter", "Warm pool sandboxes that failed to start.", wp.failed},
+           Count{"sandgate_warm_pool_dropped_total", "counter",
+                 "Warm pool sandboxes killed unused (their template went idle).", wp.dropped},
+       })
+    metrics::render_count(out, c.name, c.type, c.help, c.value);
   return out;
 }
 

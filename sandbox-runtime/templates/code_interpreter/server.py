@@ -450,6 +450,7 @@ done
 
     def interrupt(self):
         os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()  # dead before the next execution asks alive()
 
     def _answer(self, ans, sink):
         status = ans.get("status", 0)
