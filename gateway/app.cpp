@@ -272,6 +272,8 @@ Result<std::vector<std::string>> ensure_code_interpreter_template(const std::str
   UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
   if (!lock) return sys::errno_error("open", lock_path);
   if (::flock(lock.get(), LOCK_EX) != 0) return sys::errno_error("flock", lock_path);
+  // Another builder may have finished while this one waited.
+  if (std::vector<std::string> l = templates::code_interpreter_layers(base, dir); !l.empty()) return l;
   std::cerr << "sandgate: building the code interpreter template (" << kCodeInterpreterTemplate
             << ": Jupyter's Python kernel, numpy, pandas, matplotlib, TypeScript; apt) into " << dir
             << "; this runs once and takes a few minutes\n";

@@ -319,6 +319,9 @@ std::string files_hash() {
   return std::string(hex, 12);
 }
 
+// The layer of this build's interpreter files.
+std::string server_layer_dir(const std::string& dest_dir) { return dest_dir + "/server-" + files_hash(); }
+
 bool packages_ready(const std::string& base_dir, const std::string& dest_dir) {
   auto text = sys::read_file(dest_dir + "/packages.json", 64 * 1024);
   if (!text || !sys::path_exists(dest_dir + "/packages")) return false;
@@ -389,7 +392,7 @@ Status build_server_layer(const std::string& layer) {
 }  // namespace
 
 std::vector<std::string> code_interpreter_layers(const std::string& base_dir, const std::string& dest_dir) {
-  std::string server = dest_dir + "/server-" + files_hash();
+  std::string server = server_layer_dir(dest_dir);
   if (!packages_ready(base_dir, dest_dir) || !sys::path_exists(server)) return {};
   return {dest_dir + "/packages", server};
 }
@@ -401,7 +404,7 @@ Result<std::vector<std::string>> ensure_code_interpreter_layers(
   if (!packages_ready(base_dir, dest_dir))
     if (Status s = build_packages(base_dir, dest_dir, progress); !s)
       return s.error().with_context("build the code interpreter template in " + dest_dir);
-  std::string server = dest_dir + "/server-" + files_hash();
+  std::string server = server_layer_dir(dest_dir);
   if (!sys::path_exists(server))
     if (Status s = build_server_layer(server); !s)
       return s.error().with_context("build the code interpreter template in " + dest_dir);

@@ -80,8 +80,10 @@ def result_message(bundle, is_main):
     return out
 
 
-class Interrupted(Exception):
-    pass
+def peer_closed(sock):
+    """For a socket select() found readable: whether that was the peer's
+    close (EOF) rather than data."""
+    return sock.recv(1, socket.MSG_PEEK) == b""
 
 
 class Sink:
@@ -145,8 +147,7 @@ class Sink:
             return True
         try:
             r, _, _ = select.select([self.handler.connection], [], [], 0)
-            if r and self.handler.connection.recv(1, socket.MSG_PEEK) == b"":
-                self.gone = True
+            self.gone = bool(r) and peer_closed(self.handler.connection)
         except OSError:
             self.gone = True
         return self.gone
@@ -654,7 +655,7 @@ class Handler(BaseHTTPRequestHandler):
         view = memoryview(data)
         while view:
             r, w, _ = select.select([sock], [sock], [], 0.2)
-            if r and sock.recv(1, socket.MSG_PEEK) == b"":
+            if r and peer_closed(sock):
                 raise ConnectionResetError("the client left")
             if not w:
                 continue
