@@ -144,9 +144,10 @@ test('timeoutMs interrupts code that never ends; the next run in that context wo
   const e = await sbx.runCode('kept + 1', { context: ctx, timeoutMs: 30_000 });
   assert.equal(e.error, undefined);
   assert.equal(e.text, '8');
-  // Also while it floods output (the check does not wait for quiet).
-  await assert.rejects(sbx.runCode('while True:\n    print("x" * 1000)', { context: ctx, timeoutMs: 2000 }),
-    TimeoutError);
+  // Also while output keeps flowing (the check does not wait for quiet);
+  // about 1 MB/s, well under the output limit that would end it first.
+  await assert.rejects(sbx.runCode('import time\nwhile True:\n    print("x" * 1000)\n    time.sleep(0.001)',
+    { context: ctx, timeoutMs: 2000 }), TimeoutError);
   assert.equal((await sbx.runCode('kept + 2', { context: ctx, timeoutMs: 30_000 })).text, '9');
   // JavaScript: SIGINT breaks the script; its state stays.
   const js = await sbx.createCodeContext({ language: 'javascript' });
