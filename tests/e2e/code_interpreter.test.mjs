@@ -162,6 +162,18 @@ test('timeoutMs interrupts code that never ends; the next run in that context wo
   assert.match(after.logs.stderr.join(''), /started a new one \(its state is lost\)/);
 });
 
+test('a cell that prints nothing is still answered at once: timeoutMs ends it, not the request timeout', async () => {
+  // The gateway forwards the response head before the first body bytes; if
+  // it held it back, the SDK would wait for its request timeout instead.
+  const ctx = await sbx.createCodeContext();
+  await assert.rejects(sbx.runCode('import time\ntime.sleep(30)', { context: ctx, timeoutMs: 1500, requestTimeoutMs: 20_000 }),
+    (e) => {
+      assert.ok(e instanceof TimeoutError, String(e));
+      assert.match(e.message, /Execution timed out/);
+      return true;
+    });
+});
+
 test('env_vars hold for one execution only', async () => {
   const e = await sbx.runCode('import os; os.environ.get("ONLY_NOW")', { envs: { ONLY_NOW: 'yes' } });
   assert.equal(e.text, "'yes'");

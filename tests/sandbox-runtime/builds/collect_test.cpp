@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 
+#include <vector>
+
 #include "base/sys.h"
 #include "sandbox-runtime/builds/build_service.h"
 #include "tests/support/fake_runtime.h"
@@ -25,6 +27,8 @@ struct Fixture {
   int64_t now = 1'000'000;
   std::unique_ptr<builds::BuildService> svc;
 
+  std::vector<std::string> dropped;  // drop_prepared's calls (the kvm runtime's image and snapshots)
+
   Fixture() {
     storage::TenantRow t;
     t.id = "t1";
@@ -39,6 +43,10 @@ struct Fixture {
     c.keep_unused = std::chrono::seconds(100);
     c.tenant_max_bytes = 1 << 20;
     c.tenant_max_builds = 1;
+    c.drop_prepared = [this](const std::string& root) {
+      dropped.push_back(root);
+      return uint64_t{4096};
+    };
     svc = std::make_unique<builds::BuildService>(*store, rt, c);
   }
 
@@ -207,4 +215,19 @@ TEST_CASE("upload links: signed for one template and hash, expire, and count aga
   REQUIRE_FALSE(big);
   CHECK(big.error().kind() == ErrorKind::kQuota);
   CHECK_FALSE(sys::path_exists(f.dir.sub("data/template-files/t1/" + std::string(64, 'b'))));
+}
+
+TEST_CASE("collection: what the runtime made of a collected layer goes with it (drop_prepared), once") {
+  Fixture f;
+  std::string kept = f.file("layers/kept", storage::kFileLayer, "tpl-app", 8, f.now);
+  std::string gone = f.file("layers/gone", storage::kFileLayer, "tpl-old", 8, f.now);
+  f.build("app", {kept});
+  f.build("old", {gone});
+  REQUIRE(f.store->delete_template("t1", "tpl-old", f.now));
+  Result<uint64_t> freed = f.svc->collect_garbage();
+  REQUIRE(freed);
+  CHECK(f.dropped == std::vector<std::string>{gone});
+  CHECK(*freed >= 4096 + 8 * 1024);
+  REQUIRE(f.svc->collect_garbage());
+  CHECK(f.dropped.size() == 1);
 }
