@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
@@ -30,6 +31,30 @@ Error errno_error(std::string_view op, std::string_view object, int err) {
   m += ": ";
   m += std::strerror(err);
   return internal_error(std::move(m));
+}
+
+Result<uint64_t> process_start_ticks(int pid) {
+  Result<std::string> stat = read_file("/proc/" + std::to_string(pid) + "/stat", 4096);
+  if (!stat) return not_found_error("process " + std::to_string(pid) + ": " + stat.error().message());
+  // "pid (comm) state ppid ...": comm may hold spaces and ')', so count
+  // fields from the last ')'; the state is field 3, the start time 22.
+  size_t rp = stat->rfind(')');
+  if (rp == std::string::npos) return internal_error("/proc/" + std::to_string(pid) + "/stat: malformed");
+  size_t pos = rp + 1;
+  for (int field = 3; field <= 22; ++field) {
+    while (pos < stat->size() && (*stat)[pos] == ' ') ++pos;
+    size_t end = stat->find(' ', pos);
+    if (end == std::string::npos) end = stat->size();
+    if (field == 22) {
+      uint64_t v = 0;
+      auto [p, ec] = std::from_chars(stat->data() + pos, stat->data() + end, v);
+      if (ec != std::errc() || p != stat->data() + end || pos == end)
+        return internal_error("/proc/" + std::to_string(pid) + "/stat: malformed start time");
+      return v;
+    }
+    pos = end;
+  }
+  return internal_error("/proc/" + std::to_string(pid) + "/stat: too few fields");
 }
 
 Result<std::string> read_file(const std::string& path, size_t limit) {

@@ -25,6 +25,11 @@ Status write_file(const std::string& path, std::string_view data, Os& os = Os::r
 // Writes to a temp file beside path, fsyncs and renames over path.
 Status write_file_atomic(const std::string& path, std::string_view data, Os& os = Os::real());
 
+// When process pid started, in clock ticks after boot (/proc/PID/stat
+// field 22): with the pid, it names one process for as long as the host
+// runs. kNotFound when there is no such process.
+Result<uint64_t> process_start_ticks(int pid);
+
 // The last n bytes of a (log) file, trailing newlines and spaces trimmed;
 // "" if it cannot be read. For error messages that quote a log.
 std::string read_tail(const std::string& path, size_t n);

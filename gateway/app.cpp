@@ -552,6 +552,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
                          : cfg.user_namespaces == "off" ? runtime::UserNamespaces::kOff
                                                         : runtime::UserNamespaces::kAuto;
   rcfg.first_sandbox_uid = cfg.first_sandbox_uid;
+  rcfg.sandboxes_outlive_host = cfg.keep_sandboxes == "on";
   rcfg.sandbox_uid_slots = static_cast<uint32_t>(
       std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
   return process::make_process_runtime(rcfg);
@@ -682,6 +683,7 @@ TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& s
   if (use_kvm) {
     AppConfig pc = cfg;
     pc.cgroup_parent = cfg.cgroup_parent + "-builds";
+    pc.keep_sandboxes = "off";  // a build does not outlive sandgate
     b.steps_runtime = make_runtime(pc, false, open_service);  // state in data/sandboxes, unused by microVMs
     if (Status s = b.steps_runtime->cleanup_stale(); !s) LOG_WARN("build sandboxes' cleanup: " << s.error().message());
     steps = b.steps_runtime.get();
@@ -810,8 +812,10 @@ void stop_all(GatewayServices& services, http::HttpServer& server, lifecycle::Sa
   // released, posted to the stopped io_context).
   models.shutdown();
   sandboxes.stop_waits();
-  // The instance's cgroup parents and state root are empty now: remove them.
-  if (Status s = rt.cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
+  // The instance's cgroup parents and state root are empty now, unless its
+  // sandboxes were left running for the next start: remove them.
+  if (!rt.sandboxes_outlive_host())
+    if (Status s = rt.cleanup_stale(); !s) LOG_WARN("cleanup at stop: " << s.error().message());
 }
 
 }  // namespace

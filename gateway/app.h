@@ -82,6 +82,10 @@ struct AppConfig {
   // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
   // and mkfs.ext4 are available, "on" (a create fails without them), "off".
   std::string disk_limit = "auto";
+  // "on": process sandboxes outlive this sandgate (a stop or crash) and the
+  // next start on the same data directory takes them back; "off": they
+  // end with it.
+  std::string keep_sandboxes = "on";
   // The code interpreter template (code-interpreter-v1): "auto" builds it
   // in the background at start when it is missing (apt, a few minutes;
   // creates of it answer 503 meanwhile), "off" leaves it out.

@@ -112,6 +112,10 @@ serve options:
                                 its template's disk size (a loop-mounted ext4
                                 image; auto: where loop devices and mkfs.ext4
                                 are available; default auto)
+  --keep-sandboxes on|off       on: process sandboxes outlive a stop, upgrade
+                                or crash of sandgate, and the next start on the
+                                same data directory serves them again; off:
+                                they end with it (default on)
   --code-interpreter auto|off   the code-interpreter-v1 template (E2B's code
                                 interpreter SDKs' default): auto builds it in
                                 the background when missing (apt, a few
@@ -373,6 +377,7 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
   };
   for (const ChoiceOpt& o : {ChoiceOpt{"disk-limit", {"auto", "on", "off"}, cfg.disk_limit},
                              ChoiceOpt{"code-interpreter", {"auto", "off"}, cfg.code_interpreter},
+                             ChoiceOpt{"keep-sandboxes", {"on", "off"}, cfg.keep_sandboxes},
                              ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
                              ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
                              ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
@@ -610,7 +615,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
       "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,11 @@ struct RuntimeConfig {
   // The host's syscalls (base/os.h) for every change a sandbox makes to
   // the host; null: the real host. Tests pass one that fails the Nth call.
   sys::Os* os = nullptr;
+  // Sandboxes outlive this sandgate (a stop, an upgrade, a crash): the
+  // process backend's agents are not tied to it and wait for the next
+  // host, which takes them back with Runtime::recover(). Off: they die
+  // with it (PR_SET_PDEATHSIG).
+  bool sandboxes_outlive_host = false;
 };
 
 inline constexpr size_t kMaxTemplateLayers = 64;
@@ -214,6 +220,23 @@ class Runtime {
   // (killing any process still in them) and state directories. Called once at
   // start-up, before any create.
   virtual Status cleanup_stale() = 0;
+  // Whether sandboxes outlive the sandgate process that made them, for
+  // recover() to take back after a restart.
+  virtual bool sandboxes_outlive_host() const { return false; }
+  // Takes back a sandbox that a previous run of sandgate left running
+  // (id from its database): checks that its processes are the ones that
+  // run made, re-attaches the channel and returns the sandbox as create()
+  // would, in the freezer state it was left in. kNotFound when its
+  // processes are gone (what remains of it is then removed); kUnavailable
+  // where the backend cannot.
+  virtual Result<std::unique_ptr<Sandbox>> recover(const std::string& id) {
+    return Error(ErrorKind::kUnavailable, "sandbox " + id + ": this backend's sandboxes do not outlive sandgate");
+  }
+  // cleanup_stale() for everything but the sandboxes recover() took back.
+  virtual Status cleanup_stale_except(const std::set<std::string>& keep) {
+    if (!keep.empty()) return Error(ErrorKind::kUnavailable, "this backend cannot keep sandboxes across a restart");
+    return cleanup_stale();
+  }
   // Readies a template for creates, so that its first one is not slow: the
   // kvm backend builds its root filesystem image and boots it once for the
   // snapshot its clones start from (spec's rootfs, layers, cpu_count and

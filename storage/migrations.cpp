@@ -219,6 +219,12 @@ CREATE TABLE template_files (
 );
 CREATE INDEX template_files_tenant ON template_files(tenant_id);
 )sql"},
+      // A sandbox's egress lists (allowOut, denyOut), so a restart of
+      // sandgate that takes its sandboxes back keeps their policies.
+      {9, "sandbox network",
+       R"sql(
+ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';
+)sql"},
   };
   return kList;
 }

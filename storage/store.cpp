@@ -19,7 +19,7 @@ using internal::template_from;
 constexpr const char* kSandboxCols =
     "seq, id, tenant_id, template_id, alias, state, backend, metadata, env_vars, envd_token, envd_version, "
     "cpu_count, memory_mb, disk_size_mb, timeout_s, started_at, end_at, on_timeout, auto_resume, "
-    "allow_internet, init_pid, ended_at, end_reason, traffic_token";
+    "allow_internet, init_pid, ended_at, end_reason, traffic_token, network";
 
 SandboxRow sandbox_from(const Stmt& s) {
   SandboxRow r;
@@ -47,6 +47,7 @@ SandboxRow sandbox_from(const Stmt& s) {
   if (!s.is_null(21)) r.ended_at = s.int64(21);
   if (!s.is_null(22)) r.end_reason = s.text(22);
   if (!s.is_null(23)) r.traffic_token = s.text(23);
+  r.network = s.text(24);
   return r;
 }
 
@@ -297,14 +298,15 @@ Status Store::insert_sandbox_within_quota(const SandboxRow& r, int64_t max_sandb
   SG_TRY_STMT(st, tx,
               "INSERT INTO sandboxes(id, tenant_id, template_id, alias, state, backend, metadata, env_vars, "
               "envd_token, envd_version, cpu_count, memory_mb, disk_size_mb, timeout_s, started_at, end_at, "
-              "on_timeout, auto_resume, allow_internet, init_pid, ended_at, end_reason, traffic_token, build_id) "
-              "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+              "on_timeout, auto_resume, allow_internet, init_pid, ended_at, end_reason, traffic_token, build_id, network) "
+              "VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
   st.bind(1, r.id).bind(2, r.tenant_id).bind(3, r.template_id).bind(4, r.alias).bind(5, r.state)
       .bind(6, r.backend).bind(7, r.metadata).bind(8, r.env_vars).bind(9, r.envd_token).bind(10, r.envd_version)
       .bind(11, r.cpu_count).bind(12, r.memory_mb).bind(13, r.disk_size_mb).bind(14, r.timeout_s)
       .bind(15, r.started_at).bind(16, r.end_at).bind(17, r.on_timeout).bind(18, r.auto_resume ? 1 : 0);
   if (r.allow_internet) st.bind(19, *r.allow_internet ? 1 : 0); else st.bind(19, std::nullopt);
   st.bind(20, r.init_pid).bind(21, r.ended_at).bind(22, r.end_reason).bind(23, r.traffic_token).bind(24, r.build_id);
+  st.bind(25, r.network);
   SG_TRY(st.run());
   return tx.commit();
 }
@@ -389,11 +391,11 @@ Status Store::set_end_at(const std::string& id, int64_t end_at) {
   return st.run();
 }
 
-Status Store::set_allow_internet(const std::string& id, std::optional<bool> allow) {
+Status Store::set_network(const std::string& id, std::optional<bool> allow, const std::string& network) {
   auto tx = db_->lock();
-  SG_TRY_STMT(st, tx, "UPDATE sandboxes SET allow_internet = ? WHERE id = ?");
+  SG_TRY_STMT(st, tx, "UPDATE sandboxes SET allow_internet = ?, network = ? WHERE id = ?");
   if (allow) st.bind(1, *allow ? 1 : 0); else st.bind(1, std::nullopt);
-  st.bind(2, id);
+  st.bind(2, network).bind(3, id);
   return st.run();
 }
 

@@ -181,6 +181,8 @@ struct SandboxRow {
   // The template build it runs (none for the server's own templates):
   // written at insert, for collecting unused layers; not read back.
   std::optional<std::string> build_id;
+  // The egress lists as the client gave them: {"allowOut":[...],"denyOut":[...]}.
+  std::string network = "{}";
 };
 
 struct EventRow {
@@ -382,7 +384,8 @@ class Store {
   Result<bool> transition(const std::string& id, const std::vector<std::string>& from, const std::string& to);
   Status set_running(const std::string& id, int64_t init_pid, const std::string& envd_version);
   Status set_end_at(const std::string& id, int64_t end_at);
-  Status set_allow_internet(const std::string& id, std::optional<bool> allow);
+  // allow_internet and the egress lists (SandboxRow::network) at once.
+  Status set_network(const std::string& id, std::optional<bool> allow, const std::string& network);
   // Moves to a final state (killed, lost, failed) with a reason; false when already final.
   Result<bool> finish(const std::string& id, const std::string& state, const std::string& reason, int64_t now);
 

@@ -79,6 +79,7 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
     std::string_view value = eq == std::string_view::npos ? std::string_view() : kv.substr(eq + 1);
     if (name == "SANDGATE_ENVD_TOKEN") cfg.envd_access_token = value;
     if (name == "SANDGATE_SANDBOX_ID") cfg.sandbox_id = value;
+    if (name == "SANDGATE_REATTACH") cfg.reattach = value == "1";
     if (name == "SANDGATE_USERNS_FD") {
       std::string v(value);
       char* end = nullptr;
@@ -421,7 +422,94 @@ class TeardownReaper {
 
 }  // namespace
 
+namespace {
+
+// The spare socketpair a later host re-attaches through
+// (channel::kReattachFd): its other end is kept on that number, replacing
+// what was there, and this end is returned.
+Result<UniqueFd> make_reattach_pair() {
+  int sv[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+    return sys::errno_error("socketpair", "re-attach channel");
+  UniqueFd mine(sv[0]), theirs(sv[1]);
+  if (mine.get() == channel::kReattachFd) {
+    mine.reset(::fcntl(sv[0], F_DUPFD_CLOEXEC, channel::kReattachFd + 1));
+    if (!mine) return sys::errno_error("fcntl F_DUPFD_CLOEXEC", "re-attach channel");
+  }
+  if (theirs.get() != channel::kReattachFd && ::dup3(theirs.get(), channel::kReattachFd, O_CLOEXEC) < 0)
+    return sys::errno_error("dup3", "re-attach channel");
+  if (theirs.get() == channel::kReattachFd) (void)theirs.release();
+  return mine;
+}
+
+// Between hosts: zombies are reaped, SIGTERM ends the wait, and a host's
+// hello on the spare pair makes it the channel (a fresh spare replaces
+// it). Returns the channel, or an empty fd when the agent is to end.
+UniqueFd wait_for_host(UniqueFd& spare, int sig_fd, Reaper& reaper) {
+  constexpr int kHelloTimeoutMs = 5000;
+  for (;;) {
+    struct pollfd p[2] = {{spare.get(), POLLIN, 0}, {sig_fd, POLLIN, 0}};
+    if (::poll(p, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      LOG_ERROR("agent: poll while waiting for a host: " << std::strerror(errno));
+      return UniqueFd();
+    }
+    if (p[1].revents & POLLIN) {
+      bool term = false;
+      struct signalfd_siginfo si;
+      while (::read(sig_fd, &si, sizeof si) == static_cast<ssize_t>(sizeof si))
+        if (si.ssi_signo == SIGTERM) term = true;
+      reaper.reap_all();
+      if (term) {
+        LOG_INFO("agent: SIGTERM while no host is attached, shutting down");
+        return UniqueFd();
+      }
+    }
+    if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    char hello[sizeof channel::kReattachHello];
+    size_t got = 0;
+    uint64_t deadline = sys::monotonic_ns() + kHelloTimeoutMs * 1000000ull;
+    while (got < sizeof hello) {
+      uint64_t now = sys::monotonic_ns();
+      if (now >= deadline) break;
+      struct pollfd q = {spare.get(), POLLIN, 0};
+      int r = ::poll(&q, 1, static_cast<int>((deadline - now) / 1000000 + 1));
+      if (r < 0 && errno != EINTR) break;
+      if (r <= 0) continue;
+      ssize_t n = ::recv(spare.get(), hello + got, sizeof hello - got, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    bool ok = got == sizeof hello && std::memcmp(hello, channel::kReattachHello, sizeof hello) == 0;
+    Result<UniqueFd> fresh = make_reattach_pair();  // the old spare's other end goes with it
+    if (!fresh) {
+      LOG_ERROR("agent: " << fresh.error().message() << "; no host can re-attach after this one");
+      if (ok) return std::move(spare);
+      return UniqueFd();
+    }
+    UniqueFd old = std::move(spare);
+    spare = std::move(*fresh);
+    if (ok) return old;
+    LOG_WARN("agent: a bad hello on the re-attach channel (" << got << " bytes); waiting for a host");
+  }
+}
+
+}  // namespace
+
 int run(const AgentConfig& cfg) {
+  // A re-attaching agent (process sandboxes that outlive their host) keeps
+  // the spare pair the next host comes through, made first: its fixed
+  // number must not be a descriptor anything else opened.
+  UniqueFd spare;
+  if (cfg.reattach) {
+    Result<UniqueFd> p = ::fcntl(channel::kReattachFd, F_GETFD) >= 0
+                             ? Result<UniqueFd>(internal_error("descriptor " + std::to_string(channel::kReattachFd) +
+                                                               " is in use at start"))
+                             : make_reattach_pair();
+    if (p) spare = std::move(*p);
+    else LOG_ERROR("agent: re-attach: " << p.error().message() << "; the sandbox ends with its host");
+  }
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGCHLD);
@@ -476,87 +564,110 @@ int run(const AgentConfig& cfg) {
   }
   if (!cfg.vm) start_envd(cfg.envd_access_token, cfg.child_env);
 
-  channel::MuxConfig mc;
-  mc.channel_fd = cfg.channel_fd;
-  mc.odd_ids = false;  // the host opens odd ids
-  mc.max_control_out = kMaxOutputBuffer;
-  channel::Mux* mux_ptr = nullptr;
-  auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
-  auto scan_procs = [&] {
-    ProcessCounts pc;
-    pc.processes = count_processes("/proc", ::getpid(), cfg.vm);
-    RunnableCount rc = count_runnable("/proc", ::getpid(), cfg.vm);
-    pc.runnable = rc.runnable;
-    pc.truncated = rc.truncated;
-    return pc;
-  };
-  auto on_control = [&](std::string_view payload) {
-    ControlAction act = handle_control(payload, scan_procs, cfg.vm);
-    if (!act.error.empty()) {
-      mux_ptr->fail(act.error);
-      return;
-    }
-    if (act.configure) {
-      // The clock and entropy are a clone's, not a process sandbox's (the
-      // host's clock; no CAP_SYS_TIME).
-      if (cfg.vm) apply_vm_configure(*act.configure);
-      std::vector<std::string> env = cfg.child_env;
-      env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
-      // A second configure is a clone of a snapshot taken with envd running
-      // (a template whose start command runs in its snapshot): the clone's
-      // own token and environment replace the template's.
-      if (envd_server)
-        envd_server->reconfigure(act.configure->envd_access_token, std::move(env));
-      else
-        start_envd(act.configure->envd_access_token, std::move(env));
-      act.reply = json{{"type", "configured"}}.dump();
-    }
-    if (!act.reply.empty()) (void)mux_ptr->send_control(std::move(act.reply));  // failure closes the channel
-    if (act.shutdown) {
-      LOG_INFO("agent: shutdown requested by the host");
-      mux_ptr->stop();
-    }
-  };
-  channel::Mux mux(mc, on_open, on_control);
-  mux_ptr = &mux;
-  mux.watch_fd(sigfd.get(), [&] {
-    for (;;) {
-      struct signalfd_siginfo si;
-      if (::read(sigfd.get(), &si, sizeof si) != static_cast<ssize_t>(sizeof si)) break;
-      if (si.ssi_signo == SIGTERM) {
-        LOG_INFO("agent: SIGTERM, shutting down");
-        mux.stop();
+  // Whether the agent is to end (SIGTERM, the host's shutdown), as
+  // opposed to its host being gone (channel EOF), after which a
+  // re-attaching agent waits for the next host.
+  bool stopping = false;
+  auto serve_channel = [&](int channel_fd) -> Status {
+    channel::MuxConfig mc;
+    mc.channel_fd = channel_fd;
+    mc.odd_ids = false;  // the host opens odd ids
+    mc.max_control_out = kMaxOutputBuffer;
+    channel::Mux* mux_ptr = nullptr;
+    auto on_open = [](std::string_view payload) { return open_stream_target(payload, kConnectTimeout); };
+    auto scan_procs = [&] {
+      ProcessCounts pc;
+      pc.processes = count_processes("/proc", ::getpid(), cfg.vm);
+      RunnableCount rc = count_runnable("/proc", ::getpid(), cfg.vm);
+      pc.runnable = rc.runnable;
+      pc.truncated = rc.truncated;
+      return pc;
+    };
+    auto on_control = [&](std::string_view payload) {
+      ControlAction act = handle_control(payload, scan_procs, cfg.vm);
+      if (!act.error.empty()) {
+        mux_ptr->fail(act.error);
+        return;
       }
-    }
-    // PID 1 duty: collect every zombie, ours or reparented to us.
-    reaper.reap_all();
-  });
-  // The model API proxy: sandbox connections to 127.0.0.1:49982 become
-  // {"service":"llm"} streams to the host. Listening before "configure" is
-  // fine in a microVM: loopback is up and the host's opener needs no token.
-  // The egress proxy the same way, at 127.0.0.1:49984.
-  std::optional<ServiceForwarder> llm, egress;
-  auto forward = [&](std::optional<ServiceForwarder>& f, std::string_view service, uint16_t port, const char* what) {
-    if (port == 0) return;
-    f.emplace(mux, std::string(service), kMaxServiceStreams);
-    if (Status ls = f->listen(port); !ls) {
-      LOG_WARN("agent: " << what << ": " << ls.error().message() << "; the sandbox runs without it");
-      f.reset();
-    } else {
-      ServiceForwarder* fp = &*f;
-      mux.watch_fd(fp->fd(), [fp] { fp->on_readable(); });
-    }
+      if (act.configure) {
+        // The clock and entropy are a clone's, not a process sandbox's (the
+        // host's clock; no CAP_SYS_TIME).
+        if (cfg.vm) apply_vm_configure(*act.configure);
+        std::vector<std::string> env = cfg.child_env;
+        env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
+        // A second configure is a clone of a snapshot taken with envd running
+        // (a template whose start command runs in its snapshot): the clone's
+        // own token and environment replace the template's.
+        if (envd_server)
+          envd_server->reconfigure(act.configure->envd_access_token, std::move(env));
+        else
+          start_envd(act.configure->envd_access_token, std::move(env));
+        act.reply = json{{"type", "configured"}}.dump();
+      }
+      if (!act.reply.empty()) (void)mux_ptr->send_control(std::move(act.reply));  // failure closes the channel
+      if (act.shutdown) {
+        LOG_INFO("agent: shutdown requested by the host");
+        stopping = true;
+        mux_ptr->stop();
+      }
+    };
+    channel::Mux mux(mc, on_open, on_control);
+    mux_ptr = &mux;
+    mux.watch_fd(sigfd.get(), [&] {
+      for (;;) {
+        struct signalfd_siginfo si;
+        if (::read(sigfd.get(), &si, sizeof si) != static_cast<ssize_t>(sizeof si)) break;
+        if (si.ssi_signo == SIGTERM) {
+          LOG_INFO("agent: SIGTERM, shutting down");
+          stopping = true;
+          mux.stop();
+        }
+      }
+      // PID 1 duty: collect every zombie, ours or reparented to us.
+      reaper.reap_all();
+    });
+    // The model API proxy: sandbox connections to 127.0.0.1:49982 become
+    // {"service":"llm"} streams to the host. Listening before "configure" is
+    // fine in a microVM: loopback is up and the host's opener needs no token.
+    // The egress proxy the same way, at 127.0.0.1:49984. Both belong to
+    // this channel: between hosts nothing listens there.
+    std::optional<ServiceForwarder> llm, egress;
+    auto forward = [&](std::optional<ServiceForwarder>& f, std::string_view service, uint16_t port, const char* what) {
+      if (port == 0) return;
+      f.emplace(mux, std::string(service), kMaxServiceStreams);
+      if (Status ls = f->listen(port); !ls) {
+        LOG_WARN("agent: " << what << ": " << ls.error().message() << "; the sandbox runs without it");
+        f.reset();
+      } else {
+        ServiceForwarder* fp = &*f;
+        mux.watch_fd(fp->fd(), [fp] { fp->on_readable(); });
+      }
+    };
+    forward(llm, channel::kServiceLlm, cfg.model_proxy_port, "model API proxy");
+    forward(egress, channel::kServiceEgress, cfg.egress_proxy_port, "egress proxy");
+    if (Status s = mux.send_control(ready_message(::getpid())); !s) return s;
+    return mux.run();
   };
-  forward(llm, channel::kServiceLlm, cfg.model_proxy_port, "model API proxy");
-  forward(egress, channel::kServiceEgress, cfg.egress_proxy_port, "egress proxy");
-  if (Status s = mux.send_control(ready_message(::getpid())); !s) {
-    LOG_ERROR("agent: " << s.error().message());
-    return 1;
+
+  UniqueFd channel(cfg.channel_fd);
+  for (;;) {
+    Status s = serve_channel(channel.get());
+    if (!s) {
+      LOG_ERROR("agent: channel: " << s.error().message() << "; shutting down");
+      break;
+    }
+    if (stopping || !spare) {
+      LOG_INFO("agent: channel closed or shutdown requested; shutting down");
+      break;
+    }
+    LOG_INFO("agent: the host is gone; the sandbox runs on and waits for the next one");
+    channel.reset();
+    channel = wait_for_host(spare, sigfd.get(), reaper);
+    if (!channel) break;
+    LOG_INFO("agent: a host re-attached");
   }
-  Status s = mux.run();
-  if (!s) LOG_ERROR("agent: channel: " << s.error().message() << "; shutting down");
-  else LOG_INFO("agent: channel closed or shutdown requested; shutting down");
-  ::close(cfg.channel_fd);
+  channel.reset();
+  spare.reset();
   // Nothing may outlive init: kill every other process in the namespace and
   // reap them, so the host sees init exit only once the sandbox is empty.
   ::kill(-1, SIGKILL);

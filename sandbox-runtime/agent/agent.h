@@ -2,9 +2,9 @@
 //
 // The agent owns the sandbox end of the channel (docs/channel.md) and is the
 // init of the sandbox's PID namespace: it reaps every orphan, answers control
-// messages on stream 0, and on shutdown (message, SIGTERM or channel EOF)
-// kills every other process before exiting, so nothing outlives it. It is
-// linked -static and kept free of Boost so it runs on any template rootfs.
+// messages on stream 0, and on shutdown (message, SIGTERM, or channel EOF
+// unless it waits for a new host: AgentConfig::reattach) kills every other
+// process before exiting, so nothing outlives it. It is linked -static and kept free of Boost so it runs on any template rootfs.
 //
 // Thread model: the main thread runs the channel Mux (channel/mux.h): one
 // epoll loop over the channel, the signalfd (SIGCHLD reaps through the
@@ -76,6 +76,10 @@ struct AgentConfig {
   // SANDGATE_USERNS_FD: a user namespace to join once the steps that need
   // host root are done (process/userns.h); -1: none.
   int userns_fd = -1;
+  // SANDGATE_REATTACH=1: the sandbox outlives its host. On channel EOF the
+  // agent keeps every process and waits for a new host on
+  // channel::kReattachFd instead of shutting down (docs/channel.md).
+  bool reattach = false;
   // Environment for processes the agent starts: the agent's own
   // environment minus every SANDGATE_* variable.
   std::vector<std::string> child_env;

@@ -392,6 +392,11 @@ Status Cgroup::destroy(std::chrono::milliseconds timeout) {
 
 Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& parent,
                             std::chrono::milliseconds timeout, sys::Os& os) {
+  return remove_cgroups_except(layout, parent, {}, timeout, os);
+}
+
+Status remove_cgroups_except(const CgroupLayout& layout, const std::string& parent, const std::set<std::string>& keep,
+                             std::chrono::milliseconds timeout, sys::Os& os) {
   std::set<std::string> roots;
   if (layout.version == CgroupVersion::kV2) {
     roots.insert(layout.unified);
@@ -403,8 +408,10 @@ Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& paren
     for (const std::string& n : subdirs(r + "/" + parent)) names.insert(n);
   Status result;
   for (const std::string& n : names) {
+    if (keep.count(n)) continue;
     if (Status s = Cgroup::attach(layout, parent, n, os).destroy(timeout); !s && result) result = s;
   }
+  if (!keep.empty()) return result;
   for (const std::string& r : roots) {
     std::string p = r + "/" + parent;
     if (os.rmdir(p.c_str()) != 0 && errno != ENOENT && result) result = sys::errno_error("rmdir", p);

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -92,5 +93,9 @@ class Cgroup {
 // their tasks first), then the parent directories themselves.
 Status remove_cgroup_parent(const CgroupLayout& layout, const std::string& parent, std::chrono::milliseconds timeout,
                             sys::Os& os = sys::Os::real());
+// The same for every cgroup under it but those named in keep (sandboxes
+// taken back after a restart); the parent stays when keep is not empty.
+Status remove_cgroups_except(const CgroupLayout& layout, const std::string& parent, const std::set<std::string>& keep,
+                             std::chrono::milliseconds timeout, sys::Os& os = sys::Os::real());
 
 }  // namespace sg::process

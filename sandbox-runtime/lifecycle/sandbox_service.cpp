@@ -4,6 +4,7 @@
 #include <sys/random.h>
 
 #include <cassert>
+#include <set>
 
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -110,14 +111,98 @@ void SandboxService::event(const std::string& tenant_id, const std::string& id, 
 Status SandboxService::recover() {
   Result<std::vector<SandboxRow>> rows = store_.list_live();
   if (!rows) return rows.error();
+  std::set<std::string> kept;
   for (const SandboxRow& r : *rows) {
-    const char* reason = "sandgate restarted: process-backend sandboxes do not survive a restart of sandgate";
+    std::string reason;
+    if (r.state == storage::kStateCreating) {
+      reason = "sandgate restarted while the sandbox was being created";
+    } else if (r.backend != rt_.name()) {
+      reason = "sandgate restarted with the " + rt_.name() + " backend; the sandbox ran on " + r.backend;
+    } else if (!rt_.sandboxes_outlive_host()) {
+      reason = "sandgate restarted: " + rt_.name() + " sandboxes do not outlive it here";
+    } else if (Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.recover(r.id); !sb) {
+      reason = "sandgate restarted and could not take the sandbox back: " + sb.error().message();
+    } else if (Status a = adopt(r, std::move(*sb)); !a) {
+      reason = "sandgate restarted and could not take the sandbox back: " + a.error().message();
+    } else {
+      kept.insert(r.id);
+      continue;
+    }
     Result<bool> done = store_.finish(r.id, storage::kStateLost, reason, clock_());
     if (!done) return done.error();
     event(r.tenant_id, r.id, "lost", reason);
-    LOG_INFO("sandbox " << r.id << " (tenant " << r.tenant_id << ") marked lost: its processes are gone");
+    LOG_INFO("sandbox " << r.id << " (tenant " << r.tenant_id << ") marked lost: " << reason);
   }
-  return rt_.cleanup_stale();
+  if (!kept.empty()) LOG_INFO(kept.size() << " sandboxes taken back from the previous run");
+  return rt_.cleanup_stale_except(kept);
+}
+
+// The egress lists as stored with the row (and back).
+static std::string network_json(const NetworkParams& n) {
+  return nlohmann::json{{"allowOut", n.allow_out}, {"denyOut", n.deny_out}}.dump();
+}
+
+static Result<NetworkParams> network_of(const SandboxRow& r) {
+  NetworkParams n;
+  n.allow_internet = r.allow_internet;
+  nlohmann::json j = nlohmann::json::parse(r.network, nullptr, false);
+  if (!j.is_object()) return internal_error("its stored network configuration is damaged");
+  std::vector<std::string>* lists[2] = {&n.allow_out, &n.deny_out};
+  const char* names[2] = {"allowOut", "denyOut"};
+  for (int k = 0; k < 2; ++k) {
+    auto l = j.find(names[k]);
+    if (l == j.end()) continue;
+    if (!l->is_array()) return internal_error("its stored network configuration is damaged");
+    for (const nlohmann::json& e : *l)
+      if (e.is_string()) lists[k]->push_back(e.get<std::string>());
+  }
+  Result<network::EgressPolicy> pol = network::parse_egress_policy(n.allow_out, n.deny_out, n.allow_internet);
+  if (!pol) return pol.error().with_context("its stored network configuration");
+  n.egress = std::move(*pol);
+  n.asks_egress = !n.allow_out.empty();
+  return n;
+}
+
+// A sandbox recover() took back becomes live again in its stored state:
+// paused stays frozen; running runs (one wait-paused when sandgate went
+// is thawed: the model request it waited for went with that sandgate).
+Status SandboxService::adopt(const SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb) {
+  Result<NetworkParams> net = network_of(r);
+  State st = r.state == storage::kStatePaused ? State::kPaused : State::kRunning;
+  Status freezer = !net ? Status(net.error()) : st == State::kPaused ? sb->pause() : sb->resume();
+  if (!freezer) {
+    if (Status k = sb->kill(); !k) {
+      MutexLock g(lost_mu_);
+      unkilled_.emplace_back(r.id, std::move(sb));
+    }
+    return freezer;
+  }
+  auto live = std::make_shared<Live>();
+  live->tenant_id = r.tenant_id;
+  live->template_id = r.template_id;
+  live->started_at = r.started_at;
+  live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, r.cpu_count));
+  live->envd_token = r.envd_token;
+  live->traffic_token = r.traffic_token;
+  live->auto_resume = r.auto_resume;
+  live->init_pid = sb->init_pid();
+  {
+    MutexLock n(live->net_mu);
+    live->network = *net;
+  }
+  {
+    MutexLock g(live->op_mu);
+    live->sb = std::move(sb);
+    // Not a move in the table: the sandbox resumes the state its row kept.
+    live->state = st;
+  }
+  if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->set(r.id, net->egress);
+  {
+    MutexLock g(mu_);
+    live_[r.id] = live;
+  }
+  event(r.tenant_id, r.id, "recovered", std::string("taken back after a restart of sandgate, ") + r.state);
+  return Status::Ok();
 }
 
 std::shared_ptr<SandboxService::Live> SandboxService::find_live(const std::string& id) {
@@ -180,6 +265,7 @@ SandboxRow SandboxService::new_row(const storage::TenantRow& tenant, const stora
   row.on_timeout = p.on_timeout_pause ? "pause" : "kill";
   row.auto_resume = p.auto_resume;
   row.allow_internet = p.network.allow_internet;
+  row.network = network_json(p.network);
   if (!p.public_traffic) row.traffic_token = sys::random_hex(16);
   return row;
 }
@@ -526,7 +612,7 @@ Status SandboxService::update_network(const std::string& tenant_id, const std::s
     MutexLock op(f->live->op_mu);
     if (!f->live->sb) return not_found(id);
     // The stored flag first (GET shows it): if that fails, nothing changed.
-    if (Status s = store_.set_allow_internet(id, n.allow_internet); !s) return s;
+    if (Status s = store_.set_network(id, n.allow_internet, network_json(n)); !s) return s;
     MutexLock g(f->live->net_mu);
     f->live->network = n;
   }
@@ -921,12 +1007,20 @@ void SandboxService::shutdown() {
     MutexLock g(mu_);
     all.assign(live_.begin(), live_.end());
   }
+  size_t left = 0;
   for (auto& [id, live] : all) {
     MutexLock g(live->op_mu);
-    if (live->sb)
-      (void)kill_locked(*live, id, live->tenant_id, State::kLost,
-                        "sandgate stopped: process-backend sandboxes end with it");
+    if (!live->sb) continue;
+    if (rt_.sandboxes_outlive_host()) {
+      // Left running for the next start to take back (recover()): the
+      // handle goes, closing the channel; the row keeps its state.
+      live->sb.reset();
+      ++left;
+      continue;
+    }
+    (void)kill_locked(*live, id, live->tenant_id, State::kLost, "sandgate stopped: its sandboxes end with it");
   }
+  if (left) LOG_INFO(left << " sandboxes left running for the next start of sandgate");
   // A last try for the ones whose kill kept failing; what is left then is
   // the runtime's cleanup_stale() at the next start.
   MutexLock g(lost_mu_);

@@ -119,9 +119,11 @@ class SandboxService {
                  GuestMemoryStore* memory = nullptr);
   ~SandboxService();
 
-  // Start-up recovery: rows left creating/running/paused by a previous run
-  // are marked lost (the process backend's sandboxes die with sandgate),
-  // then the runtime removes their leftovers.
+  // Start-up recovery: the sandboxes of rows a previous run left running or
+  // paused are taken back (Runtime::recover, where they outlive sandgate)
+  // and served again in that state; rows left creating, and those whose
+  // sandbox cannot be taken back, are marked lost with the reason; then the
+  // runtime removes everything else the previous run left.
   Status recover();
 
   Result<storage::SandboxRow> create(const storage::TenantRow& tenant, const CreateParams& p);
@@ -172,7 +174,9 @@ class SandboxService {
   // Periodic sweep: enforce end_at, notice sandboxes whose processes died,
   // record metric samples. Called from a worker thread every second.
   void tick();
-  // Kills every live sandbox (shutdown).
+  // The stop: kills every live sandbox, or, where the runtime's sandboxes
+  // outlive sandgate, lets go of them running for the next start's
+  // recover(); the warm pool's sandboxes are killed either way.
   void shutdown();
 
   size_t live_count();
@@ -239,6 +243,8 @@ class SandboxService {
   };
 
   std::shared_ptr<Live> find_live(const std::string& id);
+  // A sandbox recover() took back, live again in its row's state.
+  Status adopt(const storage::SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb);
   struct Found {
     storage::SandboxRow row;
     std::shared_ptr<Live> live;

@@ -39,9 +39,10 @@ int child_main(void* arg) {
   ::close(a.err_rd_fd);
   ::close(a.host_channel_fd);
 
-  // Die with the thread that created us (the Runtime's spawner thread). If it
-  // already died before this line, the sync read below sees EOF.
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return fail(a, ChildStep::kPdeathSig);
+  // Die with the thread that created us (the Runtime's spawner thread),
+  // unless the sandbox is to outlive sandgate. If it already died before
+  // this line, the sync read below sees EOF.
+  if (a.die_with_parent && ::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) return fail(a, ChildStep::kPdeathSig);
   char go = 0;
   ssize_t n;
   do {

@@ -68,6 +68,7 @@ struct ChildArgs {
   int host_channel_fd = -1;
   int null_fd = -1;      // /dev/null of the host, becomes fd 0
   int log_fd = -1;       // agent log file, becomes fds 1 and 2
+  bool die_with_parent = true;  // PR_SET_PDEATHSIG SIGKILL (RuntimeConfig::sandboxes_outlive_host off)
 
   // RLIMIT_NOFILE of every process in the sandbox (set while the child is
   // still host root; nothing inside can raise the hard limit).

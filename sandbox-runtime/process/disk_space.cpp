@@ -70,6 +70,15 @@ Result<DiskSpace::Reservation> DiskSpace::reserve(uint64_t bytes, std::string im
   return r;
 }
 
+DiskSpace::Reservation DiskSpace::adopt(uint64_t bytes, std::string image) {
+  std::lock_guard<std::mutex> l(mu_);
+  Reservation r;
+  r.owner_ = shared_from_this();
+  r.key_ = next_key_++;
+  if (bytes > 0) disks_.emplace(r.key_, Disk{bytes, std::move(image)});
+  return r;
+}
+
 void DiskSpace::release(uint64_t key) {
   std::lock_guard<std::mutex> l(mu_);
   disks_.erase(key);

@@ -66,6 +66,10 @@ class DiskSpace : public std::enable_shared_from_this<DiskSpace> {
   // once it exists). bytes 0: an unlimited layer, admitted while the
   // margin is free. kQuota when it does not fit; nothing is reserved then.
   Result<Reservation> reserve(uint64_t bytes, std::string image);
+  // Counts a disk that exists already (a sandbox a previous run of sandgate
+  // left running, taken back): never refused, as its bytes are the host's
+  // already.
+  Reservation adopt(uint64_t bytes, std::string image);
 
  private:
   explicit DiskSpace(std::string root) : root_(std::move(root)) {}

@@ -34,6 +34,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "sandbox-runtime/channel/control_message.h"
@@ -223,11 +224,21 @@ class ProcessSandbox final : public runtime::Sandbox {
         return sys::errno_error("pidfd_send_signal SIGKILL", "sandbox " + id_ + " init " + std::to_string(pid_));
       // v1 frozen tasks act on SIGKILL only once thawed.
       if (has_cgroup_) (void)cgroup_.thaw();
-      int status = 0;
-      for (;;) {
-        pid_t r = ::waitpid(pid_, &status, 0);
-        if (r == pid_ || (r < 0 && errno == ECHILD)) break;
-        if (r < 0 && errno != EINTR) return sys::errno_error("waitpid", std::to_string(pid_));
+      if (adopted_) {
+        // Another process reaps a sandbox taken back after a restart (its
+        // parent was the previous sandgate): its pidfd says when it ended.
+        struct pollfd p = {pidfd_.get(), POLLIN, 0};
+        int r;
+        do r = ::poll(&p, 1, static_cast<int>(kTeardownTimeout.count()));
+        while (r < 0 && errno == EINTR);
+        if (r == 0) return Error(ErrorKind::kTimeout, "kill sandbox " + id_ + ": init did not exit");
+      } else {
+        int status = 0;
+        for (;;) {
+          pid_t r = ::waitpid(pid_, &status, 0);
+          if (r == pid_ || (r < 0 && errno == ECHILD)) break;
+          if (r < 0 && errno != EINTR) return sys::errno_error("waitpid", std::to_string(pid_));
+        }
       }
       reaped_ = true;
     }
@@ -283,6 +294,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   UniqueFd channel_;        // host end
   bool reaped_ = false;     // GUARDED_BY(mu_)
   bool killed_ = false;     // GUARDED_BY(mu_)
+  bool adopted_ = false;    // taken back after a restart: not our child
 };
 
 Result<UniqueFd> high_fd(sys::Os& os, UniqueFd fd, const char* what) {
@@ -309,16 +321,18 @@ class ProcessRuntime final : public runtime::Runtime {
 
   std::string name() const override { return "process"; }
 
-  Status cleanup_stale() override {
+  Status cleanup_stale() override { return cleanup_stale_except({}); }
+
+  Status cleanup_stale_except(const std::set<std::string>& keep) override {
     if (!layout_) return layout_.error();
     Status result;
-    if (Status s = remove_cgroup_parent(*layout_, cfg_.cgroup_parent, kTeardownTimeout, os_); !s) result = s;
+    if (Status s = remove_cgroups_except(*layout_, cfg_.cgroup_parent, keep, kTeardownTimeout, os_); !s) result = s;
     DIR* d = ::opendir(cfg_.state_root.c_str());
     if (d) {
       std::vector<std::string> names;
       while (struct dirent* e = ::readdir(d)) {
         std::string n = e->d_name;
-        if (n != "." && n != "..") names.push_back(n);
+        if (n != "." && n != ".." && !keep.count(n)) names.push_back(n);
       }
       ::closedir(d);
       for (const std::string& n : names) {
@@ -326,6 +340,30 @@ class ProcessRuntime final : public runtime::Runtime {
       }
     }
     return result;
+  }
+
+  bool sandboxes_outlive_host() const override { return cfg_.sandboxes_outlive_host; }
+
+  Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
+    if (!layout_) return layout_.error();
+    if (!cfg_.sandboxes_outlive_host)
+      return Error(ErrorKind::kUnavailable, "sandbox " + id + ": sandboxes do not outlive sandgate here");
+    if (!valid_sandbox_id(id)) return invalid_error("invalid sandbox id (want [a-z0-9]{1,64})");
+    std::string dir = cfg_.state_root + "/" + id;
+    Result<SandboxRecord> rec = read_record(dir);
+    if (!rec) return rec.error().with_context("recover sandbox " + id);
+    auto sb = std::make_unique<ProcessSandbox>(id, dir, os_);
+    std::lock_guard<std::mutex> l(sb->mu_);
+    sb->adopted_ = true;
+    sb->cgroup_ = Cgroup::attach(*layout_, cfg_.cgroup_parent, id, os_);
+    sb->has_cgroup_ = true;
+    if (Status s = reattach(*sb, *rec); !s) {
+      // What is left of it goes now (its processes too, if some remain).
+      if (Status k = sb->kill_locked(); !k) LOG_ERROR("remove sandbox " << id << ": " << k.error().message());
+      return s.error().with_context("recover sandbox " + id);
+    }
+    LOG_INFO("sandbox " << id << " taken back, init pid " << sb->pid_);
+    return std::unique_ptr<runtime::Sandbox>(std::move(sb));
   }
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
@@ -346,6 +384,106 @@ class ProcessRuntime final : public runtime::Runtime {
   }
 
  private:
+  // What a later run of sandgate needs to take a sandbox back
+  // (state_dir/sandbox.json, written once the agent is ready).
+  struct SandboxRecord {
+    int pid = -1;
+    uint64_t start_ticks = 0;  // /proc/PID/stat field 22: tells the agent from a later process with its pid
+    int64_t uid_slot = -1;
+    uint64_t disk_mb = 0;
+  };
+  static constexpr const char* kRecordFile = "sandbox.json";
+
+  Status write_record(const ProcessSandbox& sb, uint64_t disk_mb) {
+    Result<uint64_t> start = sys::process_start_ticks(sb.pid_);
+    if (!start) return start.error();
+    nlohmann::json j = {{"pid", sb.pid_},
+                        {"start", *start},
+                        {"uidSlot", sb.uid_slots_ ? static_cast<int64_t>(sb.uid_slot_) : -1},
+                        {"diskMb", sb.disk_image_.empty() ? 0 : disk_mb}};
+    return sys::write_file_atomic(sb.state_dir_ + "/" + kRecordFile, j.dump(), os_);
+  }
+
+  static Result<SandboxRecord> read_record(const std::string& dir) {
+    Result<std::string> text = sys::read_file(dir + "/" + kRecordFile, 4096);
+    if (!text) return not_found_error("no record of it in " + dir + " (" + text.error().message() + ")");
+    nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
+    SandboxRecord r;
+    if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() || !j.contains("start") ||
+        !j["start"].is_number_unsigned() || !j.contains("uidSlot") || !j["uidSlot"].is_number_integer() ||
+        !j.contains("diskMb") || !j["diskMb"].is_number_unsigned())
+      return internal_error("its record " + dir + "/" + kRecordFile + " is damaged");
+    r.pid = j["pid"].get<int>();
+    r.start_ticks = j["start"].get<uint64_t>();
+    r.uid_slot = j["uidSlot"].get<int64_t>();
+    r.disk_mb = j["diskMb"].get<uint64_t>();
+    if (r.pid <= 1) return internal_error("its record " + dir + "/" + kRecordFile + " is damaged");
+    return r;
+  }
+
+  // The agent a previous run started, checked to be that one (pid, start
+  // time, cgroup), its uid range and disk counted again, and a channel
+  // to it through its re-attach descriptor (channel::kReattachFd): a
+  // frozen sandbox is thawed for the hello and frozen again.
+  Status reattach(ProcessSandbox& sb, const SandboxRecord& rec) {
+    int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, rec.pid, 0));
+    if (pidfd < 0) {
+      if (errno == ESRCH) return not_found_error("its processes are gone");
+      return sys::errno_error("pidfd_open", std::to_string(rec.pid));
+    }
+    sb.pidfd_.reset(pidfd);
+    Result<uint64_t> start = sys::process_start_ticks(rec.pid);
+    struct pollfd p = {pidfd, POLLIN, 0};
+    // Read while the pidfd shows the process alive: the pid is still its.
+    if (!start || *start != rec.start_ticks || ::poll(&p, 1, 0) != 0)
+      return not_found_error("its processes are gone (pid " + std::to_string(rec.pid) + " is another process now)");
+    sb.pid_ = rec.pid;
+    Result<std::vector<int>> pids = sb.cgroup_.pids();
+    if (!pids || std::find(pids->begin(), pids->end(), rec.pid) == pids->end())
+      return not_found_error("its init (pid " + std::to_string(rec.pid) + ") is not in its cgroup");
+    if (rec.uid_slot >= 0) {
+      std::string ns_path = "/proc/" + std::to_string(rec.pid) + "/ns/user";
+      UniqueFd ns(::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!ns) return sys::errno_error("open", ns_path);
+      Result<UidSlots::Slot> slot = uid_slots_->adopt(static_cast<uint32_t>(rec.uid_slot), std::move(ns));
+      if (!slot) return slot.error();
+      sb.uid_slots_ = uid_slots_;
+      sb.uid_slot_ = slot->index;
+      sb.uid_base_ = slot->uid_base;
+    }
+    if (rec.disk_mb > 0) {
+      sb.disk_image_ = writable_disk_image(sb.state_dir_);
+      sb.disk_reservation_ = disk_space_->adopt(rec.disk_mb << 20, sb.disk_image_);
+    }
+    Result<bool> frozen = sb.cgroup_.frozen();
+    if (!frozen) return frozen.error();
+    if (*frozen)
+      if (Status s = sb.cgroup_.thaw(); !s) return s;
+    Status attached = attach_channel(sb);
+    if (*frozen)
+      if (Status s = sb.cgroup_.freeze(kFreezeTimeout); !s && attached) attached = s;
+    return attached;
+  }
+
+  Status attach_channel(ProcessSandbox& sb) {
+    constexpr milliseconds kAttachTimeout{10000};
+    int fd = static_cast<int>(::syscall(SYS_pidfd_getfd, sb.pidfd_.get(), channel::kReattachFd, 0));
+    if (fd < 0) return sys::errno_error("pidfd_getfd", "its re-attach channel (the agent is older than re-attach?)");
+    UniqueFd chan(fd);
+    struct stat st;
+    if (::fstat(chan.get(), &st) != 0 || !S_ISSOCK(st.st_mode))
+      return internal_error("its re-attach descriptor is not a socket");
+    if (::send(chan.get(), channel::kReattachHello, sizeof channel::kReattachHello, MSG_NOSIGNAL) !=
+        static_cast<ssize_t>(sizeof channel::kReattachHello))
+      return sys::errno_error("send", "re-attach hello");
+    uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(kAttachTimeout.count()) * 1000000ull;
+    if (Status s = read_ready_frame(chan.get(), sb.pidfd_.get(), deadline); !s) return s;
+    sb.channel_ = std::move(chan);
+    std::lock_guard<std::mutex> cl(sb.chan_mu_);
+    sb.host_channel_ = std::make_shared<HostChannel>(sb.id_, sb.channel_.get(), cfg_.open_service);
+    return Status::Ok();
+  }
+
   // A sandbox's user namespace, as the child needs it: both descriptors
   // >= 10 (ChildArgs sources never collide with the fixed fds 0..5).
   struct SandboxUserns {
@@ -616,6 +754,7 @@ class ProcessRuntime final : public runtime::Runtime {
     l.env_strings.push_back("SANDGATE_SANDBOX_ID=" + spec.id);
     if (!spec.envd_access_token.empty()) l.env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
     if (l.slot) l.env_strings.push_back("SANDGATE_USERNS_FD=5");  // child.cpp puts it there
+    if (cfg_.sandboxes_outlive_host) l.env_strings.push_back("SANDGATE_REATTACH=1");
     for (std::string& e : l.env_strings) l.envp.push_back(e.data());
     l.envp.push_back(nullptr);
     l.argv[0] = l.argv0.data();
@@ -635,6 +774,7 @@ class ProcessRuntime final : public runtime::Runtime {
     a.host_channel_fd = l.host_chan.get();
     a.null_fd = l.null_fd.get();
     a.log_fd = l.log_fd.get();
+    a.die_with_parent = !cfg_.sandboxes_outlive_host;
     // Open files: 1024 soft, 65536 hard, or less where sandgate's own hard
     // limit is lower (raising it would need CAP_SYS_RESOURCE).
     struct rlimit own {};
@@ -729,6 +869,8 @@ class ProcessRuntime final : public runtime::Runtime {
       if (!log.empty()) return Error(rs.error().kind(), rs.error().message() + "; agent log: " + log);
       return rs;
     }
+    if (cfg_.sandboxes_outlive_host)
+      if (Status w = write_record(sb, spec.disk_mb); !w) return w;
     sb.channel_ = std::move(l.host_chan);
     // The channel now belongs to the host Mux; nothing after ready is buffered.
     std::lock_guard<std::mutex> cl(sb.chan_mu_);

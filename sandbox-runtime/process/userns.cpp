@@ -96,6 +96,15 @@ Result<UidSlots::Slot> UidSlots::acquire() {
   return Error(ErrorKind::kQuota, "all " + std::to_string(used_.size()) + " sandbox uid ranges are in use");
 }
 
+Result<UidSlots::Slot> UidSlots::adopt(uint32_t index, UniqueFd userns) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (index >= used_.size()) return invalid_error("uid slot " + std::to_string(index) + " is out of range");
+  if (used_[index]) return conflict_error("uid slot " + std::to_string(index) + " is held by another sandbox");
+  ns_[index] = std::move(userns);
+  used_[index] = true;
+  return Slot{index, first_uid_ + index * kUidsPerSandbox, ns_[index].get()};
+}
+
 void UidSlots::release(uint32_t index) {
   std::lock_guard<std::mutex> l(mu_);
   if (index < used_.size()) used_[index] = false;

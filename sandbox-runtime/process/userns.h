@@ -54,6 +54,10 @@ class UidSlots {
   // A free slot and its namespace (made on first use). kQuota when all
   // are in use.
   Result<Slot> acquire();
+  // Marks slot index held by a sandbox a previous run of sandgate left
+  // running, with that sandbox's user namespace (which maps the same
+  // range) as the slot's from now on.
+  Result<Slot> adopt(uint32_t index, UniqueFd userns);
   void release(uint32_t index);
 
  private:

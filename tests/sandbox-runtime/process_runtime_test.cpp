@@ -20,6 +20,7 @@
 #include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1782,4 +1783,109 @@ TEST_CASE("process runtime: an exported writable layer is the next sandbox's tem
   auto d = env.rt->create(sd);
   REQUIRE_FALSE(d);
   check_gone(env, sd.id, -1);
+}
+
+// Issue 21 item 1: a sandbox outlives the sandgate that made it. Here the
+// "sandgate" is the Runtime object: its sandboxes' handles and then the
+// Runtime itself are destroyed without kill(), and a new Runtime on the
+// same state root and cgroup parent takes them back.
+TEST_CASE("process runtime: sandboxes outlive their runtime; a new one takes them back, frozen or not, twice") {
+  Env env;
+  env.cfg.sandboxes_outlive_host = true;
+  env.rt = process::make_process_runtime(env.cfg);
+  std::string ia = new_id(), ib = new_id(), ic = new_id();
+  runtime::SandboxSpec sa = env.spec(ia), sb_spec = env.spec(ib), sc = env.spec(ic);
+  auto a = env.rt->create(sa);
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = env.rt->create(sb_spec);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  auto c = env.rt->create(sc);
+  REQUIRE_MESSAGE(c, (c ? "" : c.error().message()));
+  std::string r = envd_run(**a, sa.envd_access_token,
+                           "echo kept > /tmp/f; sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > /tmp/pid; exit 0");
+  int pa = (*a)->init_pid(), pb = (*b)->init_pid(), pc = (*c)->init_pid();
+  REQUIRE((*b)->pause());
+
+  // The host goes: handles first (their channels close), then the runtime.
+  a->reset();
+  b->reset();
+  c->reset();
+  env.rt.reset();
+  CHECK(pid_exists(pa));
+  CHECK(pid_exists(pb));
+  // c dies while no host is attached. (It is this test's child, so it
+  // stays a zombie until reaped here; a restarted sandgate's sandboxes
+  // are reparented and reaped by the host's init.)
+  REQUIRE(::kill(pc, SIGKILL) == 0);
+  wait_exit(pc);
+
+  env.rt = process::make_process_runtime(env.cfg);
+  auto ra = env.rt->recover(ia);
+  REQUIRE_MESSAGE(ra, (ra ? "" : ra.error().message()));
+  CHECK((*ra)->init_pid() == pa);
+  CHECK((*ra)->alive());
+  // The file and the background process are there (envd's output is
+  // base64: the exit code says it).
+  const char* kCheck = "grep -qx kept /tmp/f && kill -0 $(cat /tmp/pid) && exit 42";
+  r = envd_run(**ra, sa.envd_access_token, kCheck);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 2000)));
+  CHECK(control(**ra, {{"type", "ping"}})["type"] == "pong");
+
+  // b comes back frozen, as it was left; it answers once resumed.
+  auto rb = env.rt->recover(ib);
+  REQUIRE_MESSAGE(rb, (rb ? "" : rb.error().message()));
+  auto layout = process::detect_cgroup_layout();
+  REQUIRE(layout);
+  auto frozen = process::Cgroup::attach(*layout, env.tag, ib).frozen();
+  REQUIRE(frozen);
+  CHECK(*frozen);
+  REQUIRE((*rb)->resume());
+  CHECK(control(**rb, {{"type", "ping"}})["type"] == "pong");
+
+  // c's processes are gone: not taken back, and nothing of it is left.
+  auto rc = env.rt->recover(ic);
+  REQUIRE_FALSE(rc);
+  CHECK(rc.error().kind() == ErrorKind::kNotFound);
+  check_gone(env, ic, -1);
+  CHECK(::waitpid(pc, nullptr, 0) == pc);
+  auto unknown = env.rt->recover(new_id());
+  REQUIRE_FALSE(unknown);
+  CHECK(unknown.error().kind() == ErrorKind::kNotFound);
+
+  // A second restart: the agent kept a fresh re-attach channel.
+  ra->reset();
+  rb->reset();
+  env.rt.reset();
+  env.rt = process::make_process_runtime(env.cfg);
+  ra = env.rt->recover(ia);
+  REQUIRE_MESSAGE(ra, (ra ? "" : ra.error().message()));
+  r = envd_run(**ra, sa.envd_access_token, kCheck);
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, r.substr(0, 2000));
+  // b was not taken back this time: the cleanup after recovery removes it
+  // and keeps a.
+  REQUIRE(env.rt->cleanup_stale_except({ia}));
+  CHECK(::waitpid(pb, nullptr, 0) == pb);  // this test's child: see c above
+  check_gone(env, ib, pb);
+  CHECK((*ra)->alive());
+  REQUIRE((*ra)->kill());
+  CHECK(::waitpid(pa, nullptr, 0) == pa);
+  check_gone(env, ia, pa);
+}
+
+TEST_CASE("process runtime: without outliving, recover is refused and sandboxes die with the runtime") {
+  Env env;
+  std::string id = new_id();
+  auto a = env.rt->create(env.spec(id));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  int pid = (*a)->init_pid();
+  auto r = env.rt->recover(id);
+  REQUIRE_FALSE(r);
+  CHECK(r.error().kind() == ErrorKind::kUnavailable);
+  a->reset();
+  env.rt.reset();  // its spawner thread ends: PR_SET_PDEATHSIG kills the agent
+  wait_exit(pid);
+  CHECK(::waitpid(pid, nullptr, 0) == pid);
+  env.rt = process::make_process_runtime(env.cfg);
+  REQUIRE(env.rt->cleanup_stale());
+  check_gone(env, id, -1);
 }
