@@ -24,7 +24,7 @@ TEST_CASE("migrate brings an empty database to the newest version and is idempot
                        "'llm_usage')");
   REQUIRE(st.ok());
   REQUIRE(*st->step());
-  CHECK(st->int64(0) == 9);
+  CHECK(st->int64(0) == 8);
   auto ix = tx.prepare("SELECT count(*) FROM sqlite_master WHERE type='index' AND name IN "
                        "('llm_keys_tenant','llm_usage_tenant_at','llm_usage_sandbox')");
   REQUIRE(ix.ok());

@@ -1,0 +1,112 @@
+// Issue 21 item 1: a restart of sandgate loses nothing. Sandboxes made
+// through the official E2B JS SDK outlive a crash (SIGKILL) and a clean
+// stop (SIGTERM) of the server; the next sandgate on the same data
+// directory takes them back, with their files and running processes, and a
+// paused one stays paused and resumes with its files. A second sandgate on
+// a data directory in use is refused and changes nothing.
+// Run by CTest (`e2e_js_restart`).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { Sandbox } from 'e2b';
+import { startSandgate } from './server.mjs';
+
+const N = 20;
+let server;
+const boxes = [];  // { id, token, pid }
+let pausedId;
+
+before(async () => {
+  server = await startSandgate([], { keep: true });
+});
+
+after(async () => {
+  if (!server) return;
+  // The last start does not keep sandboxes: it marks them lost and
+  // removes them, and its stop leaves nothing behind.
+  try {
+    await server.signal('SIGTERM');
+  } catch {}
+  try {
+    await server.restart(false);
+  } catch {}
+  await server.stop();
+});
+
+// Each sandbox's file, its background process and its envd answering.
+async function checkAll(label) {
+  await Promise.all(boxes.map(async (b) => {
+    const sbx = await Sandbox.connect(b.id, server.opts);
+    assert.equal(await sbx.files.read('/home/user/kept.txt'), `kept ${b.id}\n`, `${label}: ${b.id} file`);
+    const procs = await sbx.commands.list();
+    assert.ok(procs.some((p) => p.pid === b.pid), `${label}: ${b.id} lost its background process ${b.pid}`);
+    const r = await sbx.commands.run(`kill -0 ${b.pid} && echo alive`);
+    assert.equal(r.stdout, 'alive\n', `${label}: ${b.id}`);
+  }));
+}
+
+test(`${N} sandboxes with files and background processes survive SIGKILL and SIGTERM of sandgate`, async () => {
+  for (let i = 0; i < N; i++) {
+    const sbx = await Sandbox.create('base', { ...server.opts, timeoutMs: 600_000 });
+    await sbx.files.write('/home/user/kept.txt', `kept ${sbx.sandboxId}\n`);
+    const h = await sbx.commands.run('sleep 100000', { background: true });
+    boxes.push({ id: sbx.sandboxId, pid: h.pid });
+  }
+  const p = await Sandbox.create('base', { ...server.opts, timeoutMs: 600_000 });
+  await p.files.write('/home/user/paused.txt', 'still here\n');
+  assert.equal(await p.pause(), true);
+  pausedId = p.sandboxId;
+
+  // A crash: nothing is stopped in order.
+  const killed = await server.signal('SIGKILL');
+  assert.equal(killed.signal, 'SIGKILL');
+  const t0 = Date.now();
+  await server.restart();
+  await checkAll('after SIGKILL');
+  console.log(`# restart after SIGKILL: ${N} sandboxes serving again ${Date.now() - t0} ms after the new start`);
+
+  const listed = await Sandbox.list({ ...server.opts, limit: 100 }).nextItems();
+  const byId = new Map(listed.map((s) => [s.sandboxId, s.state]));
+  for (const b of boxes) assert.equal(byId.get(b.id), 'running', b.id);
+  assert.equal(byId.get(pausedId), 'paused');
+
+  // A clean stop (an upgrade) keeps them as well.
+  const stopped = await server.signal('SIGTERM');
+  assert.equal(stopped.code, 0);
+  await server.restart();
+  await checkAll('after SIGTERM');
+});
+
+test('a paused sandbox stays paused across a restart and resumes with its files', async () => {
+  const info = await Sandbox.getInfo(pausedId, server.opts);
+  assert.equal(info.state, 'paused');
+  const sbx = await Sandbox.connect(pausedId, server.opts);
+  assert.equal(await sbx.files.read('/home/user/paused.txt'), 'still here\n');
+  assert.equal((await sbx.getInfo()).state, 'running');
+});
+
+test('a second sandgate on the same data directory is refused and touches nothing', async () => {
+  const second = await server.second();
+  assert.notEqual(second.code, 0);
+  assert.match(second.out, /in use by another sandgate/);
+  await checkAll('after a refused second instance');
+});
+
+test('a killed sandbox stays killed across a restart; one whose processes died meanwhile is lost', async () => {
+  const gone = boxes.pop();
+  await Sandbox.kill(gone.id, server.opts);
+  const dies = boxes.pop();
+  const stopped = await server.signal('SIGTERM');
+  assert.equal(stopped.code, 0);
+  // While no sandgate runs, its init dies (the host's pid, from the record
+  // the runtime keeps beside its files).
+  const rec = JSON.parse(readFileSync(join(server.dir, 'data', 'sandboxes', dies.id, 'sandbox.json'), 'utf8'));
+  process.kill(rec.pid, 'SIGKILL');
+  await server.restart();
+  await assert.rejects(Sandbox.connect(gone.id, server.opts));
+  await assert.rejects(Sandbox.connect(dies.id, server.opts));
+  const listed = await Sandbox.list({ ...server.opts, limit: 100 }).nextItems();
+  assert.ok(!listed.some((s) => s.sandboxId === dies.id || s.sandboxId === gone.id));
+  await checkAll('after a kill and a restart');
+});
