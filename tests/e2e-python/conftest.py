@@ -75,7 +75,7 @@ def start_sandgate(extra_args=(), data_dir: Optional[str] = None) -> Server:
     proc, url, key, lines = spawn_sandgate(
         [bin_path, "serve", "--listen", "127.0.0.1:0", "--data-dir", data,
          "--templates-dir", templates, "--cgroup-parent", "sgtest-" + secrets.token_hex(4),
-         "--log-level", "warn", *extra_args],
+         "--log-level", "warn", "--keep-sandboxes", "off", *extra_args],
         tmp)
     return Server(url=url, key=key, dir=tmp, proc=proc, output=lines)
 

@@ -116,7 +116,7 @@ TEST_CASE("a crashed sandbox is marked lost and does not affect another") {
   CHECK(s.del("/sandboxes/" + b).status == 204);
 }
 
-TEST_CASE("tenants, keys, templates and events survive a restart; dead sandboxes are not reported running") {
+TEST_CASE("tenants, keys, templates and events survive a restart; with --keep-sandboxes off sandboxes end with sandgate and are not reported running") {
   TempDir dir;
   std::string data = dir.sub("data");
   std::string key, id, template_id, parent;

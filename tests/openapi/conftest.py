@@ -79,7 +79,7 @@ def start_sandgate() -> Server:
          # Rates high enough that the fuzzer meets the quota, not the
          # limiter (a 429 is documented either way).
          "--rate", "100000", "--create-rate", "100000", "--llm-rate", "100000",
-         "--log-level", "warn"],
+         "--log-level", "warn", "--keep-sandboxes", "off"],
         tmp)
     return Server(url=url, local_key=key, fuzz_key=fuzz_key, model_key=model_key, dir=tmp,
                   cgroup_parent=cgroup_parent, proc=proc, output=lines)

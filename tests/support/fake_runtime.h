@@ -38,13 +38,14 @@ class FakeRuntime : public runtime::Runtime {
     bool paused = false;
     bool killed = false;
     bool dead = false;  // its PID 1 exited (set_dead)
-    int pauses = 0, resumes = 0, kills = 0;
+    int pauses = 0, resumes = 0, kills = 0, recovers = 0;
     std::vector<std::string> configures;  // "configure" control messages, in order
   };
 
   explicit FakeRuntime(std::string name = "process") : shared_(std::make_shared<Shared>()), name_(std::move(name)) {}
 
   std::string name() const override { return name_; }
+  bool outlive_ = false;
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     std::lock_guard<std::mutex> g(shared_->mu);
@@ -55,7 +56,32 @@ class FakeRuntime : public runtime::Runtime {
     return std::unique_ptr<runtime::Sandbox>(new FakeSandbox(shared_, spec.id));
   }
 
-  Status cleanup_stale() override { return Status::Ok(); }
+  Status cleanup_stale() override { return cleanup_stale_except({}); }
+  // As the process backend with --keep-sandboxes on: sandboxes whose
+  // handles are gone (a stopped service) can be taken back by recover()
+  // while their record is neither killed nor dead.
+  bool sandboxes_outlive_host() const override { return outlive_; }
+  void set_outlive(bool v) { outlive_ = v; }
+  Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
+    if (!outlive_) return runtime::Runtime::recover(id);
+    std::lock_guard<std::mutex> g(shared_->mu);
+    auto it = shared_->records.find(id);
+    if (it == shared_->records.end() || it->second.killed) return not_found_error("sandbox " + id + ": no record of it");
+    if (shared_->handles.count(id)) return conflict_error("sandbox " + id + " is held by a handle");
+    if (it->second.dead) {
+      it->second.killed = true;  // what is left of it goes
+      return not_found_error("its processes are gone");
+    }
+    ++it->second.recovers;
+    return std::unique_ptr<runtime::Sandbox>(new FakeSandbox(shared_, id));
+  }
+  // Kills every record not named in keep (and not held by a handle).
+  Status cleanup_stale_except(const std::set<std::string>& keep) override {
+    std::lock_guard<std::mutex> g(shared_->mu);
+    for (auto& [id, r] : shared_->records)
+      if (!keep.count(id) && !shared_->handles.count(id)) r.killed = true;
+    return Status::Ok();
+  }
   // As the kvm runtime with snapshots: create() leaves a template's start
   // command running (so the service does not run it over envd, which
   // these sandboxes do not have).

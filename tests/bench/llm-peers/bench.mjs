@@ -153,7 +153,7 @@ async function startSandgate(mock) {
     // No rate limits, as the peers have none configured (the defaults would
     // refuse most saturation requests with 429); the same flags as
     // tests/bench/llm_proxy_bench.cpp.
-    '--log-level', 'warn', '--rate', '0', '--create-rate', '0', '--llm-rate', '0', '--llm-tokens-per-min', '0',
+    '--log-level', 'warn', '--keep-sandboxes', 'off', '--rate', '0', '--create-rate', '0', '--llm-rate', '0', '--llm-tokens-per-min', '0',
     '--openai-base-url', mock.url, '--openai-key-file', keyFile],
   { stdio: ['ignore', 'pipe', 'pipe'] }), 'sandgate');
   keepOutput(proc);

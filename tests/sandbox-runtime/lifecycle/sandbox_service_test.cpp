@@ -326,6 +326,62 @@ TEST_CASE("lifecycle core: shutdown ends every live sandbox as lost") {
   CHECK(h.svc->live_count() == 0);
 }
 
+TEST_CASE("lifecycle core: with sandboxes that outlive sandgate, a stop keeps them and the next start takes them back") {
+  Harness h;
+  h.rt.set_outlive(true);
+  std::string running = h.create(), paused = h.create(), waiting = h.create(), dies = h.create(),
+              killed = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, paused));
+  REQUIRE(h.svc->wait_pause(waiting));
+  REQUIRE(h.svc->kill(h.tenant.id, killed));
+  // A sandbox with no row (a warm pool's, a build step's) is removed.
+  auto rowless = h.rt.create([] {
+    sg::runtime::SandboxSpec s;
+    s.id = "rowless";
+    return s;
+  }());
+  REQUIRE(rowless);
+  rowless->reset();
+  h.svc->shutdown();
+  h.svc.reset();
+  CHECK(h.row_state(running) == "running");
+  CHECK(h.row_state(paused) == "paused");
+  CHECK(h.row_state(waiting) == "running");
+  CHECK(h.rt.unkilled().size() == 5);  // running, paused, waiting, dies, rowless
+  h.rt.set_dead(dies);
+
+  h.svc = std::make_unique<SandboxService>(*h.store, h.rt, ServiceConfig{}, [&h] { return h.now; });
+  REQUIRE(h.svc->recover());
+  CHECK(h.svc->state(running).value() == sg::lifecycle::State::kRunning);
+  CHECK(h.svc->state(paused).value() == sg::lifecycle::State::kPaused);
+  // Wait-paused when sandgate went: the model request went with it, so it runs.
+  CHECK(h.svc->state(waiting).value() == sg::lifecycle::State::kRunning);
+  CHECK_FALSE(h.rt.record(waiting).paused);
+  CHECK(h.rt.record(paused).paused);
+  CHECK(h.row_state(dies) == "lost");
+  CHECK(h.row_state(killed) == "killed");
+  CHECK(h.rt.record("rowless").killed);
+  for (const std::string& id : {running, paused, waiting}) {
+    CHECK(h.rt.record(id).recovers == 1);
+    check_consistent(h, id);
+  }
+  // They serve as before: connect resumes the paused one, kill ends them.
+  REQUIRE(h.svc->connect(h.tenant.id, paused, 60));
+  CHECK_FALSE(h.rt.record(paused).paused);
+  for (const std::string& id : {running, paused, waiting}) REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.rt.unkilled().empty());
+}
+
+TEST_CASE("lifecycle core: a runtime whose sandboxes do not outlive sandgate: the next start marks them lost") {
+  Harness h;
+  std::string a = h.create();
+  h.svc.reset();  // a crash: nothing stopped in order
+  h.svc = std::make_unique<SandboxService>(*h.store, h.rt, ServiceConfig{}, [&h] { return h.now; });
+  REQUIRE(h.svc->recover());
+  CHECK(h.row_state(a) == "lost");
+  CHECK(h.svc->live_count() == 0);
+}
+
 // Each lifecycle operation with its Nth runtime call failing, for every N
 // up to the number of runtime calls the operation makes: the operation
 // reports an error (or copes), and afterwards the row, the runtime and the
