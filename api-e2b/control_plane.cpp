@@ -124,11 +124,12 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
     {"PUT", "/sandboxes/{}/network", &ControlPlane::update_network},
     {"POST", "/sandboxes/{}/timeout", &ControlPlane::set_timeout},
     {"GET", "/sandboxes/{}/metrics", &ControlPlane::metrics},
-    {"POST", "/sandboxes/{}/fork", &ControlPlane::unsupported},
-    {"POST", "/sandboxes/{}/snapshots", &ControlPlane::unsupported},
+    {"POST", "/sandboxes/{}/fork", &ControlPlane::fork},
+    {"POST", "/sandboxes/{}/snapshots", &ControlPlane::snapshot},
     {"POST", "/sandboxes/{}/refreshes", &ControlPlane::unsupported},
     {"GET", "/sandboxes/{}/logs", &ControlPlane::unsupported},
     {"GET", "/v2/sandboxes/{}/logs", &ControlPlane::unsupported},
+    {"GET", "/snapshots", &ControlPlane::list_snapshots},
     // Templates (api-e2b/templates.cpp).
     {"GET", "/templates", &ControlPlane::list_templates},
     {"GET", "/v2/templates", &ControlPlane::list_templates},
@@ -148,7 +149,6 @@ const ControlPlane::Route ControlPlane::kRoutes[] = {
     // Upload links: authenticated by their signature (handle()).
     {"PUT", "/templates/uploads/{}/{}", &ControlPlane::unsupported},
     // The rest of E2B's API, not served by this server.
-    {"GET", "/snapshots", &ControlPlane::unsupported},
     {"GET", "/secrets", &ControlPlane::unsupported},
     {"POST", "/secrets", &ControlPlane::unsupported},
     {"GET", "/secrets/{}", &ControlPlane::unsupported},
@@ -325,6 +325,60 @@ HttpResponse ControlPlane::set_timeout(const Call& c) {
   if (!timeout) return error_response(timeout.error());
   if (Status s = sandboxes_.set_timeout(c.tenant.id, c.id, *timeout); !s) return error_response(s.error());
   return http::no_content(204);
+}
+
+// A snapshot as E2B names it: its template with the default tag, and
+// the tenant's namespace for a named one.
+static json snapshot_json(const storage::TenantRow& tenant, const storage::SnapshotRow& s) {
+  if (s.name == s.template_id) return {{"snapshotID", s.template_id + ":default"}, {"names", json::array()}};
+  std::string full = tenant.name + "/" + s.name + ":default";
+  return {{"snapshotID", full}, {"names", json::array({full})}};
+}
+
+HttpResponse ControlPlane::snapshot(const Call& c) {
+  Result<SnapshotRequest> req = parse_snapshot_request(c.req);
+  if (!req) return error_response(req.error());
+  Result<storage::SnapshotRow> s = sandboxes_.snapshot(c.tenant.id, c.id, req->name);
+  if (!s) return error_response(s.error());
+  return http::json_body(201, dump(snapshot_json(c.tenant, *s)));
+}
+
+HttpResponse ControlPlane::list_snapshots(const Call& c) {
+  Result<SnapshotQuery> q = parse_snapshots_query(c.req.query);
+  if (!q) return error_response(q.error());
+  // A name filter may be given as the snapshot id or its full name.
+  std::string name = q->name;
+  if (!name.empty())
+    if (Result<storage::TemplateRef> r = storage::parse_template_ref(name); r) name = r->name;
+  Result<std::vector<storage::SnapshotRow>> rows =
+      store_.list_snapshots(c.tenant.id, q->sandbox_id, name, q->after_seq, q->limit + 1);
+  if (!rows) return error_response(rows.error());
+  bool more = static_cast<int64_t>(rows->size()) > q->limit;
+  if (more) rows->resize(static_cast<size_t>(q->limit));
+  json arr = json::array();
+  for (const storage::SnapshotRow& s : *rows) arr.push_back(snapshot_json(c.tenant, s));
+  HttpResponse r = http::json_body(200, dump(arr));
+  if (more) r.header("X-Next-Token", std::to_string(rows->back().seq));
+  return r;
+}
+
+HttpResponse ControlPlane::fork(const Call& c) {
+  Result<ForkRequest> req = parse_fork_request(c.req);
+  if (!req) return error_response(req.error());
+  Result<std::vector<Result<storage::SandboxRow>>> forks =
+      sandboxes_.fork(c.tenant, c.id, req->count, req->timeout_s);
+  if (!forks) return error_response(forks.error());
+  json arr = json::array();
+  for (const Result<storage::SandboxRow>& f : *forks) {
+    if (f) {
+      arr.push_back({{"sandbox", sandbox_json(cfg_, *f)}});
+    } else {
+      HttpResponse e = error_response(f.error());
+      json body = json::parse(e.body, nullptr, false);
+      arr.push_back({{"error", body.is_object() ? body : json{{"code", e.status}, {"message", f.error().message()}}}});
+    }
+  }
+  return http::json_body(201, dump(arr));
 }
 
 HttpResponse ControlPlane::metrics(const Call& c) {

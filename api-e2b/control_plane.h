@@ -69,6 +69,9 @@ class ControlPlane {
   http::HttpResponse update_network(const Call& c);
   http::HttpResponse set_timeout(const Call& c);
   http::HttpResponse metrics(const Call& c);
+  http::HttpResponse snapshot(const Call& c);
+  http::HttpResponse list_snapshots(const Call& c);
+  http::HttpResponse fork(const Call& c);
   // A route of E2B's API this server does not serve: 501, so that no SDK
   // reads it as "not found".
   http::HttpResponse unsupported(const Call& c);

@@ -312,6 +312,41 @@ Result<int64_t> parse_timeout_request(const HttpRequest& req) {
   return **timeout;
 }
 
+Result<SnapshotRequest> parse_snapshot_request(const HttpRequest& req) {
+  Result<json> body = parse_body(req, true);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"name"}); !s) return s.error();
+  SnapshotRequest r;
+  auto it = body->find("name");
+  if (it == body->end() || it->is_null()) return r;
+  if (!it->is_string()) return invalid_error("field 'name' must be a string");
+  const std::string& n = it->get_ref<const std::string&>();
+  // A template name of its own: E2B's names with a tag are built by its
+  // tags API; here a snapshot is the default tag of a new template.
+  bool ok = !n.empty() && n.size() <= 64 && ((n[0] >= 'a' && n[0] <= 'z') || (n[0] >= '0' && n[0] <= '9'));
+  for (char ch : n)
+    ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '-' || ch == '_' || ch == '.');
+  if (!ok)
+    return invalid_error("field 'name' must be 1 to 64 of a-z 0-9 '-' '_' '.', starting with a letter or digit "
+                         "(a tag after ':' is not supported for snapshots)");
+  r.name = n;
+  return r;
+}
+
+Result<ForkRequest> parse_fork_request(const HttpRequest& req) {
+  Result<json> body = parse_body(req, true);
+  if (!body) return body.error();
+  if (Status s = only_fields(*body, {"count", "timeout"}); !s) return s.error();
+  ForkRequest r;
+  auto count = opt_int(*body, "count", 1, kMaxForks);
+  if (!count) return count.error();
+  if (*count) r.count = **count;
+  auto timeout = opt_int(*body, "timeout", 0, kMaxTimeoutS);
+  if (!timeout) return timeout.error();
+  if (*timeout) r.timeout_s = **timeout;
+  return r;
+}
+
 namespace {
 
 Result<std::optional<std::string>> opt_string(const json& j, const char* name, size_t max_len) {
@@ -584,6 +619,30 @@ Result<MetricsRange> parse_metrics_query(const std::string& query) {
     (k == "start" ? r.start : r.end) = *x;
   }
   return r;
+}
+
+Result<SnapshotQuery> parse_snapshots_query(const std::string& query) {
+  std::vector<std::pair<std::string, std::string>> q;
+  if (!http::parse_query(query, q)) return invalid_error("malformed query string");
+  SnapshotQuery sq;
+  for (const auto& [k, v] : q) {
+    if (k == "sandboxID") {
+      if (v.size() > 64) return invalid_error("invalid sandboxID");
+      sq.sandbox_id = v;
+    } else if (k == "name") {
+      if (v.size() > 256) return invalid_error("invalid name");
+      sq.name = v;
+    } else if (k == "limit") {
+      std::optional<int64_t> l = query_int(v, 1, 100);
+      if (!l) return invalid_error("invalid limit '" + v + "': use an integer from 1 to 100");
+      sq.limit = *l;
+    } else if (k == "nextToken" && !v.empty()) {
+      std::optional<int64_t> s = query_int(v, 1, INT64_MAX);
+      if (!s) return invalid_error("invalid nextToken '" + v + "'");
+      sq.after_seq = *s;
+    }
+  }
+  return sq;
 }
 
 }  // namespace sg::api

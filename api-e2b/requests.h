@@ -47,6 +47,28 @@ Status parse_pause_request(const http::HttpRequest& req);
 // POST .../timeout {"timeout"}: required.
 Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
 
+// POST /sandboxes/{id}/snapshots {name?}: a name of the snapshot's own
+// template ("" when none).
+struct SnapshotRequest {
+  std::string name;
+};
+Result<SnapshotRequest> parse_snapshot_request(const http::HttpRequest& req);
+// POST /sandboxes/{id}/fork {count?, timeout?}: E2B's defaults, 1 fork
+// living 15 s; count at most kMaxForks.
+inline constexpr int64_t kMaxForks = 64;
+struct ForkRequest {
+  int64_t count = 1;
+  int64_t timeout_s = 15;
+};
+Result<ForkRequest> parse_fork_request(const http::HttpRequest& req);
+// GET /snapshots?sandboxID&name&limit&nextToken.
+struct SnapshotQuery {
+  std::string sandbox_id, name;
+  int64_t limit = 100;
+  int64_t after_seq = 0;
+};
+Result<SnapshotQuery> parse_snapshots_query(const std::string& query);
+
 // POST /v3/templates {name ("name:tag"), alias (old name of name), tags,
 // cpuCount, memoryMB, minFreeDiskMb, teamID}. tags: the tag in name and
 // those in tags, each once (none: the build will be "default").

@@ -203,7 +203,13 @@ HttpResponse ControlPlane::update_template(const Call& c) {
 }
 
 HttpResponse ControlPlane::delete_template(const Call& c) {
-  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, c.id);
+  // A snapshot id names its template with a tag (E2B's "id:default",
+  // "team/name:default"): the template goes with every tag.
+  std::string ref;
+  if (!http::percent_decode(c.id, ref)) ref = c.id;
+  if (ref.find_first_of(":/") != std::string::npos)
+    if (Result<storage::TemplateRef> r = storage::parse_template_ref(ref); r) ref = r->name;
+  Result<std::optional<storage::TemplateRow>> t = store_.find_template(c.tenant.id, ref);
   if (!t) return error_response(t.error());
   if (!*t) return http::json_error(404, "template '" + c.id + "' not found");
   if (Status s = store_.delete_template(c.tenant.id, (*t)->id, sys::unix_seconds()); !s)

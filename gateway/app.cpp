@@ -637,6 +637,10 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, netw
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   c.warm_pool.per_key = static_cast<size_t>(cfg.warm_pool >= 0 ? cfg.warm_pool : use_kvm ? 0 : 2);
+  // Snapshots are layers beside the builds' (the process backend's
+  // writable layer; microVMs refuse them in export_layer).
+  c.snapshot_dir = cfg.data_dir + "/layers";
+  c.template_max_bytes = cfg.template_storage_mb << 20;
   return c;
 }
 
@@ -891,9 +895,14 @@ int serve(const AppConfig& cfg_in) {
 
   // The sweep re-arms itself after each run, so runs never overlap.
   std::function<void()> sweep;
+  // Template files nothing uses any more are also collected every 10
+  // minutes: a fork's snapshot goes once its last fork has ended.
+  const int64_t collect_every = std::max<int64_t>(1, 600000 / std::max<int64_t>(1, cfg.tick_ms));
+  int64_t sweeps = 0;
   sweep = [&] {
     sandboxes.tick();
     code_interpreter.poll();
+    if (template_builds.service && ++sweeps % collect_every == 0) template_builds.service->collect_soon();
     server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);
   };
   server.schedule(std::chrono::milliseconds(cfg.tick_ms), sweep);

@@ -220,10 +220,21 @@ CREATE TABLE template_files (
 CREATE INDEX template_files_tenant ON template_files(tenant_id);
 )sql"},
       // A sandbox's egress lists (allowOut, denyOut), so a restart of
-      // sandgate that takes its sandboxes back keeps their policies.
-      {9, "sandbox network",
+      // sandgate that takes its sandboxes back keeps their policies; and
+      // snapshots: templates made of a sandbox (kind "snapshot"), or of
+      // one for its forks ("fork").
+      {9, "sandbox network, snapshots",
        R"sql(
 ALTER TABLE sandboxes ADD COLUMN network TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE snapshots (
+  seq         INTEGER PRIMARY KEY AUTOINCREMENT,
+  template_id TEXT NOT NULL UNIQUE REFERENCES templates(id),
+  tenant_id   TEXT NOT NULL REFERENCES tenants(id),
+  sandbox_id  TEXT NOT NULL,
+  kind        TEXT NOT NULL,
+  created_at  INTEGER NOT NULL
+);
+CREATE INDEX snapshots_tenant ON snapshots(tenant_id, seq);
 )sql"},
   };
   return kList;

@@ -19,7 +19,7 @@ using internal::template_from;
 constexpr const char* kSandboxCols =
     "seq, id, tenant_id, template_id, alias, state, backend, metadata, env_vars, envd_token, envd_version, "
     "cpu_count, memory_mb, disk_size_mb, timeout_s, started_at, end_at, on_timeout, auto_resume, "
-    "allow_internet, init_pid, ended_at, end_reason, traffic_token, network";
+    "allow_internet, init_pid, ended_at, end_reason, traffic_token, network, build_id";
 
 SandboxRow sandbox_from(const Stmt& s) {
   SandboxRow r;
@@ -48,6 +48,7 @@ SandboxRow sandbox_from(const Stmt& s) {
   if (!s.is_null(22)) r.end_reason = s.text(22);
   if (!s.is_null(23)) r.traffic_token = s.text(23);
   r.network = s.text(24);
+  if (!s.is_null(25)) r.build_id = s.text(25);
   return r;
 }
 
@@ -203,7 +204,8 @@ Result<std::vector<TemplateRow>> Store::list_templates(const std::string& tenant
   SG_TRY_STMT(st, tx,
               std::string("SELECT ") + kTemplateCols +
                   " FROM templates WHERE status != 'deleted' "
-                  "AND (tenant_id IS NULL OR tenant_id = ?1 OR public != 0) ORDER BY created_at, id");
+                  "AND (tenant_id IS NULL OR tenant_id = ?1 OR public != 0) "
+                  "AND id NOT IN (SELECT template_id FROM snapshots) ORDER BY created_at, id");
   st.bind(1, tenant_id);
   return collect<TemplateRow>(st, template_from);
 }

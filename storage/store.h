@@ -178,11 +178,25 @@ struct SandboxRow {
   // E2B's trafficAccessToken (allowPublicTraffic false): user ports need
   // it in the e2b-traffic-access-token header. Unset: ports are public.
   std::optional<std::string> traffic_token;
-  // The template build it runs (none for the server's own templates):
-  // written at insert, for collecting unused layers; not read back.
+  // The template build it runs (none for the server's own templates and
+  // snapshots): what its files are, for snapshots and collection.
   std::optional<std::string> build_id;
   // The egress lists as the client gave them: {"allowOut":[...],"denyOut":[...]}.
   std::string network = "{}";
+};
+
+// A template made of a sandbox's files (POST /sandboxes/{id}/snapshots),
+// or of one for its forks.
+inline constexpr const char* kSnapshotKind = "snapshot";
+inline constexpr const char* kForkKind = "fork";
+struct SnapshotRow {
+  int64_t seq = 0;
+  std::string template_id;
+  std::string tenant_id;
+  std::string sandbox_id;
+  std::string kind = kSnapshotKind;
+  int64_t created_at = 0;
+  std::string name;  // read only: its template's name
 };
 
 struct EventRow {
@@ -363,6 +377,19 @@ class Store {
   // every template's row, every tagged build, every build a sandbox
   // creating, running or paused runs.
   Result<std::vector<std::pair<std::string, std::string>>> template_roots_in_use();
+  // What a sandbox runs: its template's row (whatever its status) with
+  // rootfs_path, layers and config those of the build it runs, if any.
+  Result<TemplateRow> template_of_sandbox(const SandboxRow& r);
+  // Snapshots. Adds one: its template row (ready), the snapshot row and
+  // its layer's file row, in one transaction; kConflict when a template
+  // has t's name, kQuota (nothing added) when the tenant's template files
+  // would pass max_bytes (0: no limit).
+  Status add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f, int64_t max_bytes);
+  // The tenant's snapshots of kind "snapshot" whose template is not
+  // deleted, oldest first, after seq `after`, at most limit; a sandbox id
+  // or template name narrows them.
+  Result<std::vector<SnapshotRow>> list_snapshots(const std::string& tenant_id, const std::string& sandbox_id,
+                                                  const std::string& name, int64_t after, int64_t limit);
   // Marks it deleted and frees its name, in one transaction that refuses
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.

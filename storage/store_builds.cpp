@@ -424,7 +424,11 @@ Result<std::vector<std::pair<std::string, std::string>>> Store::template_roots_i
               "JOIN template_tags g ON g.build_id = b.id JOIN templates t ON t.id = g.template_id "
               "WHERE t.status != 'deleted' AND b.layers IS NOT NULL "
               "UNION SELECT b.rootfs_path, b.layers FROM template_builds b JOIN sandboxes s ON s.build_id = b.id "
-              "WHERE s.state IN ('creating', 'running', 'paused') AND b.layers IS NOT NULL");
+              "WHERE s.state IN ('creating', 'running', 'paused') AND b.layers IS NOT NULL "
+              // A deleted template's files while a sandbox still runs it
+              // (forks run a snapshot deleted as they start).
+              "UNION SELECT t.rootfs_path, t.layers FROM templates t JOIN sandboxes s ON s.template_id = t.id "
+              "WHERE s.state IN ('creating', 'running', 'paused')");
   return collect<std::pair<std::string, std::string>>(
       st, [](const Stmt& s) { return std::pair<std::string, std::string>(s.text(0), s.text(1)); });
 }

@@ -757,6 +757,100 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
   return live->sb->open_port(port);
 }
 
+Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::make_snapshot(
+    const std::string& tenant_id, const std::string& id, const std::string& name, const char* kind) {
+  if (cfg_.snapshot_dir.empty()) return Error(ErrorKind::kUnavailable, "snapshots are not available on this server");
+  Result<Found> f = lookup(tenant_id, id);
+  if (!f) return f.error();
+  Result<storage::TemplateRow> parent = store_.template_of_sandbox(f->row);
+  if (!parent) return parent.error();
+  nlohmann::json layers = nlohmann::json::parse(parent->layers, nullptr, false);
+  if (!layers.is_array()) layers = nlohmann::json::array();
+  // Each snapshot of a snapshot adds a layer: the chain is bounded.
+  if (layers.size() + 1 > runtime::kMaxTemplateLayers)
+    return invalid_error("sandbox " + id + " runs a template of " + std::to_string(layers.size()) +
+                         " layers; a snapshot of it would pass " + std::to_string(runtime::kMaxTemplateLayers));
+  std::string tid = new_sandbox_id();
+  std::string dest = cfg_.snapshot_dir + "/snapshot-" + tid;
+  if (Status s = sys::make_dirs(cfg_.snapshot_dir, 0700); !s) return s.error();
+  uint64_t t0 = sys::monotonic_ns();
+  {
+    MutexLock op(f->live->op_mu);
+    if (!f->live->sb) return not_found(id);
+    // The copy freezes the sandbox while it reads the layer and thaws it
+    // after (unless it was paused): the sandbox runs on.
+    if (Status s = f->live->sb->export_layer(dest); !s) {
+      (void)sys::remove_tree(dest);
+      return s.error().with_context("snapshot of sandbox " + id);
+    }
+  }
+  layers.push_back(dest);
+  int64_t now = clock_();
+  storage::TemplateRow t = *parent;
+  t.id = tid;
+  t.name = name.empty() ? tid : name;
+  t.tenant_id = tenant_id;
+  t.status = "ready";
+  t.layers = layers.dump();
+  t.created_at = t.updated_at = now;
+  t.is_public = false;
+  t.build_id.reset();
+  storage::SnapshotRow row{0, tid, tenant_id, id, kind, now, t.name};
+  storage::TemplateFileRow file{dest, tenant_id, storage::kFileLayer, tid,
+                                static_cast<int64_t>(sys::disk_usage(dest)), now, now};
+  if (Status s = store_.add_snapshot(t, row, file, cfg_.template_max_bytes); !s) {
+    (void)sys::remove_tree(dest);
+    return s.error();
+  }
+  event(tenant_id, id, "snapshot",
+        std::string(kind) + " " + tid + ": " + std::to_string(file.bytes >> 10) + " KiB in " +
+            std::to_string((sys::monotonic_ns() - t0) / 1000000) + " ms");
+  return std::make_pair(row, t);
+}
+
+Result<storage::SnapshotRow> SandboxService::snapshot(const std::string& tenant_id, const std::string& id,
+                                                     const std::string& name) {
+  Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> s =
+      make_snapshot(tenant_id, id, name, storage::kSnapshotKind);
+  if (!s) return s.error();
+  return s->first;
+}
+
+Result<std::vector<Result<SandboxRow>>> SandboxService::fork(const storage::TenantRow& tenant, const std::string& id,
+                                                             int64_t count, int64_t timeout_s) {
+  if (Status s = check_timeout(timeout_s); !s) return s.error();
+  Result<Found> f = lookup(tenant.id, id);
+  if (!f) return f.error();
+  Result<std::optional<NetworkParams>> net = [&]() -> Result<std::optional<NetworkParams>> {
+    MutexLock g(f->live->net_mu);
+    return std::optional<NetworkParams>(f->live->network);
+  }();
+  // The forks' template: the parent's files now.
+  Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> snap =
+      make_snapshot(tenant.id, id, "", storage::kForkKind);
+  if (!snap) return snap.error();
+  CreateParams p;
+  p.template_ref = snap->second.id;
+  p.timeout_s = timeout_s;
+  p.auto_resume = f->row.auto_resume;
+  p.network = **net;
+  nlohmann::json md = nlohmann::json::parse(f->row.metadata, nullptr, false);
+  if (md.is_object())
+    for (auto it = md.begin(); it != md.end(); ++it)
+      if (it->is_string()) p.metadata[it.key()] = it->get<std::string>();
+  nlohmann::json env = nlohmann::json::parse(f->row.env_vars, nullptr, false);
+  if (env.is_object())
+    for (auto it = env.begin(); it != env.end(); ++it)
+      if (it->is_string()) p.env_vars[it.key()] = it->get<std::string>();
+  std::vector<Result<SandboxRow>> out;
+  for (int64_t i = 0; i < count; ++i) out.push_back(create(tenant, p));
+  // Hidden from now on; its files stay while a fork runs it (the
+  // template-file collector keeps what live sandboxes run).
+  if (Status s = store_.set_template_status(snap->second.id, "deleted", clock_()); !s)
+    LOG_WARN("fork of " << id << ": hide its snapshot " << snap->second.id << ": " << s.error().message());
+  return out;
+}
+
 Status SandboxService::set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s) {
   if (Status s = check_timeout(timeout_s); !s) return s.error();
   Result<SandboxRow> row = get(tenant_id, id);

@@ -98,6 +98,12 @@ struct ServiceConfig {
   // Sandboxes of hot templates with a start command started ahead of their
   // creates (warm_pool.h); per_key 0: none.
   WarmPoolConfig warm_pool{0};
+  // Snapshots and forks (process backend): where their layers go (the
+  // template builds' layers directory); "": they are refused. A tenant's
+  // template files, snapshots' included, stay within template_max_bytes
+  // (0: no limit).
+  std::string snapshot_dir;
+  int64_t template_max_bytes = 0;
   // Wait transitions as event rows (kind "wait"), for a batched writer
   // (storage/batch_writer.h); empty: not recorded. Called on the
   // coordinator's threads: must not block.
@@ -153,6 +159,23 @@ class SandboxService {
   };
   Result<Connected> connect(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
   Status set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
+  // POST /sandboxes/{id}/snapshots: the sandbox's files as they are now
+  // (its writable layer over its template's) become a new template of the
+  // tenant's, named name (its id when ""); the sandbox runs on. Memory and
+  // processes are not kept: a sandbox created from it starts its
+  // template's start command afresh. kNotFound for a sandbox that is not
+  // the tenant's running or paused one, kUnavailable where the backend
+  // cannot (the microVM backend), kQuota past the tenant's template
+  // storage; a failed copy leaves nothing.
+  Result<storage::SnapshotRow> snapshot(const std::string& tenant_id, const std::string& id, const std::string& name);
+  // POST /sandboxes/{id}/fork: count sandboxes from one snapshot of it
+  // (its files; see snapshot()), each living timeout_s and with the
+  // parent's environment variables, metadata and network. Each fork
+  // succeeds or fails on its own (the tenant's quota, the runtime): one
+  // result per fork. The snapshot is not listed and goes once the last
+  // fork ends.
+  Result<std::vector<Result<storage::SandboxRow>>> fork(const storage::TenantRow& tenant, const std::string& id,
+                                                        int64_t count, int64_t timeout_s);
   // A connected stream to 127.0.0.1:port inside a running sandbox, for
   // the envd and port proxy. Not tenant-scoped: whoever knows the id may try
   // (envd checks the access token itself, as E2B's proxy leaves it to envd).
@@ -243,6 +266,11 @@ class SandboxService {
   };
 
   std::shared_ptr<Live> find_live(const std::string& id);
+  // A snapshot's template row and layer, recorded (snapshot(), fork()).
+  Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> make_snapshot(const std::string& tenant_id,
+                                                                              const std::string& id,
+                                                                              const std::string& name,
+                                                                              const char* kind);
   // A sandbox recover() took back, live again in its row's state.
   Status adopt(const storage::SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb);
   struct Found {

@@ -12,6 +12,9 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/stat.h>
+
+#include <cstdio>
 
 #include <atomic>
 #include <chrono>
@@ -30,7 +33,7 @@ namespace sg::test {
 
 class FakeRuntime : public runtime::Runtime {
  public:
-  enum class Op { kCreate, kPause, kResume, kKill, kUsage, kOpenPort, kControl, kCount };
+  enum class Op { kCreate, kPause, kResume, kKill, kUsage, kOpenPort, kControl, kExport, kCount };
 
   struct Record {
     runtime::SandboxSpec spec;
@@ -232,6 +235,22 @@ class FakeRuntime : public runtime::Runtime {
         return std::string(R"({"type":"configured"})");
       }
       return std::string(R"({"type":"pong"})");
+    }
+
+    // A layer of one file (its content the sandbox id); a fault leaves a
+    // partial one behind, as a copy that ran out of disk would.
+    Status export_layer(const std::string& dest) override {
+      std::lock_guard<std::mutex> g(s_->mu);
+      if (s_->records[id_].killed) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " is killed");
+      if (::mkdir(dest.c_str(), 0755) != 0) return Error(ErrorKind::kInternal, "mkdir " + dest);
+      Status s = s_->call(Op::kExport, id_);
+      std::string file = dest + (s ? "/layer" : "/partial");
+      if (FILE* f = std::fopen(file.c_str(), "w")) {
+        std::fputs(id_.c_str(), f);
+        std::fclose(f);
+      }
+      if (!s) return Error(ErrorKind::kUnavailable, "copy the layer: No space left on device");
+      return Status::Ok();
     }
 
     // Guest RAM as a microVM's would be reported (nothing is mapped: the

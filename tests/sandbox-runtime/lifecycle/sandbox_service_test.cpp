@@ -7,13 +7,16 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "sandbox-runtime/lifecycle/state.h"
+#include "base/sys.h"
 #include "storage/store.h"
 #include "tests/support/fake_runtime.h"
 #include "tests/support/temp_dir.h"
@@ -380,6 +383,59 @@ TEST_CASE("lifecycle core: a runtime whose sandboxes do not outlive sandgate: th
   REQUIRE(h.svc->recover());
   CHECK(h.row_state(a) == "lost");
   CHECK(h.svc->live_count() == 0);
+}
+
+TEST_CASE("lifecycle core: a snapshot is a template of the sandbox's files; a failed copy or the quota leaves nothing") {
+  ServiceConfig cfg;
+  sg::test::TempDir layers;
+  cfg.snapshot_dir = layers.sub("layers");
+  cfg.template_max_bytes = 1 << 20;
+  Harness h(cfg);
+  std::string id = h.create();
+  auto snap = h.svc->snapshot(h.tenant.id, id, "");
+  REQUIRE_MESSAGE(snap, (snap ? "" : snap.error().message()));
+  CHECK(snap->sandbox_id == id);
+  auto t = h.store->resolve_template(h.tenant.id, snap->template_id + ":default");
+  REQUIRE(t);
+  REQUIRE(*t);
+  CHECK((*t)->status == "ready");
+  auto layers_json = nlohmann::json::parse((*t)->layers);
+  REQUIRE(layers_json.size() == 1);
+  CHECK(sg::sys::read_file(layers_json[0].get<std::string>() + "/layer").value() == id);
+  // A sandbox from it runs it.
+  CreateParams p = h.params();
+  p.template_ref = snap->template_id;
+  std::string child = h.create(p);
+  CHECK(h.rt.record(child).spec.layers.size() == 1);
+
+  // The copy fails (a full disk): no layer, no template, the sandbox runs on.
+  auto before = h.store->list_snapshots(h.tenant.id, "", "", 0, 100);
+  REQUIRE(before);
+  h.rt.fail_at(FakeRuntime::Op::kExport, 1);
+  auto failed = h.svc->snapshot(h.tenant.id, id, "full");
+  REQUIRE_FALSE(failed);
+  CHECK(failed.error().message().find("No space left") != std::string::npos);
+  auto after = h.store->list_snapshots(h.tenant.id, "", "", 0, 100);
+  REQUIRE(after);
+  CHECK(after->size() == before->size());
+  CHECK_FALSE(h.store->resolve_template(h.tenant.id, "full").value());
+  size_t dirs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cfg.snapshot_dir)) dirs += e.is_directory();
+  CHECK(dirs == 1);  // the first snapshot's only
+  CHECK(h.svc->state(id).value() == sg::lifecycle::State::kRunning);
+
+  // Past the tenant's template storage: refused, nothing kept.
+  h.store->add_template_file({layers.sub("big"), h.tenant.id, sg::storage::kFileLayer, "x", 2 << 20, h.now, h.now});
+  auto over = h.svc->snapshot(h.tenant.id, id, "over");
+  REQUIRE_FALSE(over);
+  CHECK(over.error().kind() == ErrorKind::kQuota);
+  dirs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(cfg.snapshot_dir)) dirs += e.is_directory();
+  CHECK(dirs == 1);
+  // Unknown and other tenants' sandboxes: not found.
+  CHECK(h.svc->snapshot(h.tenant.id, "nosuch", "").error().kind() == ErrorKind::kNotFound);
+  CHECK(h.svc->snapshot("other-tenant", id, "").error().kind() == ErrorKind::kNotFound);
+  for (const std::string& s : {id, child}) REQUIRE(h.svc->kill(h.tenant.id, s));
 }
 
 // Each lifecycle operation with its Nth runtime call failing, for every N

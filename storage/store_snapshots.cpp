@@ -1,0 +1,94 @@
+// Snapshots: templates made of a sandbox's writable layer (store.h).
+#include "storage/store_internal.h"
+
+namespace sg::storage {
+
+using namespace internal;
+
+Result<TemplateRow> Store::template_of_sandbox(const SandboxRow& r) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, std::string("SELECT ") + kTemplateCols + " FROM templates WHERE id = ?");
+  st.bind(1, r.template_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return not_found_error("template '" + r.template_id + "' of sandbox " + r.id + " not found");
+  TemplateRow t = template_from(st);
+  if (!r.build_id) return t;
+  SG_TRY_STMT(b, tx, "SELECT rootfs_path, layers, config FROM template_builds WHERE id = ? AND layers IS NOT NULL");
+  b.bind(1, *r.build_id);
+  Result<bool> built = b.step();
+  if (!built) return built.error();
+  if (*built) {
+    t.rootfs_path = b.text(0);
+    t.layers = b.text(1);
+    t.config = b.is_null(2) ? std::string("{}") : b.text(2);
+    t.build_id = r.build_id;
+  }
+  return t;
+}
+
+Status Store::add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f, int64_t max_bytes) {
+  auto tx = db_->transaction();
+  SG_TRY(tx.begin_status());
+  SG_TRY_STMT(named, tx, "SELECT COUNT(*) FROM templates WHERE name = ?");
+  named.bind(1, t.name);
+  Result<bool> row = named.step();
+  if (!row) return row.error();
+  if (named.int64(0) > 0) return conflict_error("a template named '" + t.name + "' exists; choose another name");
+  if (max_bytes > 0) {
+    SG_TRY_STMT(used, tx, "SELECT COALESCE(SUM(bytes), 0) FROM template_files WHERE tenant_id = ?");
+    used.bind(1, f.tenant_id);
+    Result<bool> u = used.step();
+    if (!u) return u.error();
+    int64_t total = used.int64(0) + f.bytes;
+    if (total > max_bytes)
+      return Error(ErrorKind::kQuota, "quota exceeded: this snapshot's " + std::to_string(f.bytes >> 20) +
+                                          " MiB would take this team's templates to " + std::to_string(total >> 20) +
+                                          " MiB, the limit is " + std::to_string(max_bytes >> 20) +
+                                          " MiB; delete templates or snapshots to free space");
+  }
+  SG_TRY_STMT(ins, tx,
+              "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
+              "disk_size_mb, created_at, updated_at, public, layers, config, build_id) "
+              "VALUES(?,?,?,?,?,?,?,?,?,?,0,?,?,NULL)");
+  ins.bind(1, t.id).bind(2, t.name).bind(3, t.tenant_id).bind(4, t.status).bind(5, t.rootfs_path)
+      .bind(6, t.cpu_count).bind(7, t.memory_mb).bind(8, t.disk_size_mb).bind(9, t.created_at)
+      .bind(10, t.updated_at).bind(11, t.layers).bind(12, t.config);
+  SG_TRY(ins.run());
+  SG_TRY_STMT(snap, tx,
+              "INSERT INTO snapshots(template_id, tenant_id, sandbox_id, kind, created_at) VALUES(?,?,?,?,?)");
+  snap.bind(1, s.template_id).bind(2, s.tenant_id).bind(3, s.sandbox_id).bind(4, s.kind).bind(5, s.created_at);
+  SG_TRY(snap.run());
+  SG_TRY_STMT(file, tx,
+              "INSERT OR REPLACE INTO template_files(path, tenant_id, kind, template_id, bytes, created_at, used_at) "
+              "VALUES(?,?,?,?,?,?,?)");
+  file.bind(1, f.path).bind(2, f.tenant_id).bind(3, f.kind).bind(4, f.template_id).bind(5, f.bytes)
+      .bind(6, f.created_at).bind(7, f.used_at);
+  SG_TRY(file.run());
+  return tx.commit();
+}
+
+Result<std::vector<SnapshotRow>> Store::list_snapshots(const std::string& tenant_id, const std::string& sandbox_id,
+                                                       const std::string& name, int64_t after, int64_t limit) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "SELECT s.seq, s.template_id, s.tenant_id, s.sandbox_id, s.kind, s.created_at, t.name "
+              "FROM snapshots s JOIN templates t ON t.id = s.template_id "
+              "WHERE s.tenant_id = ?1 AND s.kind = 'snapshot' AND t.status != 'deleted' AND s.seq > ?2 "
+              "AND (?3 = '' OR s.sandbox_id = ?3) AND (?4 = '' OR t.name = ?4 OR t.id = ?4) "
+              "ORDER BY s.seq LIMIT ?5");
+  st.bind(1, tenant_id).bind(2, after).bind(3, sandbox_id).bind(4, name).bind(5, limit);
+  return collect<SnapshotRow>(st, [](const Stmt& s) {
+    SnapshotRow r;
+    r.seq = s.int64(0);
+    r.template_id = s.text(1);
+    r.tenant_id = s.text(2);
+    r.sandbox_id = s.text(3);
+    r.kind = s.text(4);
+    r.created_at = s.int64(5);
+    r.name = s.text(6);
+    return r;
+  });
+}
+
+}  // namespace sg::storage
