@@ -201,10 +201,9 @@ TEST_CASE("control plane: E2B routes this server does not serve are 501 with a m
     std::string path;
   };
   const Case cases[] = {
-      {"POST", "/sandboxes/" + id + "/fork"},     {"POST", "/sandboxes/" + id + "/snapshots"},
       {"GET", "/sandboxes/" + id + "/logs"},      {"GET", "/v2/sandboxes/" + id + "/logs"},
       {"POST", "/sandboxes/" + id + "/refreshes"}, {"GET", "/sandboxes/metrics?sandbox_ids=" + id},
-      {"GET", "/snapshots"},                      {"GET", "/secrets"},
+      {"GET", "/secrets"},
       {"DELETE", "/secrets/s1"},                  {"GET", "/volumes"},
       {"POST", "/volumes"},                       {"GET", "/teams"},
       {"GET", "/teams/t1/metrics/max"},           {"POST", "/v3/templates"},
