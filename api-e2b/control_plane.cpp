@@ -308,8 +308,9 @@ HttpResponse ControlPlane::resume(const Call& c) {
 }
 
 HttpResponse ControlPlane::pause(const Call& c) {
-  if (Status s = parse_pause_request(c.req); !s) return error_response(s.error());
-  if (Status s = sandboxes_.pause(c.tenant.id, c.id); !s) return error_response(s.error());
+  Result<bool> keep_memory = parse_pause_request(c.req);
+  if (!keep_memory) return error_response(keep_memory.error());
+  if (Status s = sandboxes_.pause(c.tenant.id, c.id, *keep_memory); !s) return error_response(s.error());
   return http::no_content(204);
 }
 

@@ -284,12 +284,13 @@ Result<std::optional<int64_t>> parse_resume_request(const HttpRequest& req) {
   return parse_timeout_body(req, {"timeout", "autoPause"}, "autoPause");
 }
 
-Status parse_pause_request(const HttpRequest& req) {
+Result<bool> parse_pause_request(const HttpRequest& req) {
   Result<json> body = parse_body(req, true);
   if (!body) return body.error();
-  if (Status s = only_fields(*body, {"memory"}); !s) return s;
-  if (auto mem = opt_bool(*body, "memory"); !mem) return mem.error();
-  return Status::Ok();
+  if (Status s = only_fields(*body, {"memory"}); !s) return s.error();
+  auto mem = opt_bool(*body, "memory");
+  if (!mem) return mem.error();
+  return mem->value_or(true);
 }
 
 Result<NetworkParams> parse_network_update(const HttpRequest& req) {

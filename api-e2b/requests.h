@@ -42,8 +42,9 @@ Result<NetworkParams> parse_network_update(const http::HttpRequest& req);
 // {"timeout", "autoPause"}: an empty body is fine; timeout in 0..24 h.
 Result<std::optional<int64_t>> parse_connect_request(const http::HttpRequest& req);
 Result<std::optional<int64_t>> parse_resume_request(const http::HttpRequest& req);
-// POST .../pause {"memory"}.
-Status parse_pause_request(const http::HttpRequest& req);
+// POST .../pause {"memory"}: false asks for a filesystem-only pause (E2B's
+// keepMemory); true when absent.
+Result<bool> parse_pause_request(const http::HttpRequest& req);
 // POST .../timeout {"timeout"}: required.
 Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
 

@@ -245,6 +245,8 @@ class Runtime {
     (void)spec;
     return {};
   }
+  // Whether its sandboxes' export_layer() works (the process backend).
+  virtual bool exports_layers() const { return false; }
   // Whether create() leaves spec.start running (and ready) in the sandbox.
   virtual bool runs_start_command() const { return false; }
   // Removes what prepare_template made of a template whose top layer (or

@@ -189,6 +189,9 @@ struct SandboxRow {
 // or of one for its forks.
 inline constexpr const char* kSnapshotKind = "snapshot";
 inline constexpr const char* kForkKind = "fork";
+// A filesystem-only pause's (keepMemory false): the files the sandbox
+// resumes from; hidden, deleted when the sandbox ends.
+inline constexpr const char* kPauseKind = "pause";
 struct SnapshotRow {
   int64_t seq = 0;
   std::string template_id;
@@ -390,6 +393,14 @@ class Store {
   // or template name narrows them.
   Result<std::vector<SnapshotRow>> list_snapshots(const std::string& tenant_id, const std::string& sandbox_id,
                                                   const std::string& name, int64_t after, int64_t limit);
+  // The newest not-deleted template of the sandbox's filesystem-only
+  // pauses (kPauseKind); nullopt when it has none.
+  Result<std::optional<TemplateRow>> paused_files(const std::string& sandbox_id);
+  // Marks every template of the sandbox's filesystem-only pauses deleted
+  // (it ended): the collector removes their files once no sandbox runs them.
+  Status drop_paused_files(const std::string& sandbox_id);
+  // paused -> running with a new init (a sandbox resumed from its files).
+  Status set_resumed(const std::string& id, int64_t init_pid, const std::string& envd_version);
   // Marks it deleted and frees its name, in one transaction that refuses
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.

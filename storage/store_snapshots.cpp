@@ -91,4 +91,36 @@ Result<std::vector<SnapshotRow>> Store::list_snapshots(const std::string& tenant
   });
 }
 
+Result<std::optional<TemplateRow>> Store::paused_files(const std::string& sandbox_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              std::string("SELECT ") + kTemplateCols +
+                  " FROM templates WHERE status != 'deleted' AND id = (SELECT s.template_id FROM snapshots s "
+                  "WHERE s.sandbox_id = ? AND s.kind = 'pause' ORDER BY s.seq DESC LIMIT 1)");
+  st.bind(1, sandbox_id);
+  Result<bool> row = st.step();
+  if (!row) return row.error();
+  if (!*row) return std::optional<TemplateRow>();
+  return std::optional<TemplateRow>(template_from(st));
+}
+
+Status Store::drop_paused_files(const std::string& sandbox_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "UPDATE templates SET status = 'deleted' WHERE status != 'deleted' AND id IN "
+              "(SELECT template_id FROM snapshots WHERE sandbox_id = ? AND kind = 'pause')");
+  st.bind(1, sandbox_id);
+  return st.run();
+}
+
+Status Store::set_resumed(const std::string& id, int64_t init_pid, const std::string& envd_version) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "UPDATE sandboxes SET state = 'running', init_pid = ?, envd_version = ? WHERE id = ? AND state = 'paused'");
+  st.bind(1, init_pid).bind(2, envd_version).bind(3, id);
+  SG_TRY(st.run());
+  if (tx.changes() == 0) return conflict_error("sandbox " + id + " is no longer paused");
+  return Status::Ok();
+}
+
 }  // namespace sg::storage

@@ -118,9 +118,21 @@ Status SandboxService::recover() {
       reason = "sandgate restarted while the sandbox was being created";
     } else if (r.backend != rt_.name()) {
       reason = "sandgate restarted with the " + rt_.name() + " backend; the sandbox ran on " + r.backend;
+    } else if (Result<std::optional<storage::TemplateRow>> files =
+                   r.state == storage::kStatePaused ? store_.paused_files(r.id) : std::optional<storage::TemplateRow>();
+               files && *files && !rt_.sandboxes_outlive_host()) {
+      adopt_persisted(r);  // on disk: it outlives any sandgate
+      continue;
     } else if (!rt_.sandboxes_outlive_host()) {
       reason = "sandgate restarted: " + rt_.name() + " sandboxes do not outlive it here";
     } else if (Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.recover(r.id); !sb) {
+      // One paused without its memory has no processes: its files are it.
+      Result<std::optional<storage::TemplateRow>> files =
+          r.state == storage::kStatePaused ? store_.paused_files(r.id) : std::optional<storage::TemplateRow>();
+      if (files && *files) {
+        adopt_persisted(r);
+        continue;
+      }
       reason = "sandgate restarted and could not take the sandbox back: " + sb.error().message();
     } else if (Status a = adopt(r, std::move(*sb)); !a) {
       reason = "sandgate restarted and could not take the sandbox back: " + a.error().message();
@@ -161,6 +173,33 @@ static Result<NetworkParams> network_of(const SandboxRow& r) {
   n.egress = std::move(*pol);
   n.asks_egress = !n.allow_out.empty();
   return n;
+}
+
+// A sandbox paused without its memory, after a restart: live again with
+// no runtime sandbox; connect() starts it from its files.
+void SandboxService::adopt_persisted(const SandboxRow& r) {
+  auto live = std::make_shared<Live>();
+  live->tenant_id = r.tenant_id;
+  live->template_id = r.template_id;
+  live->started_at = r.started_at;
+  live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, r.cpu_count));
+  live->envd_token = r.envd_token;
+  live->traffic_token = r.traffic_token;
+  live->auto_resume = r.auto_resume;
+  Result<NetworkParams> net = network_of(r);
+  {
+    MutexLock n(live->net_mu);
+    if (net) live->network = *net;
+  }
+  {
+    MutexLock g(live->op_mu);
+    live->state = State::kPersisted;  // as its row and files say
+  }
+  {
+    MutexLock g(mu_);
+    live_[r.id] = live;
+  }
+  event(r.tenant_id, r.id, "recovered", "paused with its files only, after a restart of sandgate");
 }
 
 // A sandbox recover() took back becomes live again in its stored state:
@@ -473,6 +512,8 @@ Status SandboxService::kill_locked(Live& live, const std::string& id, const std:
                         << "); killing it anyway, the record follows");
   }
   Status st = end_runtime(live, id);
+  // The files of its filesystem-only pauses go with it.
+  if (Status d = store_.drop_paused_files(id); !d) LOG_WARN("sandbox " << id << ": " << d.error().message());
   enter(live, to);
   {
     MutexLock g(mu_);
@@ -610,7 +651,7 @@ Status SandboxService::update_network(const std::string& tenant_id, const std::s
                          "(it runs without --egress; every destination is denied)");
   {
     MutexLock op(f->live->op_mu);
-    if (!f->live->sb) return not_found(id);
+    if (!f->live->sb && f->live->state != State::kPersisted) return not_found(id);
     // The stored flag first (GET shows it): if that fails, nothing changed.
     if (Status s = store_.set_network(id, n.allow_internet, network_json(n)); !s) return s;
     MutexLock g(f->live->net_mu);
@@ -658,18 +699,22 @@ Status SandboxService::kill(const std::string& tenant_id, const std::string& id)
   // within a page (and resumes the sandbox, which is then killed).
   before_traffic(id);
   MutexLock g(live->op_mu);
-  if (!live->sb) return not_found(id);
+  if (!live->sb && live->state != State::kPersisted) return not_found(id);
   return kill_locked(*live, id, tenant_id, State::kKilled, "killed by client");
 }
 
-Status SandboxService::pause(const std::string& tenant_id, const std::string& id) {
+Status SandboxService::pause(const std::string& tenant_id, const std::string& id, bool keep_memory) {
   Result<Found> found = lookup(tenant_id, id);
   if (!found) return found.error();
   std::shared_ptr<Live> live = found->live;
   before_traffic(id);  // a running offload stops first (kill() says why)
   MutexLock g(live->op_mu);
+  if (live->state == State::kPaused || live->state == State::kPersisted)
+    return conflict_error("sandbox \"" + id + "\" is already paused");
   if (!live->sb) return not_found(id);
-  if (live->state == State::kPaused) return conflict_error("sandbox \"" + id + "\" is already paused");
+  // The microVM backend cannot copy its files out (a guest tmpfs): it
+  // keeps the memory instead, which is more than was asked.
+  if (!keep_memory && rt_.exports_layers() && !cfg_.snapshot_dir.empty()) return persist_locked(*live, found->row);
   // Stopped first (idempotent for a wait-paused one), then recorded.
   if (Status s = live->sb->pause(); !s) return s.error().with_context("pause sandbox " + id);
   Result<bool> moved = move(*live, id, State::kPaused);
@@ -684,6 +729,70 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   return Status::Ok();
 }
 
+// A filesystem-only pause: the sandbox's files become a hidden template
+// (kind "pause"), the row says paused, and its processes go, freeing its
+// memory. connect() starts it again from those files.
+Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
+  const std::string& id = r.id;
+  Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> snap =
+      snapshot_locked(live, r, "", storage::kPauseKind);
+  if (!snap) return snap.error().with_context("filesystem-only pause");
+  // Recorded before the processes go: a crash from here on finds the row
+  // paused with its files (and the next start removes the processes).
+  Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
+  if (!moved || !*moved) {
+    (void)store_.set_template_status(snap->second.id, "deleted", clock_());
+    if (!moved) return moved.error();
+    return conflict_error("sandbox \"" + id + "\" changed state during the pause; retry");
+  }
+  enter(live, State::kSnapshotting);
+  enter(live, State::kPersisted);
+  if (Status k = end_runtime(live, id); !k) LOG_WARN("sandbox " << id << ": its processes are killed by later ticks");
+  if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->erase(id);
+  event(r.tenant_id, id, "paused", "paused by client, files only (its memory and processes are gone)");
+  return Status::Ok();
+}
+
+// connect() of a sandbox paused without its memory: a fresh sandbox of the
+// same id, token and environment on the files the pause kept.
+Status SandboxService::restore_locked(Live& live, const SandboxRow& r) {
+  const std::string& id = r.id;
+  Result<std::optional<storage::TemplateRow>> files = store_.paused_files(id);
+  if (!files) return files.error();
+  if (!*files) return internal_error("sandbox " + id + ": the files of its pause are missing");
+  CreateParams p;
+  p.template_ref = (*files)->id;
+  p.auto_resume = r.auto_resume;
+  {
+    MutexLock n(live.net_mu);
+    p.network = live.network;
+  }
+  nlohmann::json env = nlohmann::json::parse(r.env_vars, nullptr, false);
+  if (env.is_object())
+    for (auto it = env.begin(); it != env.end(); ++it)
+      if (it->is_string()) p.env_vars[it.key()] = it->get<std::string>();
+  runtime::SandboxSpec spec = new_spec(r, **files, p);
+  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
+  if (!sb) return sb.error().with_context("resume sandbox " + id + " from its files");
+  if (Status s = run_start_command(**sb, r.envd_token, spec, **files); !s) {
+    (void)(*sb)->kill();
+    return s.error().with_context("resume sandbox " + id + " from its files");
+  }
+  int pid = (*sb)->init_pid();
+  if (Status s = store_.set_resumed(id, pid, channel::kEnvdVersion); !s) {
+    (void)(*sb)->kill();
+    return s;
+  }
+  live.sb = std::move(*sb);
+  live.init_pid = pid;
+  enter(live, State::kRunning);
+  if (cfg_.egress && cfg_.egress_policies) {
+    MutexLock n(live.net_mu);
+    cfg_.egress_policies->set(id, live.network.egress);
+  }
+  return Status::Ok();
+}
+
 Result<SandboxService::Connected> SandboxService::connect(const std::string& tenant_id, const std::string& id,
                                                           int64_t timeout_s) {
   if (Status s = check_timeout(timeout_s); !s) return s.error();
@@ -693,10 +802,16 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
   SandboxRow* row = &found->row;
   std::shared_ptr<Live> live = found->live;
   MutexLock g(live->op_mu);
-  if (!live->sb) return not_found(id);
   Connected out;
   int64_t now = clock_();
-  if (live->state == State::kPaused) {
+  if (live->state == State::kPersisted) {
+    if (Status s = restore_locked(*live, *row); !s) return s.error();
+    out.resumed = true;
+    if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
+    event(tenant_id, id, "resumed", "resumed by connect from its files (a fresh start)");
+  } else if (!live->sb) {
+    return not_found(id);
+  } else if (live->state == State::kPaused) {
     if (Status s = live->sb->resume(); !s) return s.error().with_context("resume sandbox " + id);
     Result<bool> moved = move(*live, id, State::kRunning);
     if (!moved || !*moved) {
@@ -732,6 +847,9 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
                                                "trafficAccessToken as the e2b-traffic-access-token header");
   before_traffic(id);
   MutexLock g(live->op_mu);
+  if (live->state == State::kPersisted)
+    return conflict_error("sandbox \"" + id + "\" is paused without its memory (keepMemory false): "
+                          "connect to resume it");
   if (!live->sb) return not_found(id);
   if (live->state == State::kPaused) {
     if (!live->auto_resume)
@@ -757,52 +875,75 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
   return live->sb->open_port(port);
 }
 
+Result<storage::TemplateRow> SandboxService::files_of(const SandboxRow& r) {
+  // Resumed from a filesystem-only pause: it runs that pause's files.
+  Result<std::optional<storage::TemplateRow>> paused = store_.paused_files(r.id);
+  if (!paused) return paused.error();
+  if (*paused) return **paused;
+  return store_.template_of_sandbox(r);
+}
+
 Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::make_snapshot(
     const std::string& tenant_id, const std::string& id, const std::string& name, const char* kind) {
   if (cfg_.snapshot_dir.empty()) return Error(ErrorKind::kUnavailable, "snapshots are not available on this server");
   Result<Found> f = lookup(tenant_id, id);
   if (!f) return f.error();
-  Result<storage::TemplateRow> parent = store_.template_of_sandbox(f->row);
+  before_traffic(id);  // a wait-paused sandbox runs first
+  MutexLock op(f->live->op_mu);
+  if (!f->live->sb) {
+    if (f->live->state == State::kPersisted)
+      return conflict_error("sandbox \"" + id + "\" is paused without its memory: connect to resume it first");
+    return not_found(id);
+  }
+  return snapshot_locked(*f->live, f->row, name, kind);
+}
+
+Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::snapshot_locked(
+    Live& live, const SandboxRow& r, const std::string& name, const char* kind) {
+  const std::string& id = r.id;
+  if (live.state != State::kRunning && live.state != State::kPaused)
+    return conflict_error("sandbox \"" + id + "\" is busy (" + std::string(lifecycle::name(live.state)) + "); retry");
+  Result<storage::TemplateRow> parent = files_of(r);
   if (!parent) return parent.error();
   nlohmann::json layers = nlohmann::json::parse(parent->layers, nullptr, false);
   if (!layers.is_array()) layers = nlohmann::json::array();
   // Each snapshot of a snapshot adds a layer: the chain is bounded.
   if (layers.size() + 1 > runtime::kMaxTemplateLayers)
-    return invalid_error("sandbox " + id + " runs a template of " + std::to_string(layers.size()) +
+    return invalid_error("sandbox " + id + " runs files of " + std::to_string(layers.size()) +
                          " layers; a snapshot of it would pass " + std::to_string(runtime::kMaxTemplateLayers));
   std::string tid = new_sandbox_id();
-  std::string dest = cfg_.snapshot_dir + "/snapshot-" + tid;
+  std::string dest = cfg_.snapshot_dir + "/" + kind + "-" + tid;
   if (Status s = sys::make_dirs(cfg_.snapshot_dir, 0700); !s) return s.error();
   uint64_t t0 = sys::monotonic_ns();
-  {
-    MutexLock op(f->live->op_mu);
-    if (!f->live->sb) return not_found(id);
-    // The copy freezes the sandbox while it reads the layer and thaws it
-    // after (unless it was paused): the sandbox runs on.
-    if (Status s = f->live->sb->export_layer(dest); !s) {
-      (void)sys::remove_tree(dest);
-      return s.error().with_context("snapshot of sandbox " + id);
-    }
+  // The copy freezes the sandbox while it reads the layer and thaws it
+  // after (unless it was paused): the sandbox runs on.
+  State was = live.state;
+  enter(live, State::kSnapshotting);
+  Status exported = live.sb->export_layer(dest);
+  enter(live, was);
+  if (!exported) {
+    (void)sys::remove_tree(dest);
+    return exported.error().with_context("snapshot of sandbox " + id);
   }
   layers.push_back(dest);
   int64_t now = clock_();
   storage::TemplateRow t = *parent;
   t.id = tid;
   t.name = name.empty() ? tid : name;
-  t.tenant_id = tenant_id;
+  t.tenant_id = r.tenant_id;
   t.status = "ready";
   t.layers = layers.dump();
   t.created_at = t.updated_at = now;
   t.is_public = false;
   t.build_id.reset();
-  storage::SnapshotRow row{0, tid, tenant_id, id, kind, now, t.name};
-  storage::TemplateFileRow file{dest, tenant_id, storage::kFileLayer, tid,
+  storage::SnapshotRow row{0, tid, r.tenant_id, id, kind, now, t.name};
+  storage::TemplateFileRow file{dest, r.tenant_id, storage::kFileLayer, tid,
                                 static_cast<int64_t>(sys::disk_usage(dest)), now, now};
   if (Status s = store_.add_snapshot(t, row, file, cfg_.template_max_bytes); !s) {
     (void)sys::remove_tree(dest);
     return s.error();
   }
-  event(tenant_id, id, "snapshot",
+  event(r.tenant_id, id, "snapshot",
         std::string(kind) + " " + tid + ": " + std::to_string(file.bytes >> 10) + " KiB in " +
             std::to_string((sys::monotonic_ns() - t0) / 1000000) + " ms");
   return std::make_pair(row, t);
@@ -1011,7 +1152,7 @@ void SandboxService::sweep_revoked(const std::vector<std::pair<std::string, std:
     if (!revoked[live->tenant_id]) continue;
     before_traffic(id);  // a running offload stops first
     MutexLock g(live->op_mu);
-    if (!live->sb) continue;
+    if (!live->sb && live->state != State::kPersisted) continue;
     (void)kill_locked(*live, id, live->tenant_id, State::kKilled, "its tenant was revoked");
     LOG_INFO("sandbox " << id << " killed: tenant " << live->tenant_id << " was revoked");
   }

@@ -149,8 +149,13 @@ class SandboxService {
   // or by name, as in create.
   Result<std::vector<storage::SandboxRow>> list(storage::SandboxQuery q);
   Status kill(const std::string& tenant_id, const std::string& id);
-  // kConflict when already paused.
-  Status pause(const std::string& tenant_id, const std::string& id);
+  // kConflict when already paused. keep_memory false (E2B's keepMemory,
+  // "memory": false): a filesystem-only pause where the runtime can copy
+  // the sandbox's files out (the process backend): the files are kept,
+  // the processes end and the memory is freed; connect() starts it again
+  // from them (a fresh start of its template's start command), also after
+  // a restart of sandgate. The microVM backend keeps the memory instead.
+  Status pause(const std::string& tenant_id, const std::string& id, bool keep_memory = true);
   // Resumes a paused sandbox (resumed=true) and extends its timeout to at
   // least now + timeout_s.
   struct Connected {
@@ -271,8 +276,19 @@ class SandboxService {
                                                                               const std::string& id,
                                                                               const std::string& name,
                                                                               const char* kind);
+  // What the sandbox's files are: its filesystem-only pause's, or its template's (build's).
+  Result<storage::TemplateRow> files_of(const storage::SandboxRow& r);
+  Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> snapshot_locked(Live& live,
+                                                                                const storage::SandboxRow& r,
+                                                                                const std::string& name,
+                                                                                const char* kind)
+      REQUIRES(live.op_mu);
+  // A filesystem-only pause, and the start from its files.
+  Status persist_locked(Live& live, const storage::SandboxRow& r) REQUIRES(live.op_mu);
+  Status restore_locked(Live& live, const storage::SandboxRow& r) REQUIRES(live.op_mu);
   // A sandbox recover() took back, live again in its row's state.
   Status adopt(const storage::SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb);
+  void adopt_persisted(const storage::SandboxRow& r);
   struct Found {
     storage::SandboxRow row;
     std::shared_ptr<Live> live;

@@ -343,6 +343,7 @@ class ProcessRuntime final : public runtime::Runtime {
   }
 
   bool sandboxes_outlive_host() const override { return cfg_.sandboxes_outlive_host; }
+  bool exports_layers() const override { return true; }
 
   Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
     if (!layout_) return layout_.error();

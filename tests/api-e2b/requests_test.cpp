@@ -75,7 +75,9 @@ TEST_CASE("requests: connect, resume, pause and timeout bodies") {
   CHECK(invalid(parse_connect_request(body(R"({"autoPause":true})"))).find("'autoPause'") != std::string::npos);
   CHECK(**parse_resume_request(body(R"({"timeout":15,"autoPause":false})")) == 15);
   CHECK(invalid(parse_resume_request(body(R"({"timeout":"15"})"))).find("integer") != std::string::npos);
-  CHECK(parse_pause_request(body(R"({"memory":false})")));
+  CHECK(parse_pause_request(body(R"({"memory":false})")).value() == false);
+  CHECK(parse_pause_request(body(R"({"memory":true})")).value() == true);
+  CHECK(parse_pause_request(body("")).value() == true);
   CHECK_FALSE(parse_pause_request(body(R"({"memory":1})")));
   CHECK(*parse_timeout_request(body(R"({"timeout":0})")) == 0);
   CHECK(invalid(parse_timeout_request(body("{}"))).find("required") != std::string::npos);

@@ -105,7 +105,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         }
         break;
       }
-      sg::Status s = sg::api::parse_pause_request(req);
+      sg::Result<bool> s = sg::api::parse_pause_request(req);
       if (!s) require(s.error().kind() == sg::ErrorKind::kInvalid);
       break;
     }

@@ -64,6 +64,7 @@ class FakeRuntime : public runtime::Runtime {
   // handles are gone (a stopped service) can be taken back by recover()
   // while their record is neither killed nor dead.
   bool sandboxes_outlive_host() const override { return outlive_; }
+  bool exports_layers() const override { return true; }
   void set_outlive(bool v) { outlive_ = v; }
   Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
     if (!outlive_) return runtime::Runtime::recover(id);
