@@ -7,7 +7,7 @@
 // Run by CTest (`e2e_js_restart`).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Sandbox } from 'e2b';
 import { startSandgate } from './server.mjs';
@@ -84,6 +84,32 @@ test('a paused sandbox stays paused across a restart and resumes with its files'
   const sbx = await Sandbox.connect(pausedId, server.opts);
   assert.equal(await sbx.files.read('/home/user/paused.txt'), 'still here\n');
   assert.equal((await sbx.getInfo()).state, 'running');
+});
+
+test('a filesystem-only pause (keepMemory false) frees the processes, survives a crash, and resumes from its files', async () => {
+  const sbx = await Sandbox.create('base', { ...server.opts, timeoutMs: 600_000 });
+  await sbx.files.write('/home/user/disk.txt', 'on disk\n');
+  await sbx.commands.run('sleep 100000', { background: true });
+  assert.ok((await sbx.commands.run('ps -eo args')).stdout.split('\n').includes('sleep 100000'));
+  assert.equal(await sbx.pause({ keepMemory: false }), true);
+  assert.equal((await sbx.getInfo()).state, 'paused');
+  // Its processes are gone: nothing of the runtime sandbox is left.
+  assert.equal(existsSync(join(server.dir, 'data', 'sandboxes', sbx.sandboxId)), false);
+  // Traffic does not resume it (E2B: only connect does).
+  await assert.rejects(sbx.files.read('/home/user/disk.txt'));
+
+  await server.signal('SIGKILL');
+  await server.restart();
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId, server.opts)).state, 'paused');
+  const back = await Sandbox.connect(sbx.sandboxId, server.opts);
+  assert.equal(await back.files.read('/home/user/disk.txt'), 'on disk\n');
+  // A fresh start: the background process is not there.
+  assert.deepEqual(await back.commands.list(), []);
+  const ps = (await back.commands.run('ps -eo args')).stdout.split('\n');
+  assert.ok(!ps.includes('sleep 100000'), ps.join('; '));
+  assert.equal((await back.commands.run('echo $((6*7))')).stdout, '42\n');
+  await back.kill();
+  await checkAll('after a filesystem-only pause and a crash');
 });
 
 test('a second sandgate on the same data directory is refused and touches nothing', async () => {

@@ -53,9 +53,12 @@ class FakeRuntime : public runtime::Runtime {
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     std::lock_guard<std::mutex> g(shared_->mu);
     if (Status s = shared_->call(Op::kCreate, spec.id); !s) return s.error();  // nothing started
+    // A new record, also for an id used before (a sandbox started again
+    // from its files after a filesystem-only pause).
     Record& r = shared_->records[spec.id];
+    r = Record{};
     r.spec = spec;
-    r.pid = 1000 + static_cast<int>(shared_->records.size());
+    r.pid = 1000 + ++shared_->started;
     return std::unique_ptr<runtime::Sandbox>(new FakeSandbox(shared_, spec.id));
   }
 
@@ -157,6 +160,7 @@ class FakeRuntime : public runtime::Runtime {
     int fail_at[static_cast<int>(Op::kCount)] = {};
     int fail_left[static_cast<int>(Op::kCount)] = {};
     int fired = 0;
+    int started = 0;
     // REQUIRES(mu)
     Status call(Op op, const std::string& id) {
       int i = static_cast<int>(op);

@@ -438,6 +438,64 @@ TEST_CASE("lifecycle core: a snapshot is a template of the sandbox's files; a fa
   for (const std::string& s : {id, child}) REQUIRE(h.svc->kill(h.tenant.id, s));
 }
 
+TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the processes, and connect starts them again; it survives a restart") {
+  using sg::lifecycle::State;
+  ServiceConfig cfg;
+  sg::test::TempDir layers;
+  cfg.snapshot_dir = layers.sub("layers");
+  Harness h(cfg);
+  std::string id = h.create();
+  int first_pid = h.rt.record(id).pid;
+  REQUIRE(h.svc->pause(h.tenant.id, id, /*keep_memory=*/false));
+  CHECK(h.row_state(id) == "paused");
+  CHECK(h.svc->state(id).value() == State::kPersisted);
+  CHECK(h.rt.record(id).killed);  // its processes and memory are gone
+  auto files = h.store->paused_files(id);
+  REQUIRE(files);
+  REQUIRE(*files);
+  CHECK(h.svc->pause(h.tenant.id, id, false).error().kind() == ErrorKind::kConflict);
+  CHECK(h.svc->pause(h.tenant.id, id).error().kind() == ErrorKind::kConflict);
+  // Traffic does not wake it: only connect does.
+  CHECK(h.svc->open_port(id, 49983, h.envd_request(id)).error().kind() == ErrorKind::kConflict);
+  CHECK(h.svc->snapshot(h.tenant.id, id, "").error().kind() == ErrorKind::kConflict);
+
+  // A restart (the fake runtime's sandboxes do not outlive it): still paused, from its files.
+  h.svc->shutdown();
+  h.svc = std::make_unique<SandboxService>(*h.store, h.rt, cfg, [&h] { return h.now; });
+  REQUIRE(h.svc->recover());
+  CHECK(h.row_state(id) == "paused");
+  CHECK(h.svc->state(id).value() == State::kPersisted);
+
+  auto c = h.svc->connect(h.tenant.id, id, 60);
+  REQUIRE_MESSAGE(c, (c ? "" : c.error().message()));
+  CHECK(c->resumed);
+  CHECK(h.row_state(id) == "running");
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  FakeRuntime::Record rec = h.rt.record(id);
+  CHECK_FALSE(rec.killed);
+  CHECK(rec.pid != first_pid);
+  // The same id and token, on the pause's files.
+  auto row = h.store->get_sandbox(h.tenant.id, id);
+  REQUIRE(row);
+  CHECK(rec.spec.envd_access_token == (*row)->envd_token);
+  CHECK(rec.spec.layers == std::vector<std::string>{nlohmann::json::parse((*files)->layers)[0].get<std::string>()});
+  CHECK((*row)->init_pid == rec.pid);
+
+  // A copy that fails leaves it running, as its row says.
+  h.rt.fail_at(FakeRuntime::Op::kExport, 1);
+  CHECK_FALSE(h.svc->pause(h.tenant.id, id, false));
+  CHECK(h.row_state(id) == "running");
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  CHECK_FALSE(h.rt.record(id).killed);
+
+  // Paused again without memory, then killed: its files go with it.
+  REQUIRE(h.svc->pause(h.tenant.id, id, false));
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.row_state(id) == "killed");
+  CHECK_FALSE(h.store->paused_files(id).value());
+  CHECK(h.rt.unkilled().empty());
+}
+
 // Each lifecycle operation with its Nth runtime call failing, for every N
 // up to the number of runtime calls the operation makes: the operation
 // reports an error (or copes), and afterwards the row, the runtime and the
