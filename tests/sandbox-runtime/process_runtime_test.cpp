@@ -1830,6 +1830,13 @@ TEST_CASE("process runtime: sandboxes outlive their runtime; a new one takes the
   r = envd_run(**ra, sa.envd_access_token, kCheck);
   CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 2000)));
   CHECK(control(**ra, {{"type", "ping"}})["type"] == "pong");
+  // Root inside cannot take the agent's re-attach descriptor (pidfd_getfd
+  // needs ptrace rights over the agent): EPERM, exit 42.
+  r = envd_run(**ra, sa.envd_access_token,
+               "python3 -c 'import ctypes,sys; l=ctypes.CDLL(None, use_errno=True); p=l.syscall(434, 1, 0); "
+               "sys.exit(3 if p < 0 else 42 if l.syscall(438, p, 9, 0) == -1 and ctypes.get_errno() == 1 else 4)'",
+               "cm9vdDo=");
+  CHECK_MESSAGE(r.find("\"exitCode\":42") != std::string::npos, printable(r.substr(0, 1500)));
 
   // b comes back frozen, as it was left; it answers once resumed.
   auto rb = env.rt->recover(ib);
