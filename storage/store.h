@@ -190,8 +190,10 @@ struct SandboxRow {
 inline constexpr const char* kSnapshotKind = "snapshot";
 inline constexpr const char* kForkKind = "fork";
 // A filesystem-only pause's (keepMemory false): the files the sandbox
-// resumes from; hidden, deleted when the sandbox ends.
+// resumes from; hidden, deleted when the sandbox ends. Once the sandbox
+// has started again from them, "resumed": the files it runs on.
 inline constexpr const char* kPauseKind = "pause";
+inline constexpr const char* kResumedKind = "resumed";
 struct SnapshotRow {
   int64_t seq = 0;
   std::string template_id;
@@ -393,12 +395,17 @@ class Store {
   // or template name narrows them.
   Result<std::vector<SnapshotRow>> list_snapshots(const std::string& tenant_id, const std::string& sandbox_id,
                                                   const std::string& name, int64_t after, int64_t limit);
-  // The newest not-deleted template of the sandbox's filesystem-only
-  // pauses (kPauseKind); nullopt when it has none.
-  Result<std::optional<TemplateRow>> paused_files(const std::string& sandbox_id);
-  // Marks every template of the sandbox's filesystem-only pauses deleted
-  // (it ended): the collector removes their files once no sandbox runs them.
-  Status drop_paused_files(const std::string& sandbox_id);
+  // The newest not-deleted template of the sandbox's snapshots of kind
+  // (kPauseKind: a filesystem-only pause it has not been started from;
+  // kResumedKind: the files it runs on since); nullopt when none.
+  Result<std::optional<TemplateRow>> paused_files(const std::string& sandbox_id, const char* kind = kPauseKind);
+  // The pause's files are what the sandbox runs on now (kResumedKind).
+  Status mark_resumed(const std::string& template_id);
+  // Marks the templates of the sandbox's filesystem-only pauses deleted,
+  // every one (it ended) or those it never started from (stale_only: a
+  // pause cut short by a crash); the collector removes their files once
+  // no sandbox runs them.
+  Status drop_paused_files(const std::string& sandbox_id, bool stale_only = false);
   // paused -> running with a new init (a sandbox resumed from its files).
   Status set_resumed(const std::string& id, int64_t init_pid, const std::string& envd_version);
   // Marks it deleted and frees its name, in one transaction that refuses

@@ -91,24 +91,32 @@ Result<std::vector<SnapshotRow>> Store::list_snapshots(const std::string& tenant
   });
 }
 
-Result<std::optional<TemplateRow>> Store::paused_files(const std::string& sandbox_id) {
+Result<std::optional<TemplateRow>> Store::paused_files(const std::string& sandbox_id, const char* kind) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
               std::string("SELECT ") + kTemplateCols +
                   " FROM templates WHERE status != 'deleted' AND id = (SELECT s.template_id FROM snapshots s "
-                  "WHERE s.sandbox_id = ? AND s.kind = 'pause' ORDER BY s.seq DESC LIMIT 1)");
-  st.bind(1, sandbox_id);
+                  "WHERE s.sandbox_id = ? AND s.kind = ? ORDER BY s.seq DESC LIMIT 1)");
+  st.bind(1, sandbox_id).bind(2, std::string(kind));
   Result<bool> row = st.step();
   if (!row) return row.error();
   if (!*row) return std::optional<TemplateRow>();
   return std::optional<TemplateRow>(template_from(st));
 }
 
-Status Store::drop_paused_files(const std::string& sandbox_id) {
+Status Store::mark_resumed(const std::string& template_id) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "UPDATE snapshots SET kind = 'resumed' WHERE template_id = ? AND kind = 'pause'");
+  st.bind(1, template_id);
+  return st.run();
+}
+
+Status Store::drop_paused_files(const std::string& sandbox_id, bool stale_only) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,
-              "UPDATE templates SET status = 'deleted' WHERE status != 'deleted' AND id IN "
-              "(SELECT template_id FROM snapshots WHERE sandbox_id = ? AND kind = 'pause')");
+              std::string("UPDATE templates SET status = 'deleted' WHERE status != 'deleted' AND id IN "
+                          "(SELECT template_id FROM snapshots WHERE sandbox_id = ? AND ") +
+                  (stale_only ? "kind = 'pause')" : "kind IN ('pause', 'resumed'))"));
   st.bind(1, sandbox_id);
   return st.run();
 }

@@ -206,6 +206,9 @@ void SandboxService::adopt_persisted(const SandboxRow& r) {
 // paused stays frozen; running runs (one wait-paused when sandgate went
 // is thawed: the model request it waited for went with that sandgate).
 Status SandboxService::adopt(const SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb) {
+  // Its processes are here: the files of a filesystem-only pause that a
+  // crash cut short are not what it runs.
+  if (Status d = store_.drop_paused_files(r.id, /*stale_only=*/true); !d) return d;
   Result<NetworkParams> net = network_of(r);
   State st = r.state == storage::kStatePaused ? State::kPaused : State::kRunning;
   Status freezer = !net ? Status(net.error()) : st == State::kPaused ? sb->pause() : sb->resume();
@@ -783,6 +786,7 @@ Status SandboxService::restore_locked(Live& live, const SandboxRow& r) {
     (void)(*sb)->kill();
     return s;
   }
+  if (Status m = store_.mark_resumed((*files)->id); !m) LOG_WARN("sandbox " << id << ": " << m.error().message());
   live.sb = std::move(*sb);
   live.init_pid = pid;
   enter(live, State::kRunning);
@@ -877,7 +881,7 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
 
 Result<storage::TemplateRow> SandboxService::files_of(const SandboxRow& r) {
   // Resumed from a filesystem-only pause: it runs that pause's files.
-  Result<std::optional<storage::TemplateRow>> paused = store_.paused_files(r.id);
+  Result<std::optional<storage::TemplateRow>> paused = store_.paused_files(r.id, storage::kResumedKind);
   if (!paused) return paused.error();
   if (*paused) return **paused;
   return store_.template_of_sandbox(r);

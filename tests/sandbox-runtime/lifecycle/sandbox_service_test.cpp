@@ -496,6 +496,37 @@ TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the pro
   CHECK(h.rt.unkilled().empty());
 }
 
+TEST_CASE("lifecycle core: a filesystem-only pause cut short by a crash: the next start takes the sandbox back as it is, paused, and forgets the copy") {
+  using sg::lifecycle::State;
+  ServiceConfig cfg;
+  sg::test::TempDir layers;
+  cfg.snapshot_dir = layers.sub("layers");
+  Harness h(cfg);
+  h.rt.set_outlive(true);
+  std::string id = h.create();
+  // The copy and the row are made, then the processes cannot be ended
+  // (both kills fail) and sandgate crashes before a tick retries.
+  h.rt.fail_next(FakeRuntime::Op::kKill, 2);
+  REQUIRE(h.svc->pause(h.tenant.id, id, false));
+  CHECK(h.row_state(id) == "paused");
+  REQUIRE(h.store->paused_files(id).value());
+  h.rt.clear_faults();
+  h.svc.reset();  // a crash: no stop in order
+
+  h.svc = std::make_unique<SandboxService>(*h.store, h.rt, cfg, [&h] { return h.now; });
+  REQUIRE(h.svc->recover());
+  // Its processes were still there: it is paused with them (more than was
+  // asked), and the copy is not what it runs.
+  CHECK(h.svc->state(id).value() == State::kPaused);
+  CHECK(h.rt.record(id).recovers == 1);
+  CHECK_FALSE(h.store->paused_files(id).value());
+  auto c = h.svc->connect(h.tenant.id, id, 60);
+  REQUIRE(c);
+  CHECK(h.row_state(id) == "running");
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK(h.rt.unkilled().empty());
+}
+
 // Each lifecycle operation with its Nth runtime call failing, for every N
 // up to the number of runtime calls the operation makes: the operation
 // reports an error (or copes), and afterwards the row, the runtime and the
