@@ -3,7 +3,7 @@
 # Results (committed: the latest numbers): docs/bench/create-latency.json,
 # docs/bench/commands.json, docs/bench/llm-proxy.json, docs/bench/memory-codecs.json,
 # docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json, docs/bench/templates.json,
-# docs/bench/code-interpreter.json.
+# docs/bench/code-interpreter.json, docs/bench/durable.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -27,4 +27,6 @@ SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PW
   node tests/e2e/bench/templates.bench.mjs docs/bench/templates.json
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/code_interpreter.bench.mjs docs/bench/code-interpreter.json 50
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/durable.bench.mjs docs/bench/durable.json 50 20
 node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt
