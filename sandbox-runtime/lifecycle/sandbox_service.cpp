@@ -175,9 +175,8 @@ static Result<NetworkParams> network_of(const SandboxRow& r) {
   return n;
 }
 
-// A sandbox paused without its memory, after a restart: live again with
-// no runtime sandbox; connect() starts it from its files.
-void SandboxService::adopt_persisted(const SandboxRow& r) {
+// The fields of a live sandbox its row holds (a sandbox taken back after a restart).
+std::shared_ptr<SandboxService::Live> SandboxService::live_of(const SandboxRow& r) {
   auto live = std::make_shared<Live>();
   live->tenant_id = r.tenant_id;
   live->template_id = r.template_id;
@@ -186,6 +185,13 @@ void SandboxService::adopt_persisted(const SandboxRow& r) {
   live->envd_token = r.envd_token;
   live->traffic_token = r.traffic_token;
   live->auto_resume = r.auto_resume;
+  return live;
+}
+
+// A sandbox paused without its memory, after a restart: live again with
+// no runtime sandbox; connect() starts it from its files.
+void SandboxService::adopt_persisted(const SandboxRow& r) {
+  std::shared_ptr<Live> live = live_of(r);
   Result<NetworkParams> net = network_of(r);
   {
     MutexLock n(live->net_mu);
@@ -219,14 +225,7 @@ Status SandboxService::adopt(const SandboxRow& r, std::unique_ptr<runtime::Sandb
     }
     return freezer;
   }
-  auto live = std::make_shared<Live>();
-  live->tenant_id = r.tenant_id;
-  live->template_id = r.template_id;
-  live->started_at = r.started_at;
-  live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, r.cpu_count));
-  live->envd_token = r.envd_token;
-  live->traffic_token = r.traffic_token;
-  live->auto_resume = r.auto_resume;
+  std::shared_ptr<Live> live = live_of(r);
   live->init_pid = sb->init_pid();
   {
     MutexLock n(live->net_mu);

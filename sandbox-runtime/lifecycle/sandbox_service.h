@@ -289,6 +289,7 @@ class SandboxService {
   // A sandbox recover() took back, live again in its row's state.
   Status adopt(const storage::SandboxRow& r, std::unique_ptr<runtime::Sandbox> sb);
   void adopt_persisted(const storage::SandboxRow& r);
+  static std::shared_ptr<Live> live_of(const storage::SandboxRow& r);
   struct Found {
     storage::SandboxRow row;
     std::shared_ptr<Live> live;
