@@ -275,7 +275,8 @@ HttpResponse ControlPlane::get(const Call& c) {
   j["envdAccessToken"] = row->envd_token;
   j["domain"] = cfg_.domain ? json(*cfg_.domain) : json(nullptr);
   j["allowInternetAccess"] = row->allow_internet ? json(*row->allow_internet) : json(nullptr);
-  j["lifecycle"] = {{"onTimeout", row->on_timeout}, {"autoResume", row->auto_resume}};
+  j["lifecycle"] = {{"onTimeout", row->on_timeout == storage::kOnTimeoutPauseFiles ? "pause" : row->on_timeout},
+                    {"autoResume", row->auto_resume}};
   if (std::optional<NetworkParams> net = sandboxes_.network(c.id);
       net && (!net->allow_out.empty() || !net->deny_out.empty()))
     j["network"] = {{"allowOut", net->allow_out}, {"denyOut", net->deny_out}};

@@ -147,6 +147,7 @@ Result<CreateParams> parse_create(const json& j, bool v2) {
   p.on_timeout_pause = pause->value_or(false);
   auto pause_mem = opt_bool(j, "autoPauseMemory");
   if (!pause_mem) return pause_mem.error();
+  p.on_timeout_pause_files = p.on_timeout_pause && *pause_mem && !**pause_mem;
   auto secure = opt_bool(j, "secure");
   if (!secure) return secure.error();
   auto internet = opt_bool(j, "allow_internet_access");

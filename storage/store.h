@@ -147,6 +147,9 @@ struct TemplateUsage {
 inline constexpr const char* kStateCreating = "creating";
 inline constexpr const char* kStateRunning = "running";
 inline constexpr const char* kStatePaused = "paused";
+// A sandbox's on_timeout for autoPause with autoPauseMemory false: its
+// files only (clients see "pause").
+inline constexpr const char* kOnTimeoutPauseFiles = "pause-files";
 inline constexpr const char* kStateKilled = "killed";  // deleted by a client or timed out
 inline constexpr const char* kStateLost = "lost";      // its processes died (crash, sandgate restart)
 inline constexpr const char* kStateFailed = "failed";  // create did not complete
@@ -169,7 +172,7 @@ struct SandboxRow {
   int64_t timeout_s = 0;
   int64_t started_at = 0;
   int64_t end_at = 0;
-  std::string on_timeout = "kill";  // "kill" or "pause"
+  std::string on_timeout = "kill";  // "kill", "pause" or kOnTimeoutPauseFiles
   bool auto_resume = false;
   std::optional<bool> allow_internet;
   std::optional<int64_t> init_pid;

@@ -28,6 +28,9 @@ struct CreateParams {
   std::map<std::string, std::string> metadata;
   std::map<std::string, std::string> env_vars;
   bool on_timeout_pause = false;  // autoPause
+  // autoPauseMemory false: the timeout's pause keeps the files only (a
+  // filesystem-only pause where the runtime can copy them out).
+  bool on_timeout_pause_files = false;
   // autoResume {enabled}: whether traffic to the sandbox while it is
   // paused resumes it. Omitted: yes (sandgate's transparent resume).
   bool auto_resume = true;

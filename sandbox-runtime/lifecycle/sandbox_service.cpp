@@ -303,7 +303,7 @@ SandboxRow SandboxService::new_row(const storage::TenantRow& tenant, const stora
   row.timeout_s = p.timeout_s;
   row.started_at = clock_();
   row.end_at = row.started_at + p.timeout_s;
-  row.on_timeout = p.on_timeout_pause ? "pause" : "kill";
+  row.on_timeout = p.on_timeout_pause ? (p.on_timeout_pause_files ? storage::kOnTimeoutPauseFiles : "pause") : "kill";
   row.auto_resume = p.auto_resume;
   row.allow_internet = p.network.allow_internet;
   row.network = network_json(p.network);
@@ -1084,7 +1084,13 @@ void SandboxService::sweep_timeouts(int64_t now) {
       if (!live->op_mu.try_lock()) continue;  // busy (an offload): the next tick acts on it
       MutexLock g(live->op_mu, std::adopt_lock);
       if (!live->sb) continue;
-      if (r.on_timeout == "pause") {
+      if (r.on_timeout == storage::kOnTimeoutPauseFiles && live->state == State::kRunning && rt_.exports_layers() &&
+          !cfg_.snapshot_dir.empty()) {
+        if (Status s = persist_locked(*live, r); !s)
+          LOG_WARN("pause sandbox " << r.id << " to disk at timeout: " << s.error().message() << "; retried next tick");
+        continue;
+      }
+      if (r.on_timeout == "pause" || r.on_timeout == storage::kOnTimeoutPauseFiles) {
         if (live->state == State::kPaused) continue;
         if (Status s = live->sb->pause(); !s) {
           LOG_ERROR("pause sandbox " << r.id << " at timeout: " << s.error().message());

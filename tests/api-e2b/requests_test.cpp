@@ -32,7 +32,12 @@ TEST_CASE("requests: create takes E2B's fields, refuses unknown ones and out-of-
   CHECK(c->template_ref == "base");
   CHECK(c->timeout_s == 60);
   CHECK(c->on_timeout_pause);
+  CHECK_FALSE(c->on_timeout_pause_files);
   CHECK(c->env_vars.at("A") == "1");
+  auto files = parse_create_request(body(R"({"templateID":"base","autoPause":true,"autoPauseMemory":false})"), true);
+  REQUIRE(files);
+  CHECK(files->on_timeout_pause_files);
+  CHECK_FALSE(parse_create_request(body(R"({"templateID":"base","autoPauseMemory":false})"), true)->on_timeout_pause_files);
   CHECK(parse_create_request(body(R"({"templateID":"base"})"), false)->timeout_s == 15);  // v1 default
   CHECK(invalid(parse_create_request(body(R"({"templateID":"base","secure":true})"), true)).find("'secure'") !=
         std::string::npos);  // v1 only

@@ -496,6 +496,26 @@ TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the pro
   CHECK(h.rt.unkilled().empty());
 }
 
+TEST_CASE("lifecycle core: a timeout with autoPauseMemory false pauses to disk") {
+  using sg::lifecycle::State;
+  ServiceConfig cfg;
+  sg::test::TempDir layers;
+  cfg.snapshot_dir = layers.sub("layers");
+  Harness h(cfg);
+  CreateParams p = h.params(10);
+  p.on_timeout_pause = true;
+  p.on_timeout_pause_files = true;
+  std::string id = h.create(p);
+  h.now += 11;
+  h.svc->tick();
+  CHECK(h.row_state(id) == "paused");
+  CHECK(h.svc->state(id).value() == State::kPersisted);
+  CHECK(h.rt.record(id).killed);
+  REQUIRE(h.svc->connect(h.tenant.id, id, 60));
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+}
+
 TEST_CASE("lifecycle core: a filesystem-only pause cut short by a crash: the next start takes the sandbox back as it is, paused, and forgets the copy") {
   using sg::lifecycle::State;
   ServiceConfig cfg;
