@@ -317,8 +317,15 @@ Result<int64_t> parse_timeout_request(const HttpRequest& req) {
 Result<SnapshotRequest> parse_snapshot_request(const HttpRequest& req) {
   Result<json> body = parse_body(req, true);
   if (!body) return body.error();
-  if (Status s = only_fields(*body, {"name"}); !s) return s.error();
+  if (Status s = only_fields(*body, {"name", "memory"}); !s) return s.error();
   SnapshotRequest r;
+  auto memory = opt_bool(*body, "memory");
+  if (!memory) return memory.error();
+  // A snapshot keeps the files: asking for the memory explicitly (the
+  // Python SDK's mode="full") is refused rather than silently not done.
+  if (memory->value_or(false))
+    return invalid_error("field 'memory': snapshots keep the sandbox's files only on this server "
+                         "(omit it, or use mode \"filesystem\")");
   auto it = body->find("name");
   if (it == body->end() || it->is_null()) return r;
   if (!it->is_string()) return invalid_error("field 'name' must be a string");
