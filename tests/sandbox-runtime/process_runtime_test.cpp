@@ -1879,6 +1879,43 @@ TEST_CASE("process runtime: sandboxes outlive their runtime; a new one takes the
   check_gone(env, ia, pa);
 }
 
+TEST_CASE("process runtime: a damaged or lying record is refused, never taken back as another process") {
+  Env env;
+  env.cfg.sandboxes_outlive_host = true;
+  env.rt = process::make_process_runtime(env.cfg);
+  std::string id = new_id(), id2 = new_id();
+  auto a = env.rt->create(env.spec(id));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  auto b = env.rt->create(env.spec(id2));
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  int pa = (*a)->init_pid(), pb = (*b)->init_pid();
+  a->reset();
+  b->reset();
+  env.rt.reset();
+  std::string rec = env.cfg.state_root + "/" + id + "/sandbox.json";
+  REQUIRE(sys::write_file(rec, "{\"pid\": \"not a number\"}"));
+  // b's record names a live process that is not its agent: this test.
+  std::string rec2 = env.cfg.state_root + "/" + id2 + "/sandbox.json";
+  auto j = json::parse(sys::read_file(rec2).value());
+  j["pid"] = ::getpid();
+  REQUIRE(sys::write_file(rec2, j.dump()));
+
+  env.rt = process::make_process_runtime(env.cfg);
+  auto ra = env.rt->recover(id);
+  REQUIRE_FALSE(ra);
+  CHECK(ra.error().message().find("damaged") != std::string::npos);
+  auto rb = env.rt->recover(id2);
+  REQUIRE_FALSE(rb);
+  CHECK(rb.error().kind() == ErrorKind::kNotFound);
+  CHECK_MESSAGE(rb.error().message().find("another process") != std::string::npos, rb.error().message());
+  CHECK(pid_exists(::getpid()));  // the refused recovery touched nothing of it
+  // What the next start does with them: both are removed.
+  REQUIRE(env.rt->cleanup_stale_except({}));
+  for (int pid : {pa, pb}) CHECK(::waitpid(pid, nullptr, 0) == pid);
+  check_gone(env, id, pa);
+  check_gone(env, id2, pb);
+}
+
 TEST_CASE("process runtime: without outliving, recover is refused and sandboxes die with the runtime") {
   Env env;
   std::string id = new_id();
