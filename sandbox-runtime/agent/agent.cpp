@@ -652,7 +652,9 @@ int run(const AgentConfig& cfg) {
   UniqueFd channel(cfg.channel_fd);
   for (;;) {
     Status s = serve_channel(channel.get());
-    if (!s) {
+    // A host that died mid-frame is gone as one that closed cleanly; a
+    // host that sent something malformed is answered by shutting down.
+    if (!s && (s.error().kind() != ErrorKind::kUnavailable || stopping || !spare)) {
       LOG_ERROR("agent: channel: " << s.error().message() << "; shutting down");
       break;
     }

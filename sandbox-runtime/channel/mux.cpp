@@ -216,6 +216,13 @@ struct Mux::Impl {
     send_frame(id, FrameType::kCredit, p);
   }
 
+  // A channel the peer closed or reset (it died) is kUnavailable, as a
+  // clean EOF with a frame cut short is: the peer is gone, not wrong.
+  static Error peer_gone_or(Error e, int err) {
+    if (err == ECONNRESET || err == EPIPE) return Error(ErrorKind::kUnavailable, e.message());
+    return e;
+  }
+
   void fatal(Status s) {
     if (!exit) exit = std::move(s);
   }
@@ -456,12 +463,12 @@ struct Mux::Impl {
       ssize_t n = read_some(cfg.channel_fd, scratch.get(), kMaxPayload);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        fatal(sys::errno_error("read", "channel"));
+        fatal(peer_gone_or(sys::errno_error("read", "channel"), errno));
         return;
       }
       if (n == 0) {
         if (dec.buffered() > 0)
-          fatal(internal_error("channel closed by the peer in the middle of a frame"));
+          fatal(Error(ErrorKind::kUnavailable, "channel closed by the peer in the middle of a frame"));
         else
           fatal(Status::Ok());
         return;
@@ -483,7 +490,7 @@ struct Mux::Impl {
       ssize_t n = write_some(cfg.channel_fd, chan_sock, out.data() + out_pos, out_pending());
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-        fatal(sys::errno_error("write", "channel"));
+        fatal(peer_gone_or(sys::errno_error("write", "channel"), errno));
         break;
       }
       out_pos += static_cast<size_t>(n);

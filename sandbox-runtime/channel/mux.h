@@ -57,7 +57,9 @@ class Mux {
   Mux& operator=(const Mux&) = delete;
 
   // Runs until stop(), channel EOF or a channel-level protocol error.
-  // Returns Ok on stop() or clean EOF, the error otherwise. All stream fds
+  // Returns Ok on stop() or clean EOF, the error otherwise: kUnavailable
+  // when the peer went away (EOF in the middle of a frame, a reset or
+  // broken channel), another kind for what the peer sent wrong. All stream fds
   // are closed when it returns. Call it once; stop() before run() makes it
   // return at once.
   Status run();

@@ -1807,6 +1807,10 @@ TEST_CASE("process runtime: sandboxes outlive their runtime; a new one takes the
   REQUIRE((*b)->pause());
 
   // The host goes: handles first (their channels close), then the runtime.
+  // a's host dies in the middle of writing a frame: its agent waits all
+  // the same (a frame cut short is a host gone, not a malformed one).
+  const char partial[2] = {0, 0};
+  REQUIRE(::send((*a)->channel_fd(), partial, sizeof partial, MSG_NOSIGNAL) == 2);
   a->reset();
   b->reset();
   c->reset();
