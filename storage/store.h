@@ -205,6 +205,7 @@ struct SnapshotRow {
   std::string kind = kSnapshotKind;
   int64_t created_at = 0;
   std::string name;  // read only: its template's name
+  std::string build_id;  // written only: the build add_snapshot makes
 };
 
 struct EventRow {
@@ -388,11 +389,16 @@ class Store {
   // What a sandbox runs: its template's row (whatever its status) with
   // rootfs_path, layers and config those of the build it runs, if any.
   Result<TemplateRow> template_of_sandbox(const SandboxRow& r);
-  // Snapshots. Adds one: its template row (ready), the snapshot row and
-  // its layer's file row, in one transaction; kConflict when a template
-  // has t's name, kQuota (nothing added) when the tenant's template files
-  // would pass max_bytes (0: no limit).
-  Status add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f, int64_t max_bytes);
+  // Snapshots. Adds one, in one transaction: its template row (ready),
+  // the snapshot row, a ready build of the template (s.build_id) with its
+  // files, tagged "default", and its layer's file row. A snapshot (kind
+  // "snapshot") named as one of the tenant's earlier ones is a new build
+  // of that template (as E2B does; sandboxes of the older build keep its
+  // files); any other template of that name is kConflict. kQuota (nothing
+  // added) when the tenant's template files would pass max_bytes (0: no
+  // limit). Returns the template's id.
+  Result<std::string> add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f,
+                                   int64_t max_bytes);
   // The tenant's snapshots of kind "snapshot" whose template is not
   // deleted, oldest first, after seq `after`, at most limit; a sandbox id
   // or template name narrows them.

@@ -63,9 +63,11 @@ Result<std::string> owned_template(Db::Tx& tx, const std::string& tenant_id, con
   return st.text(0);
 }
 
+}  // namespace
+
 // Points tag at build_id (a ready build of template_id); "default" moves
 // the template's row to the build's files and configuration.
-Status set_tag(Db::Tx& tx, const std::string& template_id, const std::string& tag, const std::string& build_id,
+Status internal::set_tag(Db::Tx& tx, const std::string& template_id, const std::string& tag, const std::string& build_id,
                int64_t now) {
   SG_TRY_STMT(st, tx,
               "INSERT INTO template_tags(template_id, tag, build_id, created_at) VALUES(?,?,?,?) "
@@ -83,7 +85,6 @@ Status set_tag(Db::Tx& tx, const std::string& template_id, const std::string& ta
   return t.run();
 }
 
-}  // namespace
 
 bool valid_tag(std::string_view tag) {
   auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); };

@@ -6,6 +6,7 @@
 #include <optional>
 #include <vector>
 
+#include "storage/db.h"
 #include "storage/store.h"
 
 #define SG_TRY_STMT(var, tx, sql)           \
@@ -19,6 +20,12 @@
   } while (0)
 
 namespace sg::storage::internal {
+
+// Points tag at build_id (a ready build of template_id); "default" moves
+// the template's row to the build's files and configuration
+// (store_builds.cpp).
+Status set_tag(Db::Tx& tx, const std::string& template_id, const std::string& tag, const std::string& build_id,
+               int64_t now);
 
 inline constexpr const char* kTenantCols = "id, name, created_at, max_sandboxes, max_memory_mb, disabled";
 

@@ -27,14 +27,28 @@ Result<TemplateRow> Store::template_of_sandbox(const SandboxRow& r) {
   return t;
 }
 
-Status Store::add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f, int64_t max_bytes) {
+Result<std::string> Store::add_snapshot(const TemplateRow& t, const SnapshotRow& s, const TemplateFileRow& f,
+                                        int64_t max_bytes) {
   auto tx = db_->transaction();
   SG_TRY(tx.begin_status());
-  SG_TRY_STMT(named, tx, "SELECT COUNT(*) FROM templates WHERE name = ?");
+  // A name in use: a snapshot of the tenant's takes a new build (as E2B
+  // does); anything else is a conflict.
+  std::string template_id = t.id;
+  SG_TRY_STMT(named, tx,
+              "SELECT t.id, t.tenant_id, (SELECT kind FROM snapshots WHERE template_id = t.id) FROM templates t "
+              "WHERE t.name = ?");
   named.bind(1, t.name);
   Result<bool> row = named.step();
   if (!row) return row.error();
-  if (named.int64(0) > 0) return conflict_error("a template named '" + t.name + "' exists; choose another name");
+  bool reuse = false;
+  if (*row) {
+    bool mine = !named.is_null(1) && t.tenant_id && named.text(1) == *t.tenant_id;
+    if (!mine || named.is_null(2) || named.text(2) != kSnapshotKind || s.kind != std::string(kSnapshotKind))
+      return conflict_error("a template named '" + t.name + "' exists; choose another name");
+    template_id = named.text(0);
+    reuse = true;
+  }
+  SG_TRY(named.run());
   if (max_bytes > 0) {
     SG_TRY_STMT(used, tx, "SELECT COALESCE(SUM(bytes), 0) FROM template_files WHERE tenant_id = ?");
     used.bind(1, f.tenant_id);
@@ -47,25 +61,44 @@ Status Store::add_snapshot(const TemplateRow& t, const SnapshotRow& s, const Tem
                                           " MiB, the limit is " + std::to_string(max_bytes >> 20) +
                                           " MiB; delete templates or snapshots to free space");
   }
-  SG_TRY_STMT(ins, tx,
-              "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
-              "disk_size_mb, created_at, updated_at, public, layers, config, build_id) "
-              "VALUES(?,?,?,?,?,?,?,?,?,?,0,?,?,NULL)");
-  ins.bind(1, t.id).bind(2, t.name).bind(3, t.tenant_id).bind(4, t.status).bind(5, t.rootfs_path)
-      .bind(6, t.cpu_count).bind(7, t.memory_mb).bind(8, t.disk_size_mb).bind(9, t.created_at)
-      .bind(10, t.updated_at).bind(11, t.layers).bind(12, t.config);
-  SG_TRY(ins.run());
-  SG_TRY_STMT(snap, tx,
-              "INSERT INTO snapshots(template_id, tenant_id, sandbox_id, kind, created_at) VALUES(?,?,?,?,?)");
-  snap.bind(1, s.template_id).bind(2, s.tenant_id).bind(3, s.sandbox_id).bind(4, s.kind).bind(5, s.created_at);
-  SG_TRY(snap.run());
+  if (!reuse) {
+    SG_TRY_STMT(ins, tx,
+                "INSERT INTO templates(id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, "
+                "disk_size_mb, created_at, updated_at, public, layers, config, build_id) "
+                "VALUES(?,?,?,?,?,?,?,?,?,?,0,?,?,NULL)");
+    ins.bind(1, t.id).bind(2, t.name).bind(3, t.tenant_id).bind(4, t.status).bind(5, t.rootfs_path)
+        .bind(6, t.cpu_count).bind(7, t.memory_mb).bind(8, t.disk_size_mb).bind(9, t.created_at)
+        .bind(10, t.updated_at).bind(11, t.layers).bind(12, t.config);
+    SG_TRY(ins.run());
+    SG_TRY_STMT(snap, tx,
+                "INSERT INTO snapshots(template_id, tenant_id, sandbox_id, kind, created_at) VALUES(?,?,?,?,?)");
+    snap.bind(1, template_id).bind(2, s.tenant_id).bind(3, s.sandbox_id).bind(4, s.kind).bind(5, s.created_at);
+    SG_TRY(snap.run());
+  } else {
+    SG_TRY_STMT(snap, tx, "UPDATE snapshots SET sandbox_id = ?, created_at = ? WHERE template_id = ?");
+    snap.bind(1, s.sandbox_id).bind(2, s.created_at).bind(3, template_id);
+    SG_TRY(snap.run());
+  }
+  // Each snapshot is a ready build of its template, tagged "default": a
+  // sandbox created from it runs that build, whose files stay while it
+  // runs even after a newer snapshot of the same name took the tag.
+  std::string build_id = s.build_id;
+  SG_TRY_STMT(b, tx,
+              "INSERT INTO template_builds(id, template_id, tenant_id, status, cpu_count, memory_mb, created_at, "
+              "updated_at, finished_at, tags, rootfs_path, layers, config) VALUES(?,?,?,'ready',?,?,?,?,?,'',?,?,?)");
+  b.bind(1, build_id).bind(2, template_id).bind(3, s.tenant_id).bind(4, t.cpu_count).bind(5, t.memory_mb)
+      .bind(6, s.created_at).bind(7, s.created_at).bind(8, s.created_at).bind(9, t.rootfs_path).bind(10, t.layers)
+      .bind(11, t.config);
+  SG_TRY(b.run());
+  SG_TRY(set_tag(tx, template_id, kDefaultTag, build_id, s.created_at));
   SG_TRY_STMT(file, tx,
               "INSERT OR REPLACE INTO template_files(path, tenant_id, kind, template_id, bytes, created_at, used_at) "
               "VALUES(?,?,?,?,?,?,?)");
-  file.bind(1, f.path).bind(2, f.tenant_id).bind(3, f.kind).bind(4, f.template_id).bind(5, f.bytes)
+  file.bind(1, f.path).bind(2, f.tenant_id).bind(3, f.kind).bind(4, template_id).bind(5, f.bytes)
       .bind(6, f.created_at).bind(7, f.used_at);
   SG_TRY(file.run());
-  return tx.commit();
+  SG_TRY(tx.commit());
+  return template_id;
 }
 
 Result<std::vector<SnapshotRow>> Store::list_snapshots(const std::string& tenant_id, const std::string& sandbox_id,

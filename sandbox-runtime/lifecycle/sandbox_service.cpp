@@ -878,6 +878,13 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
   return live->sb->open_port(port);
 }
 
+// A build id as the template builds make them: a UUID (version 4 form).
+static std::string new_build_id() {
+  std::string h = sys::random_hex(16);
+  h[12] = '4';
+  return h.substr(0, 8) + "-" + h.substr(8, 4) + "-" + h.substr(12, 4) + "-" + h.substr(16, 4) + "-" + h.substr(20, 12);
+}
+
 Result<storage::TemplateRow> SandboxService::files_of(const SandboxRow& r) {
   // Resumed from a filesystem-only pause: it runs that pause's files.
   Result<std::optional<storage::TemplateRow>> paused = store_.paused_files(r.id, storage::kResumedKind);
@@ -939,13 +946,17 @@ Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::sn
   t.created_at = t.updated_at = now;
   t.is_public = false;
   t.build_id.reset();
-  storage::SnapshotRow row{0, tid, r.tenant_id, id, kind, now, t.name};
+  storage::SnapshotRow row{0, tid, r.tenant_id, id, kind, now, t.name, new_build_id()};
   storage::TemplateFileRow file{dest, r.tenant_id, storage::kFileLayer, tid,
                                 static_cast<int64_t>(sys::disk_usage(dest)), now, now};
-  if (Status s = store_.add_snapshot(t, row, file, cfg_.template_max_bytes); !s) {
+  Result<std::string> added = store_.add_snapshot(t, row, file, cfg_.template_max_bytes);
+  if (!added) {
     (void)sys::remove_tree(dest);
-    return s.error();
+    return added.error();
   }
+  // A named snapshot may be a new build of an earlier one's template.
+  row.template_id = t.id = *added;
+  t.build_id = row.build_id;
   event(r.tenant_id, id, "snapshot",
         std::string(kind) + " " + tid + ": " + std::to_string(file.bytes >> 10) + " KiB in " +
             std::to_string((sys::monotonic_ns() - t0) / 1000000) + " ms");

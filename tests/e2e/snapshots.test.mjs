@@ -87,8 +87,8 @@ test('a named snapshot, a paused sandbox\'s snapshot, and pagination', async () 
   const named = await Sandbox.createSnapshot(sbx.sandboxId, { ...opts, name: 'my-snap' });
   assert.equal(named.snapshotId, 'local/my-snap:default');
   assert.deepEqual(named.names, ['local/my-snap:default']);
-  // The name is taken.
-  await assert.rejects(Sandbox.createSnapshot(sbx.sandboxId, { ...opts, name: 'my-snap' }), /exists/);
+  // A template's name that is not a snapshot is refused.
+  await assert.rejects(Sandbox.createSnapshot(sbx.sandboxId, { ...opts, name: 'base' }), /exists/);
   const bad = await api('POST', `/sandboxes/${sbx.sandboxId}/snapshots`, { name: 'Bad Name!' });
   assert.equal(bad.status, 400);
   const unknown = await api('POST', `/sandboxes/${sbx.sandboxId}/snapshots`, { nam: 'x' });
@@ -114,6 +114,36 @@ test('a named snapshot, a paused sandbox\'s snapshot, and pagination', async () 
   assert.equal(await fromSecond.files.read('/home/user/x'), 'x2');
   for (const s of [fromNamed, fromSecond, sbx]) await s.kill();
   for (const s of [named, second, third]) assert.equal(await Sandbox.deleteSnapshot(s.snapshotId, opts), true);
+});
+
+test('a named snapshot taken again is a new build of the same snapshot; sandboxes of the older one keep its files', async () => {
+  const sbx = await Sandbox.create('base', opts);
+  await sbx.files.write('/home/user/v', 'one');
+  const v1 = await sbx.createSnapshot({ name: 'versions' });
+  const fromV1 = await Sandbox.create(v1.snapshotId, opts);
+  await sbx.files.write('/home/user/v', 'two');
+  const v2 = await sbx.createSnapshot({ name: 'versions' });
+  assert.equal(v2.snapshotId, v1.snapshotId);
+  const listed = await Sandbox.listSnapshots({ ...opts, name: 'versions' }).nextItems();
+  assert.equal(listed.length, 1);
+  const fromV2 = await Sandbox.create(v2.snapshotId, opts);
+  assert.equal(await fromV2.files.read('/home/user/v'), 'two');
+  // A collection (a deleted snapshot asks for one) keeps what fromV1 runs.
+  const other = await sbx.createSnapshot();
+  assert.equal(await Sandbox.deleteSnapshot(other.snapshotId, opts), true);
+  const otherLayer = join(server.dir, 'data', 'layers', 'snapshot-' + other.snapshotId.split(':')[0]);
+  for (const deadline = Date.now() + 20000; existsSync(otherLayer);) {
+    if (Date.now() > deadline) assert.fail('no collection ran');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  // v1's layer is snapshot-<template id> (the template was made by it).
+  const tpl = await api('GET', '/templates/versions');
+  assert.equal(tpl.status, 200);
+  assert.ok(existsSync(join(server.dir, 'data', 'layers', 'snapshot-' + tpl.body.templateID)));
+  assert.equal(await fromV1.files.read('/home/user/v'), 'one');
+  assert.equal((await fromV1.commands.run('cat /home/user/v')).stdout, 'one');
+  for (const s of [fromV1, fromV2, sbx]) await s.kill();
+  assert.equal(await Sandbox.deleteSnapshot(v1.snapshotId, opts), true);
 });
 
 test('fork of 4: each has the parent\'s files, environment and metadata; counted against the quota', async () => {
