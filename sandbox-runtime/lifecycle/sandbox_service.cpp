@@ -175,7 +175,8 @@ static Result<NetworkParams> network_of(const SandboxRow& r) {
   return n;
 }
 
-// The fields of a live sandbox its row holds (a sandbox taken back after a restart).
+// The fields of a live sandbox its row holds (a create's, or a sandbox
+// taken back after a restart).
 std::shared_ptr<SandboxService::Live> SandboxService::live_of(const SandboxRow& r) {
   auto live = std::make_shared<Live>();
   live->tenant_id = r.tenant_id;
@@ -418,14 +419,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
       return s.error();
     }
   }
-  auto live = std::make_shared<Live>();  // kCreating; not shared until running
-  live->tenant_id = tenant.id;
-  live->template_id = t.id;
-  live->started_at = row.started_at;
-  live->cpu_count = static_cast<uint32_t>(std::max<int64_t>(1, t.cpu_count));
-  live->envd_token = row.envd_token;
-  live->traffic_token = row.traffic_token;
-  live->auto_resume = row.auto_resume;
+  std::shared_ptr<Live> live = live_of(row);  // kCreating; not shared until running
   row.envd_version = channel::kEnvdVersion;
   row.init_pid = (*sb)->init_pid();
   live->init_pid = row.init_pid.value_or(0);

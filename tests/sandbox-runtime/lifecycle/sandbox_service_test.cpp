@@ -145,6 +145,13 @@ void check_consistent(Harness& h, const std::string& id) {
   CHECK(h.rt.leaked().empty());
 }
 
+// Snapshots, forks and pauses to disk on: their layers under dir.
+ServiceConfig with_snapshots(sg::test::TempDir& dir) {
+  ServiceConfig cfg;
+  cfg.snapshot_dir = dir.sub("layers");
+  return cfg;
+}
+
 }  // namespace
 
 TEST_CASE("lifecycle core: create runs the sandbox and records it") {
@@ -386,9 +393,8 @@ TEST_CASE("lifecycle core: a runtime whose sandboxes do not outlive sandgate: th
 }
 
 TEST_CASE("lifecycle core: a snapshot is a template of the sandbox's files; a failed copy or the quota leaves nothing") {
-  ServiceConfig cfg;
   sg::test::TempDir layers;
-  cfg.snapshot_dir = layers.sub("layers");
+  ServiceConfig cfg = with_snapshots(layers);
   cfg.template_max_bytes = 1 << 20;
   Harness h(cfg);
   std::string id = h.create();
@@ -440,9 +446,8 @@ TEST_CASE("lifecycle core: a snapshot is a template of the sandbox's files; a fa
 
 TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the processes, and connect starts them again; it survives a restart") {
   using sg::lifecycle::State;
-  ServiceConfig cfg;
   sg::test::TempDir layers;
-  cfg.snapshot_dir = layers.sub("layers");
+  ServiceConfig cfg = with_snapshots(layers);
   Harness h(cfg);
   std::string id = h.create();
   int first_pid = h.rt.record(id).pid;
@@ -498,9 +503,8 @@ TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the pro
 
 TEST_CASE("lifecycle core: a timeout with autoPauseMemory false pauses to disk") {
   using sg::lifecycle::State;
-  ServiceConfig cfg;
   sg::test::TempDir layers;
-  cfg.snapshot_dir = layers.sub("layers");
+  ServiceConfig cfg = with_snapshots(layers);
   Harness h(cfg);
   CreateParams p = h.params(10);
   p.on_timeout_pause = true;
@@ -518,9 +522,8 @@ TEST_CASE("lifecycle core: a timeout with autoPauseMemory false pauses to disk")
 
 TEST_CASE("lifecycle core: a filesystem-only pause cut short by a crash: the next start takes the sandbox back as it is, paused, and forgets the copy") {
   using sg::lifecycle::State;
-  ServiceConfig cfg;
   sg::test::TempDir layers;
-  cfg.snapshot_dir = layers.sub("layers");
+  ServiceConfig cfg = with_snapshots(layers);
   Harness h(cfg);
   h.rt.set_outlive(true);
   std::string id = h.create();
