@@ -80,12 +80,6 @@ class HttpServer {
   // Binds and listens; starts io and worker threads.
   Status start();
   uint16_t port() const;
-  // An upgrade's first step: stops accepting, closes HTTP/1.1 connections
-  // that wait for a request, lets each request in progress (a create, a
-  // proxied command stream) finish, its connection closing after the
-  // response, and returns once none is left (true) or after timeout
-  // (false). HTTP/2 streams are not waited for. Then stop().
-  bool drain(std::chrono::milliseconds timeout);
   // Stops accepting, closes connections, joins threads.
   void stop();
 
