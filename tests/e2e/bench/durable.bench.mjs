@@ -23,6 +23,8 @@ const n = Number(process.argv[3] ?? 50);
 const runs = Number(process.argv[4] ?? 20);
 const pct = (v, p) => { const s = [...v].sort((a, b) => a - b); return s[Math.min(s.length - 1, Math.floor(s.length * p))]; };
 const round = (x) => Math.round(x * 10) / 10;
+const p50p99 = (v) => ({ p50: round(pct(v, 0.5)), p99: round(pct(v, 0.99)) });
+const p50max = (v) => ({ p50: round(pct(v, 0.5)), max: round(Math.max(...v)) });
 const diskBytes = (p) => Number(execFileSync('du', ['-s', '--block-size=1', p]).toString().split('\t')[0]);
 
 const server = await startSandgate(['--rate', '0', '--create-rate', '0', '--warm-pool', '0'], { keep: true });
@@ -84,9 +86,8 @@ try {
       resume.push(t3 - t2);
       await back.kill();
     }
-    const row = { written_mib: mib, pause_ms: { p50: round(pct(pause, 0.5)), p99: round(pct(pause, 0.99)) },
-      stored_bytes: stored, resume_from_disk_ms: { p50: round(pct(resume, 0.5)), p99: round(pct(resume, 0.99)) },
-      n: pause.length };
+    const row = { written_mib: mib, pause_ms: p50p99(pause), stored_bytes: stored,
+      resume_from_disk_ms: p50p99(resume), n: pause.length };
     console.log(row);
     result.pause_to_disk.push(row);
   }
@@ -106,8 +107,7 @@ try {
     await c.kill();
     await Sandbox.deleteSnapshot(info.snapshotId, opts);
   }
-  result.snapshot_64mib = { snapshot_ms: { p50: round(pct(snap, 0.5)), max: round(Math.max(...snap)) },
-    create_from_it_to_first_command_ms: { p50: round(pct(fromSnap, 0.5)), max: round(Math.max(...fromSnap)) } };
+  result.snapshot_64mib = { snapshot_ms: p50max(snap), create_from_it_to_first_command_ms: p50max(fromSnap) };
   console.log(result.snapshot_64mib);
   const fork8 = [];
   for (let i = 0; i < 5; i++) {
@@ -120,7 +120,7 @@ try {
     fork8.push(performance.now() - t0);
     for (const f of forks) await f.kill();
   }
-  result.fork_8_of_64mib_to_all_answering_ms = { p50: round(pct(fork8, 0.5)), max: round(Math.max(...fork8)) };
+  result.fork_8_of_64mib_to_all_answering_ms = p50max(fork8);
   console.log(result.fork_8_of_64mib_to_all_answering_ms);
   await parent.kill();
 } finally {
