@@ -31,8 +31,12 @@ enum class FrameType : uint8_t {
   kClose = 2,   // half-close: the sender will send no more data on the stream
   kReset = 3,   // abort the stream in both directions; payload: optional UTF-8 reason
   kCredit = 4,  // flow control: payload is u32 LE, bytes the sender may additionally send
+  // A cut of the channel (docs/channel.md, "Hold"), stream 0 only:
+  kHold = 5,     // host: answer HELD, then send nothing until RELEASE
+  kHeld = 6,     // agent: the last frame before its output stops
+  kRelease = 7,  // host: carry on; payload "reset": a new host, drop every stream and what was queued
 };
-inline constexpr uint8_t kMaxFrameType = 4;
+inline constexpr uint8_t kMaxFrameType = 7;
 
 struct Frame {
   uint32_t stream = 0;

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cerrno>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -155,6 +156,9 @@ struct Mux::Impl {
   Decoder dec;
   std::string out;  // encoded frames not yet written to the channel
   size_t out_pos = 0;
+  // A hold's cut: output stops at this offset of out (a frame boundary);
+  // npos: no hold. Frames queued meanwhile wait behind it.
+  size_t gate = std::string::npos;
   bool chan_sock = false;
   uint32_t chan_events = 0;
   uint32_t our_high = 0;   // highest id of ours handed to the loop
@@ -173,6 +177,12 @@ struct Mux::Impl {
   bool started = false;           // GUARDED_BY(mu)
   bool finished = false;          // GUARDED_BY(mu)
   uint32_t next_id;               // GUARDED_BY(mu)
+  // The host's hold (hold()/release()): requested, HOLD sent, HELD back.
+  enum class Hold { kNone, kRequested, kSent, kHeld };
+  Hold hold_phase = Hold::kNone;  // GUARDED_BY(mu)
+  bool release_req = false;       // GUARDED_BY(mu)
+  bool release_reset = false;     // GUARDED_BY(mu)
+  std::condition_variable hold_cv;
 
   struct AtomicStats {
     std::atomic<uint64_t> streams_opened{0}, streams_refused{0}, bytes_in{0}, bytes_out{0}, protocol_errors{0},
@@ -190,6 +200,8 @@ struct Mux::Impl {
 
   bool is_ours(uint32_t id) const { return (id & 1) == (cfg.odd_ids ? 1u : 0u); }
   size_t out_pending() const { return out.size() - out_pos; }
+  // Bytes that may go out now: up to the gate.
+  size_t out_sendable() const { return (gate == std::string::npos ? out.size() : gate) - out_pos; }
   size_t out_hard_limit() const { return kChannelOutHighWater + kHeaderSize + kMaxPayload + cfg.max_control_out + kOwnFramesSlack; }
 
   void note_out() {
@@ -237,6 +249,8 @@ struct Mux::Impl {
     if (it->second.registered) ::epoll_ctl(ep.get(), EPOLL_CTL_DEL, it->second.fd.get(), nullptr);
     stream_buffered_total -= it->second.buffered();
     note_buffered();
+    // Closed after the count is updated: whoever sees the EOF sees the count.
+    UniqueFd closing = std::move(it->second.fd);
     streams.erase(it);
     st.open_streams.store(streams.size(), std::memory_order_relaxed);
   }
@@ -389,6 +403,10 @@ struct Mux::Impl {
   }
 
   void on_frame(Frame& f) {
+    if (f.type == FrameType::kHold || f.type == FrameType::kHeld || f.type == FrameType::kRelease) {
+      on_hold_frame(f);
+      return;
+    }
     if (f.stream == kControlStream) {
       if (f.type != FrameType::kData) {
         fatal(internal_error("control stream frame of type " + std::to_string(static_cast<int>(f.type))));
@@ -446,9 +464,77 @@ struct Mux::Impl {
         break;
       }
       case FrameType::kOpen:
+      case FrameType::kHold:
+      case FrameType::kHeld:
+      case FrameType::kRelease:
         break;  // handled above
     }
     update_after_input(s);
+  }
+
+  // HOLD / HELD / RELEASE (docs/channel.md, "Hold"). The host sends HOLD
+  // and RELEASE, the agent HELD; anything else is the peer breaking the
+  // protocol. A HELD that comes after its hold timed out is dropped.
+  void on_hold_frame(const Frame& f) {
+    const char* what = f.type == FrameType::kHold ? "HOLD" : f.type == FrameType::kHeld ? "HELD" : "RELEASE";
+    bool host = cfg.odd_ids;
+    if (f.stream != kControlStream || host != (f.type == FrameType::kHeld) ||
+        (f.type == FrameType::kRelease ? !(f.payload.empty() || f.payload == "reset") : !f.payload.empty())) {
+      fatal(internal_error(std::string("unexpected ") + what + " frame on stream " + std::to_string(f.stream)));
+      return;
+    }
+    if (f.type == FrameType::kHeld) {
+      std::lock_guard<std::mutex> l(mu);
+      if (hold_phase == Hold::kSent) {
+        hold_phase = Hold::kHeld;
+        hold_cv.notify_all();
+      }
+      return;
+    }
+    if (f.type == FrameType::kHold) {
+      if (gate != std::string::npos) return;  // held already
+      send_frame(kControlStream, FrameType::kHeld, {});
+      gate = out.size();
+      return;
+    }
+    if (f.payload == "reset") {
+      // A new host: the streams and answers of the old one go. What was
+      // queued before the cut went out; what came after it is dropped.
+      std::vector<uint32_t> ids;
+      for (auto& [id, st2] : streams) ids.push_back(id);
+      for (uint32_t id : ids) remove(id);
+      if (gate != std::string::npos) out.resize(gate);
+      peer_high = 0;
+      std::lock_guard<std::mutex> l(mu);
+      ctl_out.clear();
+    }
+    gate = std::string::npos;
+    note_out();
+  }
+
+  // The host's side of hold() and release(), on the Mux thread.
+  void apply_hold_requests() {
+    std::lock_guard<std::mutex> l(mu);
+    if (hold_phase == Hold::kRequested) {
+      send_frame(kControlStream, FrameType::kHold, {});
+      gate = out.size();
+      hold_phase = Hold::kSent;
+    }
+    if (release_req) {
+      // The end of this side's cut: RELEASE goes at the cut, before what
+      // was queued behind it.
+      std::string rel;
+      put_frame(rel, kControlStream, FrameType::kRelease, release_reset ? "reset" : "");
+      if (gate == std::string::npos)
+        out.append(rel);
+      else
+        out.insert(gate, rel);
+      gate = std::string::npos;
+      release_req = false;
+      hold_phase = Hold::kNone;
+      hold_cv.notify_all();
+      note_out();
+    }
   }
 
   void update_after_input(Stream& s) {
@@ -486,8 +572,8 @@ struct Mux::Impl {
   }
 
   void flush_channel() {
-    while (out_pending() > 0) {
-      ssize_t n = write_some(cfg.channel_fd, chan_sock, out.data() + out_pos, out_pending());
+    while (out_sendable() > 0) {
+      ssize_t n = write_some(cfg.channel_fd, chan_sock, out.data() + out_pos, out_sendable());
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) break;
         fatal(peer_gone_or(sys::errno_error("write", "channel"), errno));
@@ -498,16 +584,18 @@ struct Mux::Impl {
     if (out_pos == out.size()) {
       out.clear();
       out_pos = 0;
+      if (gate != std::string::npos) gate = 0;
       if (out.capacity() > 4 * kChannelOutHighWater) std::string().swap(out);
     } else if (out_pos > kCompactAt && out_pos > out.size() / 2) {
       out.erase(0, out_pos);
+      if (gate != std::string::npos) gate -= out_pos;
       out_pos = 0;
     }
     note_out();
   }
 
   void update_channel_events() {
-    uint32_t want = EPOLLIN | (out_pending() > 0 ? EPOLLOUT : 0u);
+    uint32_t want = EPOLLIN | (out_sendable() > 0 ? EPOLLOUT : 0u);
     if (want == chan_events) return;
     struct epoll_event ev {};
     ev.events = want;
@@ -600,6 +688,7 @@ struct Mux::Impl {
     struct epoll_event evs[kMaxEvents];
     for (;;) {
       take_requests();
+      apply_hold_requests();
       if (!exit) flush_channel();
       if (!exit) apply_throttle();
       if (!exit && out_pending() > out_hard_limit())
@@ -638,6 +727,7 @@ struct Mux::Impl {
       dropped.swap(opens);
       out.append(ctl_out);
       ctl_out.clear();
+      hold_cv.notify_all();
     }
     if (out_pending() > 0 && exit->ok()) {
       std::optional<Status> keep = std::move(exit);
@@ -695,6 +785,37 @@ Status Mux::send_control(std::string payload) {
   }
   impl_->signal_wake();
   return Status::Ok();
+}
+
+Status Mux::hold(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> l(impl_->mu);
+  if (impl_->finished) return Error(ErrorKind::kUnavailable, "channel is closed");
+  if (impl_->hold_phase != Impl::Hold::kNone) return conflict_error("the channel is held already");
+  impl_->hold_phase = Impl::Hold::kRequested;
+  impl_->signal_wake();
+  bool held = impl_->hold_cv.wait_for(l, timeout, [&] { return impl_->hold_phase == Impl::Hold::kHeld || impl_->finished; });
+  if (held && impl_->hold_phase == Impl::Hold::kHeld) return Status::Ok();
+  if (impl_->finished) return Error(ErrorKind::kUnavailable, "channel closed while holding it");
+  impl_->release_req = true;
+  impl_->release_reset = false;
+  impl_->signal_wake();
+  return Error(ErrorKind::kTimeout, "the agent did not answer HOLD within " +
+                                                 std::to_string(timeout.count()) + " ms");
+}
+
+void Mux::release(bool reset) {
+  {
+    std::lock_guard<std::mutex> l(impl_->mu);
+    if (impl_->hold_phase == Impl::Hold::kNone) {
+      // No cut on this side: RELEASE goes in order with the control
+      // messages sent before and after it.
+      put_frame(impl_->ctl_out, kControlStream, FrameType::kRelease, reset ? "reset" : "");
+    } else {
+      impl_->release_req = true;
+      impl_->release_reset = reset;
+    }
+  }
+  impl_->signal_wake();
 }
 
 void Mux::stop() {

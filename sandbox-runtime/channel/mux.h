@@ -19,6 +19,7 @@
 // kInitialWindow) and refuses with RESET "<reason>".
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -74,6 +75,17 @@ class Mux {
   // max_control_out unsent control bytes it fails, and run() then returns
   // an error (the peer is not reading). kUnavailable once run() returned.
   Status send_control(std::string payload);
+  // A cut of the channel at a frame boundary in both directions
+  // (docs/channel.md, "Hold"), for a microVM snapshot: HOLD goes out and
+  // nothing after it; the peer answers HELD as its last frame. Returns once
+  // HELD arrived (nothing is then in flight either way), kTimeout
+  // after timeout (the hold is released), kUnavailable once run() returned,
+  // kConflict while another hold is on. The host side only.
+  Status hold(std::chrono::milliseconds timeout);
+  // Ends a hold (if any): RELEASE goes out, then what was queued meanwhile.
+  // reset: this is a new host for the peer (a clone or a resumed snapshot):
+  // it drops every stream and whatever it queued since HELD. The host side only.
+  void release(bool reset);
   // Makes run() return soon (Ok). Queued output is flushed best effort.
   void stop();
   // Makes run() return soon with an internal error carrying reason (e.g.

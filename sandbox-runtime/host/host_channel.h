@@ -56,6 +56,13 @@ class HostChannel {
 
   Result<UniqueFd> open_port(uint16_t port);
   Result<std::string> control(std::string request, std::chrono::milliseconds timeout);
+  // A cut of the channel for a microVM snapshot (channel::Mux::hold):
+  // returns once the agent answered HELD; nothing is in flight either way
+  // and neither side sends until release().
+  Status hold(std::chrono::milliseconds timeout) { return mux_.hold(timeout); }
+  // reset: the agent is to drop every stream and what it queued since HELD
+  // (a clone or a resumed snapshot talking to this new host).
+  void release(bool reset) { mux_.release(reset); }
   // Ends the Mux (closing every stream fd) and joins its thread. Idempotent.
   void stop();
   // False once the Mux loop has ended.

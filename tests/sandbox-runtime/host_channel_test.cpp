@@ -149,3 +149,25 @@ TEST_CASE("host channel: without an opener every agent OPEN is refused as before
   CHECK(hc.running());
   hc.stop();
 }
+
+TEST_CASE("host channel: a new host's RELEASE reset goes out first, then control requests") {
+  RawAgent a;
+  process::HostChannel h("snapshotclone", a.host_fd());
+  h.release(/*reset=*/true);
+  std::thread t([&] {
+    auto r = h.control(R"({"type":"ping","id":1})", std::chrono::milliseconds(10000));
+    CHECK_MESSAGE(r, (r ? "" : r.error().message()));
+  });
+  auto f = a.next();
+  REQUIRE(f);
+  CHECK(f->stream == 0);
+  CHECK(f->type == FrameType::kRelease);
+  CHECK(f->payload == "reset");
+  auto c = a.next();
+  REQUIRE(c);
+  CHECK(c->type == FrameType::kData);
+  CHECK(c->payload.find("ping") != std::string::npos);
+  a.send(0, FrameType::kData, R"({"type":"pong","id":1})");
+  t.join();
+  h.stop();
+}

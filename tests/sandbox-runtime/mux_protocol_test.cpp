@@ -4,6 +4,8 @@
 #include <doctest/doctest.h>
 
 #include "tests/sandbox-runtime/mux_harness.h"
+#include <condition_variable>
+#include <tuple>
 
 using namespace sg;
 using namespace sg::muxtest;
@@ -252,4 +254,195 @@ TEST_CASE("mux protocol: frames split into single bytes are reassembled") {
   REQUIRE(read_exact(p.locals[0].get(), got, 3));
   CHECK(got == "abc");
   CHECK(p.mux->stats().protocol_errors == 0);
+}
+
+// ---- Hold (docs/channel.md, "Hold") ----
+
+namespace {
+
+// True when nothing arrives on fd within ms: the check that a held side
+// sends nothing (a bound on a negative, not a synchronisation).
+bool quiet_for(int fd, int ms) {
+  struct pollfd p = {fd, POLLIN, 0};
+  return ::poll(&p, 1, ms) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("mux hold: the agent answers HELD last, holds its output, RELEASE lets it go in order") {
+  RawPeer p;
+  p.send(1, FrameType::kOpen, "{}");
+  auto acc = p.next(false);
+  REQUIRE(acc);
+  REQUIRE(p.locals.size() == 1);
+  REQUIRE(write_all(p.locals[0].get(), "before"));
+  auto d1 = p.next();
+  REQUIRE(d1);
+  CHECK(d1->type == FrameType::kData);
+  CHECK(d1->payload == "before");
+  p.send(0, FrameType::kHold, "");
+  auto held = p.next();
+  REQUIRE(held);
+  CHECK(held->stream == 0);
+  CHECK(held->type == FrameType::kHeld);
+  // Output produced during the hold waits behind the cut.
+  REQUIRE(write_all(p.locals[0].get(), "during"));
+  CHECK(quiet_for(p.chan.first.get(), 300));
+  CHECK(p.dec.buffered() == 0);
+  // Input still flows to the stream while held.
+  p.send(1, FrameType::kData, "in");
+  std::string got;
+  REQUIRE(read_exact(p.locals[0].get(), got, 2));
+  CHECK(got == "in");
+  p.send(0, FrameType::kRelease, "");
+  std::string data;
+  while (data.size() < 6) {
+    auto f = p.next();
+    REQUIRE(f);
+    if (f->type == FrameType::kData) data += f->payload;
+  }
+  CHECK(data == "during");
+  CHECK(p.mux->stats().open_streams == 1);
+}
+
+TEST_CASE("mux hold: RELEASE reset drops every stream and what was queued after HELD") {
+  RawPeer p;
+  p.send(1, FrameType::kOpen, "{}");
+  REQUIRE(p.next(false));
+  REQUIRE(p.locals.size() == 1);
+  p.send(0, FrameType::kHold, "");
+  auto held = p.next();
+  REQUIRE(held);
+  REQUIRE(held->type == FrameType::kHeld);
+  REQUIRE(write_all(p.locals[0].get(), "stale"));
+  CHECK(quiet_for(p.chan.first.get(), 300));
+  p.send(0, FrameType::kRelease, "reset");
+  // A new host reuses stream id 1: the first thing back is its acceptance,
+  // not the old stream's bytes.
+  p.send(1, FrameType::kOpen, "{}");
+  auto f = p.next(false);
+  REQUIRE(f);
+  CHECK(f->stream == 1);
+  CHECK(f->type == FrameType::kCredit);
+  CHECK(f->payload == u32le(0));
+  // The old stream's local end saw its stream go.
+  std::string rest;
+  CHECK(read_to_eof(p.locals[0].get(), rest));
+  CHECK(p.mux->stats().open_streams == 1);
+}
+
+TEST_CASE("mux hold: RELEASE reset without a hold drops the streams (a clone of a quiet snapshot)") {
+  RawPeer p;
+  p.send(1, FrameType::kOpen, "{}");
+  REQUIRE(p.next(false));
+  p.send(0, FrameType::kRelease, "reset");
+  std::string rest;
+  REQUIRE(p.locals.size() == 1);
+  CHECK(read_to_eof(p.locals[0].get(), rest));
+  CHECK(p.mux->stats().open_streams == 0);
+}
+
+TEST_CASE("mux hold: HOLD on a data stream, HELD to the agent and a bad RELEASE are channel errors") {
+  for (auto [stream, type, payload] : {std::tuple<uint32_t, FrameType, const char*>{3, FrameType::kHold, ""},
+                                       {0, FrameType::kHeld, ""},
+                                       {0, FrameType::kRelease, "later"},
+                                       {0, FrameType::kHold, "x"}}) {
+    RawPeer p;
+    p.send(stream, type, payload);
+    p.t.join();
+    p.joined = true;
+    REQUIRE_FALSE(p.result.ok());
+    CHECK(p.result.error().message().find("unexpected") != std::string::npos);
+  }
+}
+
+TEST_CASE("mux hold: host hold() returns once HELD arrived; streams work again after release()") {
+  Server srv(echo);
+  MuxPair mp(connect_port);
+  UniqueFd s = mp.open(port_payload(srv.port()));
+  REQUIRE(write_all(s.get(), "ping"));
+  std::string got;
+  REQUIRE(read_exact(s.get(), got, 4));
+  REQUIRE(mp.host->hold(std::chrono::milliseconds(10000)));
+  CHECK(mp.host->hold(std::chrono::milliseconds(10)).error().kind() == ErrorKind::kConflict);
+  // Written during the hold: it goes out after the release.
+  REQUIRE(write_all(s.get(), "pong"));
+  UniqueFd s2 = mp.open(port_payload(srv.port()));
+  CHECK(quiet_for(s.get(), 300));
+  mp.host->release(false);
+  got.clear();
+  REQUIRE(read_exact(s.get(), got, 4));
+  CHECK(got == "pong");
+  REQUIRE(write_all(s2.get(), "two"));
+  got.clear();
+  REQUIRE(read_exact(s2.get(), got, 3));
+  CHECK(got == "two");
+  mp.join();
+}
+
+TEST_CASE("mux hold: a peer that never answers HELD times the hold out, and RELEASE follows HOLD") {
+  auto [host_end, raw] = socket_pair();
+  channel::MuxConfig c;
+  c.channel_fd = host_end.get();
+  c.odd_ids = true;
+  channel::Mux host(c, nullptr, nullptr);
+  Status result;
+  std::thread t([&] { result = host.run(); });
+  Status h = host.hold(std::chrono::milliseconds(200));
+  REQUIRE_FALSE(h.ok());
+  CHECK(h.error().kind() == ErrorKind::kTimeout);
+  channel::Decoder dec;
+  std::vector<Frame> frames;
+  char buf[4096];
+  while (frames.size() < 2) {
+    ssize_t n = ::recv(raw.get(), buf, sizeof buf, 0);
+    REQUIRE(n > 0);
+    REQUIRE(dec.feed(std::string_view(buf, static_cast<size_t>(n))));
+    while (auto f = dec.next()) frames.push_back(*f);
+  }
+  CHECK(frames[0].type == FrameType::kHold);
+  CHECK(frames[1].type == FrameType::kRelease);
+  CHECK(frames[1].payload.empty());
+  // A HELD that comes late is dropped, and another hold can start.
+  REQUIRE(write_all(raw.get(), channel::encode(Frame{0, FrameType::kHeld, ""})));
+  host.stop();
+  t.join();
+  CHECK(result.ok());
+}
+
+TEST_CASE("mux hold: RELEASE reset keeps its place among control messages; busy streams go, the next message is answered") {
+  // Servers that write without end, as a process's output stream does.
+  Server firehose([](int fd) {
+    std::string chunk(16384, 'f');
+    while (write_all(fd, chunk)) {
+    }
+  });
+  std::mutex mu;
+  std::condition_variable cv;
+  int pongs = 0;
+  channel::Mux* agent_mux = nullptr;
+  MuxPair mp(
+      connect_port,
+      [&](std::string_view p) {
+        if (p.find("ping") != std::string_view::npos) (void)agent_mux->send_control(R"({"type":"pong"})");
+      },
+      [&](std::string_view p) {
+        if (p.find("pong") == std::string_view::npos) return;
+        std::lock_guard<std::mutex> l(mu);
+        ++pongs;
+        cv.notify_all();
+      });
+  agent_mux = mp.agent.get();
+  std::vector<UniqueFd> ends;
+  for (int i = 0; i < 4; ++i) ends.push_back(mp.open(port_payload(firehose.port())));
+  std::string got;
+  REQUIRE(read_exact(ends[0].get(), got, 100000));
+  mp.host->release(/*reset=*/true);
+  REQUIRE(mp.host->send_control(R"({"type":"ping"})"));
+  std::unique_lock<std::mutex> l(mu);
+  CHECK(cv.wait_for(l, std::chrono::seconds(10), [&] { return pongs > 0; }));
+  l.unlock();
+  CHECK(mp.agent->stats().open_streams == 0);
+  ends.clear();
+  mp.join();
 }
