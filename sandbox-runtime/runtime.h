@@ -10,6 +10,8 @@
 // Sandbox are safe to call from several threads at once.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -89,6 +91,10 @@ struct RuntimeConfig {
 };
 
 inline constexpr size_t kMaxTemplateLayers = 64;
+
+// A layer that is a microVM snapshot (Runtime::snapshots_memory): its
+// directory holds "vm.state" (written last) and "memory".
+inline bool is_vm_snapshot_layer(const std::string& dir) { return ::access((dir + "/vm.state").c_str(), F_OK) == 0; }
 
 // A built template's start command (its config's startCmd, readyCmd, user,
 // workdir and env): run in the background, then the ready command until it
@@ -247,6 +253,11 @@ class Runtime {
   }
   // Whether its sandboxes' export_layer() works (the process backend).
   virtual bool exports_layers() const { return false; }
+  // Whether its sandboxes' export_layer() writes a whole microVM snapshot
+  // (RAM, vCPUs, devices; is_vm_snapshot_layer) instead of files: what is
+  // made of it runs on with the sandbox's processes and memory (the kvm
+  // backend). Such a layer is the top of a template's layers.
+  virtual bool snapshots_memory() const { return false; }
   // Whether create() leaves spec.start running (and ready) in the sandbox.
   virtual bool runs_start_command() const { return false; }
   // Removes what prepare_template made of a template whose top layer (or

@@ -708,9 +708,10 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   if (live->state == State::kPaused || live->state == State::kPersisted)
     return conflict_error("sandbox \"" + id + "\" is already paused");
   if (!live->sb) return not_found(id);
-  // The microVM backend cannot copy its files out (a guest tmpfs): it
-  // keeps the memory instead, which is more than was asked.
-  if (!keep_memory && rt_.exports_layers() && !cfg_.snapshot_dir.empty()) return persist_locked(*live, found->row);
+  // To disk: microVMs always (a snapshot with their memory, which is more
+  // than a filesystem-only pause asks), process sandboxes when only their
+  // files are to be kept.
+  if (pauses_to_disk(keep_memory)) return persist_locked(*live, found->row);
   // Stopped first (idempotent for a wait-paused one), then recorded.
   if (Status s = live->sb->pause(); !s) return s.error().with_context("pause sandbox " + id);
   Result<bool> moved = move(*live, id, State::kPaused);
@@ -725,9 +726,17 @@ Status SandboxService::pause(const std::string& tenant_id, const std::string& id
   return Status::Ok();
 }
 
-// A filesystem-only pause: the sandbox's files become a hidden template
-// (kind "pause"), the row says paused, and its processes go, freeing its
-// memory. connect() starts it again from those files.
+// Whether a pause goes to disk (persist_locked) rather than freezing.
+bool SandboxService::pauses_to_disk(bool keep_memory) const {
+  if (cfg_.snapshot_dir.empty()) return false;
+  return rt_.snapshots_memory() || (!keep_memory && rt_.exports_layers());
+}
+
+// A pause to disk: the sandbox becomes a hidden template (kind "pause"),
+// the row says paused, and its VMM or processes go, freeing its memory.
+// connect() starts it again from that template: a process sandbox from
+// its files (a fresh start), a microVM from its snapshot (its processes
+// and memory as they were).
 Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
   const std::string& id = r.id;
   Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> snap =
@@ -745,7 +754,9 @@ Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
   enter(live, State::kPersisted);
   if (Status k = end_runtime(live, id); !k) LOG_WARN("sandbox " << id << ": its processes are killed by later ticks");
   if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->erase(id);
-  event(r.tenant_id, id, "paused", "paused by client, files only (its memory and processes are gone)");
+  event(r.tenant_id, id, "paused",
+        rt_.snapshots_memory() ? "paused to disk: a microVM snapshot with its memory and processes"
+                               : "paused, files only (its memory and processes are gone)");
   return Status::Ok();
 }
 
@@ -769,10 +780,11 @@ Status SandboxService::restore_locked(Live& live, const SandboxRow& r) {
       if (it->is_string()) p.env_vars[it.key()] = it->get<std::string>();
   runtime::SandboxSpec spec = new_spec(r, **files, p);
   Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
-  if (!sb) return sb.error().with_context("resume sandbox " + id + " from its files");
+  const std::string from = rt_.snapshots_memory() ? " from its snapshot on disk" : " from its files";
+  if (!sb) return sb.error().with_context("resume sandbox " + id + from);
   if (Status s = run_start_command(**sb, r.envd_token, spec, **files); !s) {
     (void)(*sb)->kill();
-    return s.error().with_context("resume sandbox " + id + " from its files");
+    return s.error().with_context("resume sandbox " + id + from);
   }
   int pid = (*sb)->init_pid();
   if (Status s = store_.set_resumed(id, pid, channel::kEnvdVersion); !s) {
@@ -805,7 +817,9 @@ Result<SandboxService::Connected> SandboxService::connect(const std::string& ten
     if (Status s = restore_locked(*live, *row); !s) return s.error();
     out.resumed = true;
     if (Status s = store_.set_end_at(id, now + timeout_s); !s) return s.error();
-    event(tenant_id, id, "resumed", "resumed by connect from its files (a fresh start)");
+    event(tenant_id, id, "resumed",
+          rt_.snapshots_memory() ? "resumed by connect from its snapshot on disk"
+                                 : "resumed by connect from its files (a fresh start)");
   } else if (!live->sb) {
     return not_found(id);
   } else if (live->state == State::kPaused) {
@@ -844,9 +858,22 @@ Result<UniqueFd> SandboxService::open_port(const std::string& id, uint16_t port,
                                                "trafficAccessToken as the e2b-traffic-access-token header");
   before_traffic(id);
   MutexLock g(live->op_mu);
-  if (live->state == State::kPersisted)
-    return conflict_error("sandbox \"" + id + "\" is paused without its memory (keepMemory false): "
-                          "connect to resume it");
+  if (live->state == State::kPersisted) {
+    // A microVM paused to disk comes back whole, as a frozen one would.
+    if (!rt_.snapshots_memory())
+      return conflict_error("sandbox \"" + id + "\" is paused without its memory (keepMemory false): "
+                            "connect to resume it");
+    if (!live->auto_resume)
+      return conflict_error("sandbox \"" + id + "\" is paused and its autoResume is off: resume it with "
+                            "Sandbox.connect() (POST /sandboxes/" + id + "/connect)");
+    Result<std::optional<SandboxRow>> row = store_.get_sandbox(live->tenant_id, id);
+    if (!row) return row.error();
+    if (!*row) return not_found(id);
+    if (Status s = restore_locked(*live, **row); !s) return s.error();
+    (void)store_.set_end_at(id, clock_() + (*row)->timeout_s);
+    event(live->tenant_id, id, "resumed", "resumed from its snapshot on disk by traffic to port " + std::to_string(port));
+    return live->sb->open_port(port);
+  }
   if (!live->sb) return not_found(id);
   if (live->state == State::kPaused) {
     if (!live->auto_resume)
@@ -896,7 +923,7 @@ Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::ma
   MutexLock op(f->live->op_mu);
   if (!f->live->sb) {
     if (f->live->state == State::kPersisted)
-      return conflict_error("sandbox \"" + id + "\" is paused without its memory: connect to resume it first");
+      return conflict_error("sandbox \"" + id + "\" is paused to disk: connect to resume it first");
     return not_found(id);
   }
   return snapshot_locked(*f->live, f->row, name, kind);
@@ -911,6 +938,14 @@ Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::sn
   if (!parent) return parent.error();
   nlohmann::json layers = nlohmann::json::parse(parent->layers, nullptr, false);
   if (!layers.is_array()) layers = nlohmann::json::array();
+  // A microVM snapshot holds everything of the one it was restored from:
+  // the new one replaces it on top of the file layers.
+  if (rt_.snapshots_memory()) {
+    nlohmann::json files = nlohmann::json::array();
+    for (const nlohmann::json& l : layers)
+      if (!l.is_string() || !runtime::is_vm_snapshot_layer(l.get<std::string>())) files.push_back(l);
+    layers = std::move(files);
+  }
   // Each snapshot of a snapshot adds a layer: the chain is bounded.
   if (layers.size() + 1 > runtime::kMaxTemplateLayers)
     return invalid_error("sandbox " + id + " runs files of " + std::to_string(layers.size()) +
@@ -1089,8 +1124,8 @@ void SandboxService::sweep_timeouts(int64_t now) {
       if (!live->op_mu.try_lock()) continue;  // busy (an offload): the next tick acts on it
       MutexLock g(live->op_mu, std::adopt_lock);
       if (!live->sb) continue;
-      if (r.on_timeout == storage::kOnTimeoutPauseFiles && live->state == State::kRunning && rt_.exports_layers() &&
-          !cfg_.snapshot_dir.empty()) {
+      if ((r.on_timeout == storage::kOnTimeoutPauseFiles || r.on_timeout == "pause") && live->state == State::kRunning &&
+          pauses_to_disk(r.on_timeout != storage::kOnTimeoutPauseFiles)) {
         if (Status s = persist_locked(*live, r); !s)
           LOG_WARN("pause sandbox " << r.id << " to disk at timeout: " << s.error().message() << "; retried next tick");
         continue;

@@ -284,6 +284,7 @@ class SandboxService {
                                                                                 const char* kind)
       REQUIRES(live.op_mu);
   // A filesystem-only pause, and the start from its files.
+  bool pauses_to_disk(bool keep_memory) const;
   Status persist_locked(Live& live, const storage::SandboxRow& r) REQUIRES(live.op_mu);
   Status restore_locked(Live& live, const storage::SandboxRow& r) REQUIRES(live.op_mu);
   // A sandbox recover() took back, live again in its row's state.

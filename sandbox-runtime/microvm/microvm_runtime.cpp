@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -90,13 +91,35 @@ class Control {
  public:
   explicit Control(UniqueFd fd) : fd_(std::move(fd)) {}
   // fd_out: receives an fd the reply carries (SCM_RIGHTS), if any.
-  Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout, UniqueFd* fd_out = nullptr) {
+  // fds_in: descriptors sent with the command (at most 2).
+  Result<std::string> call(const std::string& cmd, std::chrono::milliseconds timeout, UniqueFd* fd_out = nullptr,
+                           std::vector<int> fds_in = {}) {
     std::lock_guard lock(mu_);
     // Replies carry no request id: after a timeout a late reply would be
     // taken for the next request's, so the socket is not used again.
     if (out_of_step_) return Error(ErrorKind::kUnavailable, "microVM control socket unusable after an earlier timeout");
-    if (::send(fd_.get(), cmd.data(), cmd.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(cmd.size()))
-      return Error(ErrorKind::kUnavailable, "microVM control socket: " + std::string(std::strerror(errno)));
+    {
+      struct iovec iov = {const_cast<char*>(cmd.data()), cmd.size()};
+      struct msghdr mh {};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+      if (!fds_in.empty()) {
+        if (fds_in.size() > 2) return invalid_error("at most two descriptors ride with a command");
+        mh.msg_control = cbuf;
+        mh.msg_controllen = CMSG_SPACE(fds_in.size() * sizeof(int));
+        struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(fds_in.size() * sizeof(int));
+        std::memcpy(CMSG_DATA(c), fds_in.data(), fds_in.size() * sizeof(int));
+      }
+      ssize_t n;
+      do n = ::sendmsg(fd_.get(), &mh, MSG_NOSIGNAL);
+      while (n < 0 && errno == EINTR);
+      if (n != static_cast<ssize_t>(cmd.size()))
+        return Error(ErrorKind::kUnavailable, "microVM control socket: " + std::string(std::strerror(errno)));
+    }
     uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
     for (;;) {
       uint64_t now = sys::monotonic_ns();
@@ -279,6 +302,11 @@ class MicrovmSandbox final : public runtime::Sandbox {
   void attach_channel(const runtime::ServiceOpener& open_service) {
     host_ = std::make_shared<process::HostChannel>(id_, channel_.get(), open_service);
   }
+  // A clone's agent is told that this is a new host: it drops the streams
+  // and output of the one its snapshot was taken under.
+  void new_host() {
+    if (auto h = host()) h->release(/*reset=*/true);
+  }
 
   const std::string& id() const override { return id_; }
   int init_pid() const override { return pid_; }
@@ -286,11 +314,53 @@ class MicrovmSandbox final : public runtime::Sandbox {
 
   Status pause() override {
     auto r = control_->call("pause", std::chrono::milliseconds(10000));
+    if (r) paused_ = true;
     return r ? Status() : Status(r.error());
   }
   Status resume() override {
     auto r = control_->call("resume", std::chrono::milliseconds(10000));
+    if (r) paused_ = false;
     return r ? Status() : Status(r.error());
+  }
+
+  // A microVM snapshot into dest (runtime::is_vm_snapshot_layer): the
+  // channel is held first (docs/channel.md, "Hold"), so nothing is in
+  // flight in the snapshot, then the VM paused and its RAM and state
+  // written by the VMM into files opened here (a jailed VMM opens none);
+  // then it runs on (or stays paused) and the channel is released. What
+  // is made of dest starts with the sandbox's processes and memory.
+  Status export_layer(const std::string& dest) override {
+    auto h = host();
+    if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
+    const bool was_paused = paused_;
+    // The agent answers HOLD only while the VM runs.
+    if (was_paused)
+      if (Status r = resume(); !r) return r.error().with_context("run the paused microVM for its snapshot");
+    if (Status held = h->hold(std::chrono::milliseconds(30000)); !held) {
+      if (was_paused) (void)pause();
+      return held.error().with_context("hold the channel for the snapshot");
+    }
+    Status written = [&]() -> Status {
+      if (Status p = pause(); !p) return p;
+      if (::mkdir(dest.c_str(), 0700) != 0) return sys::errno_error("mkdir", dest);
+      std::string mem = dest + "/memory", state = dest + "/vm.state";
+      UniqueFd mfd(::open(mem.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+      if (!mfd) return sys::errno_error("open", mem);
+      UniqueFd sfd(::open((state + ".partial").c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+      if (!sfd) return sys::errno_error("open", state + ".partial");
+      auto r = control_->call("snapshot-fds", std::chrono::milliseconds(600000), nullptr, {mfd.get(), sfd.get()});
+      if (!r) return r.error();
+      // vm.state last: its presence says the snapshot is whole.
+      if (::rename((state + ".partial").c_str(), state.c_str()) != 0) return sys::errno_error("rename", state);
+      UniqueFd d(::open(dest.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+      if (!d || ::fsync(d.get()) != 0) return sys::errno_error("fsync", dest);
+      return {};
+    }();
+    Status back = was_paused ? Status() : resume();
+    h->release(false);
+    if (!written) return written.error().with_context("microVM snapshot of sandbox " + id_);
+    if (!back) return back.error().with_context("resume sandbox " + id_ + " after its snapshot");
+    return {};
   }
   Status kill() override {
     std::shared_ptr<process::HostChannel> h;
@@ -433,6 +503,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
   std::unique_ptr<Control> control_;
   std::string template_memory_;
   uint64_t mem_limit_;
+  std::atomic<bool> paused_{false};  // as the last pause()/resume() left it
   std::mutex mu_;
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
   std::optional<process::Cgroup> cgroup_;        // GUARDED_BY(mu_)
@@ -475,10 +546,14 @@ class MicrovmRuntime final : public runtime::Runtime {
 
   bool runs_start_command() const override { return cfg_.use_snapshots; }
 
+  bool snapshots_memory() const override { return true; }
+
   Status prepare_template(const runtime::SandboxSpec& spec) override {
-    auto image = ensure_template_image(spec.rootfs, spec.layers);
+    auto split = split_layers(spec.layers);
+    if (!split) return split.error();
+    auto image = ensure_template_image(spec.rootfs, split->first);
     if (!image) return image.error();
-    if (!cfg_.use_snapshots) return {};
+    if (!cfg_.use_snapshots || !split->second.empty()) return {};
     auto snap = snapshot_for(spec, *image);
     if (!snap) return snap.error();
     return {};
@@ -524,11 +599,15 @@ class MicrovmRuntime final : public runtime::Runtime {
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
-    auto image = ensure_template_image(spec.rootfs, spec.layers);
+    auto split = split_layers(spec.layers);
+    if (!split) return split.error();
+    auto image = ensure_template_image(spec.rootfs, split->first);
     if (!image) return image.error();
     std::string dir = cfg_.state_root + "/" + spec.id;
     if (::mkdir(dir.c_str(), 0700) != 0) return sys::errno_error("mkdir", dir);
-    auto sb = cfg_.use_snapshots ? clone(spec, *image, dir) : boot(spec, *image, dir);
+    auto sb = !split->second.empty() ? restore(spec, split->second, dir)
+              : cfg_.use_snapshots   ? clone(spec, *image, dir)
+                                     : boot(spec, *image, dir);
     if (!sb) {
       (void)sys::remove_tree(dir);
       return sb.error();
@@ -728,20 +807,48 @@ class MicrovmRuntime final : public runtime::Runtime {
     return {};
   }
 
+  // A template's layers: the file layers (the image), and the microVM
+  // snapshot on top if there is one (a snapshot of a sandbox, a fork's, a
+  // pause's), which the sandbox is restored from instead.
+  static Result<std::pair<std::vector<std::string>, std::string>> split_layers(const std::vector<std::string>& layers) {
+    std::pair<std::vector<std::string>, std::string> out;
+    for (const std::string& l : layers) {
+      if (!out.second.empty())
+        return invalid_error("template layer " + l + " lies over the microVM snapshot " + out.second);
+      if (runtime::is_vm_snapshot_layer(l))
+        out.second = l;
+      else
+        out.first.push_back(l);
+    }
+    return out;
+  }
+
   Result<std::unique_ptr<MicrovmSandbox>> clone(const runtime::SandboxSpec& spec, const std::string& image,
                                                 const std::string& dir) {
     auto snap = snapshot_for(spec, image);
     if (!snap) return snap.error();
-    auto s = start_vmm(spec.id, spec, {"--restore", *snap}, dir);
+    return restore(spec, *snap, dir);
+  }
+
+  // A sandbox from a snapshot: a template's (the agent waits for
+  // configure) or a sandbox's (its processes run on; the agent drops the
+  // old host's streams and is configured again with this sandbox's id,
+  // token, environment, clock and entropy).
+  Result<std::unique_ptr<MicrovmSandbox>> restore(const runtime::SandboxSpec& spec, const std::string& snap,
+                                                  const std::string& dir) {
+    auto s = start_vmm(spec.id, spec, {"--restore", snap}, dir);
     if (!s) return s.error();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
     if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
     sb->set_uid(std::move(s->uid));
-    sb->set_template_memory(*snap + "/memory");
+    sb->set_template_memory(snap + "/memory");
     sb->attach_channel(cfg_.open_service);
+    sb->new_host();
     if (Status c = configure(*sb, spec); !c) {
       std::string why = c.error().message();
       if (!sb->alive()) why += "; sandgate-vmm: " + sys::read_tail(dir + "/vmm.log", 600);
+      LOG_WARN("sandbox " << spec.id << ": restore from " << snap << " failed: " << why << "; serial console: "
+                          << sys::read_tail(dir + "/serial.log", 3000));
       return Error(c.error().kind(), why);
     }
     return sb;

@@ -369,6 +369,10 @@ class ProcessRuntime final : public runtime::Runtime {
 
   Result<std::unique_ptr<runtime::Sandbox>> create(const runtime::SandboxSpec& spec) override {
     uint64_t t0 = sys::monotonic_ns();
+    for (const std::string& l : spec.layers)
+      if (runtime::is_vm_snapshot_layer(l))
+        return invalid_error("the template is a microVM snapshot (memory and processes, " + l +
+                             "): it runs on the kvm backend only");
     auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
     bool created_dir = false;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "base/log.h"
 #include "base/sys.h"
@@ -41,8 +42,12 @@ bool send_reply(int sock, const std::string& msg, int fd) {
 
 }  // namespace
 
-std::string handle_control(Machine& m, const std::string& cmd, int* fd_out) {
+std::string handle_control(Machine& m, const std::string& cmd, int* fd_out, std::vector<UniqueFd>* fds_in) {
   *fd_out = -1;
+  if (cmd == "snapshot-fds") {
+    if (!fds_in || fds_in->size() != 2) return "error: snapshot-fds needs two descriptors (memory, state)";
+    return reply(m.snapshot_to((*fds_in)[0].get(), (*fds_in)[1].get()));
+  }
   if (cmd == "pause") return reply(m.pause());
   if (cmd == "resume") return reply(m.resume());
   if (cmd == "stop") {
@@ -103,15 +108,35 @@ std::string handle_control(Machine& m, const std::string& cmd, int* fd_out) {
 void serve_control(Machine& m, int fd) {
   char buf[4096];
   for (;;) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    // Up to two descriptors ride with a command (snapshot-fds); any other
+    // count, or with another command, is closed unused.
+    struct iovec iov = {buf, sizeof buf};
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
+    struct msghdr mh {};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t n = ::recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
     if (n < 0 && errno == EINTR) continue;
+    std::vector<UniqueFd> fds_in;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        fds_in.emplace_back(f);
+      }
+    }
+    if (mh.msg_flags & MSG_CTRUNC) fds_in.clear();  // some were dropped: use none
     if (n <= 0) {
       m.stop(n == 0 ? "control socket closed" : std::string("control socket: ") + std::strerror(errno));
       return;
     }
     std::string cmd(buf, static_cast<size_t>(n));
     int out_fd = -1;
-    std::string r = handle_control(m, cmd, &out_fd);
+    std::string r = handle_control(m, cmd, &out_fd, &fds_in);
     bool sent = send_reply(fd, r, out_fd);
     // The uffd is ours to close once passed; the memfd stays the machine's.
     if (out_fd >= 0 && (cmd == "uffd" || cmd == "release-memory")) ::close(out_fd);

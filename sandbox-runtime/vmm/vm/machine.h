@@ -117,6 +117,10 @@ class Machine {
   // Writes <dir>/vm.state and <dir>/memory (sparse: zero pages are holes).
   // The machine must be paused. dir is created; files appear atomically.
   Status snapshot(const std::string& dir);
+  // The same into two files sandgate opened (a VMM that may open none):
+  // the RAM into memory_fd (sparse), the state into state_fd; both
+  // truncated first and synced. Paused machines only.
+  Status snapshot_to(int memory_fd, int state_fd);
   // Memory offload: GuestMemory::release_to_userfaultfd on a paused
   // machine (the console is quiet while paused). Returns the new uffd or
   // -1. A failure after the remap stops the machine: its RAM is gone.
@@ -138,6 +142,7 @@ class Machine {
   void vcpu_loop(size_t i);
   void kick_all();
   Status save_state(const std::string& path);
+  Result<std::vector<uint8_t>> state_bytes();
 
   kvm::Kvm kvm_;
   kvm::Vm vm_;

@@ -46,11 +46,10 @@ Status write_all(int fd, const void* p, size_t n, off_t off, const std::string& 
   return {};
 }
 
-Status write_memory(const GuestMemory& mem, const std::string& path) {
-  std::string tmp = path + ".partial";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-  if (!fd) return sys::errno_error("open", tmp);
-  if (::ftruncate(fd.get(), static_cast<off_t>(mem.size())) != 0) return sys::errno_error("ftruncate", tmp);
+// The RAM into fd from offset 0, sparse: zero pages stay holes.
+Status write_memory_to(const GuestMemory& mem, int fd, const std::string& tmp) {
+  if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, static_cast<off_t>(mem.size())) != 0)
+    return sys::errno_error("ftruncate", tmp);
   static const uint8_t zero[kPage] = {};
   const uint8_t* base = mem.host_base();
   uint64_t run_start = 0, run_len = 0;
@@ -61,11 +60,19 @@ Status write_memory(const GuestMemory& mem, const std::string& path) {
       run_len += kPage;
     }
     if ((z || off + kPage == mem.size()) && run_len) {
-      if (Status s = write_all(fd.get(), base + run_start, run_len, static_cast<off_t>(run_start), tmp); !s) return s;
+      if (Status s = write_all(fd, base + run_start, run_len, static_cast<off_t>(run_start), tmp); !s) return s;
       run_len = 0;
     }
   }
-  if (::fdatasync(fd.get()) != 0) return sys::errno_error("fdatasync", tmp);
+  if (::fdatasync(fd) != 0) return sys::errno_error("fdatasync", tmp);
+  return {};
+}
+
+Status write_memory(const GuestMemory& mem, const std::string& path) {
+  std::string tmp = path + ".partial";
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  if (!fd) return sys::errno_error("open", tmp);
+  if (Status s = write_memory_to(mem, fd.get(), tmp); !s) return s;
   if (::rename(tmp.c_str(), path.c_str()) != 0) return sys::errno_error("rename", tmp);
   return {};
 }
@@ -107,7 +114,28 @@ Status Machine::snapshot(const std::string& host_dir) {
   return {};
 }
 
+Status Machine::snapshot_to(int memory_fd, int state_fd) {
+  if (state() != State::kPaused) return conflict_error("snapshot needs a paused machine");
+  uint64_t t0 = sys::monotonic_ns();
+  if (Status s = write_memory_to(mem_, memory_fd, "the memory file"); !s) return s;
+  uint64_t t1 = sys::monotonic_ns();
+  auto b = state_bytes();
+  if (!b) return b.error();
+  if (::ftruncate(state_fd, 0) != 0) return sys::errno_error("ftruncate", "the state file");
+  if (Status s = write_all(state_fd, b->data(), b->size(), 0, "the state file"); !s) return s;
+  if (::fdatasync(state_fd) != 0) return sys::errno_error("fdatasync", "the state file");
+  LOG_INFO("vmm: snapshot to descriptors: memory " << (t1 - t0) / 1000000 << " ms, state "
+                                                   << (sys::monotonic_ns() - t1) / 1000000 << " ms");
+  return {};
+}
+
 Status Machine::save_state(const std::string& path) {
+  auto b = state_bytes();
+  if (!b) return b.error();
+  return sys::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(b->data()), b->size()));
+}
+
+Result<std::vector<uint8_t>> Machine::state_bytes() {
   StateWriter w;
   for (char c : kMagic) w.put(c);
   w.put(kVersion);
@@ -169,8 +197,7 @@ Status Machine::save_state(const std::string& path) {
   cmos_->save(w);
   blk_mmio_->save(w);
   console_mmio_->save(w);
-  const auto& b = w.bytes();
-  return sys::write_file_atomic(path, std::string_view(reinterpret_cast<const char*>(b.data()), b.size()));
+  return std::move(w.bytes());
 }
 
 Result<std::unique_ptr<Machine>> Machine::restore(const std::string& dir, const IoConfig& io) {
