@@ -538,6 +538,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
     // The 65536 uids below the process backend's ranges, never uid 0.
     mcfg.first_vmm_uid = std::max<uint32_t>(1, cfg.first_sandbox_uid - std::min<uint32_t>(cfg.first_sandbox_uid, 65536));
     mcfg.vmm_uids = cfg.first_sandbox_uid - mcfg.first_vmm_uid;
+    mcfg.sandboxes_outlive_host = cfg.keep_sandboxes == "on";
     return microvm::make_microvm_runtime(mcfg);
   }
   runtime::RuntimeConfig rcfg;

@@ -32,6 +32,7 @@
 #include "sandbox-runtime/host/cgroup.h"
 #include "sandbox-runtime/host/envd_client.h"
 #include "sandbox-runtime/host/host_channel.h"
+#include "sandbox-runtime/vmm/vm/attach_protocol.h"
 #include "base/log.h"
 #include "base/sys.h"
 
@@ -168,8 +169,10 @@ struct Spawned {
   std::unique_ptr<Control> control;
 };
 
+// outlive: the VMM runs on when sandgate goes and waits for the next one
+// (--outlive, docs/vmm.md "Restarts"); otherwise it dies with it.
 Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args, const std::string& dir,
-                          const process::Cgroup* cgroup) {
+                          const process::Cgroup* cgroup, bool outlive) {
   int ch[2], ctl[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ch) != 0) return sys::errno_error("socketpair", "channel");
   UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
@@ -177,7 +180,8 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   UniqueFd ctl_host(ctl[0]), ctl_vm(ctl[1]);
   std::vector<std::string> argv = {vmm};
   argv.insert(argv.end(), args.begin(), args.end());
-  for (const char* a : {"--channel-fd", "3", "--control-fd", "4", "--die-with-parent"}) argv.emplace_back(a);
+  for (const char* a : {"--channel-fd", "3", "--control-fd", "4"}) argv.emplace_back(a);
+  argv.emplace_back(outlive ? "--outlive" : "--die-with-parent");
   argv.emplace_back("--serial-log");
   argv.push_back(dir + "/serial.log");
   if (cgroup)
@@ -193,6 +197,9 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   posix_spawn_file_actions_adddup2(&fa, ch_vm.get(), 3);
   posix_spawn_file_actions_adddup2(&fa, ctl_vm.get(), 4);
+  // Nothing else of sandgate's (its listening sockets, its database):
+  // a VMM that outlives it must not hold its port.
+  posix_spawn_file_actions_addclosefrom_np(&fa, 5);
   std::vector<char*> cargs;
   for (auto& a : argv) cargs.push_back(a.data());
   cargs.push_back(nullptr);
@@ -239,6 +246,14 @@ class VmmUids {
   void release(uint32_t uid) {
     std::lock_guard lock(mu_);
     if (uid >= first_ && uid - first_ < used_.size()) used_[uid - first_] = false;
+  }
+  // A VMM of a previous run, taken back, holds its uid again.
+  Status adopt(uint32_t uid) {
+    std::lock_guard lock(mu_);
+    if (uid < first_ || uid - first_ >= used_.size()) return invalid_error("VMM uid " + std::to_string(uid) + " is outside the range");
+    if (used_[uid - first_]) return conflict_error("VMM uid " + std::to_string(uid) + " is in use by another VMM");
+    used_[uid - first_] = true;
+    return {};
   }
 
  private:
@@ -292,12 +307,43 @@ class MicrovmSandbox final : public runtime::Sandbox {
   MicrovmSandbox(std::string id, std::string dir, Spawned s, uint64_t mem_limit)
       : id_(std::move(id)), dir_(std::move(dir)), pid_(s.pid), channel_(std::move(s.channel)),
         control_(std::move(s.control)), mem_limit_(mem_limit) {}
-  ~MicrovmSandbox() override { (void)kill(); }
+  // A sandbox that outlives sandgate (set_outlive) is let go, not killed:
+  // its channel and control socket close and the VMM waits for the next host.
+  ~MicrovmSandbox() override {
+    if (outlive_) {
+      std::shared_ptr<process::HostChannel> h;
+      {
+        std::lock_guard lock(mu_);
+        h = std::move(host_);
+      }
+      if (h) h->stop();
+      return;
+    }
+    (void)kill();
+  }
+  void set_outlive(bool on) { outlive_ = on; }
+  // A VMM a previous run of sandgate started: not our child, so its end
+  // is read from pidfd (poll) rather than waitpid.
+  void set_adopted(UniqueFd pidfd) { pidfd_ = std::move(pidfd); }
+  void set_paused_flag(bool p) { paused_ = p; }
 
   // The VMM's cgroup, removed once the VMM is gone.
   void set_cgroup(process::Cgroup cg) { cgroup_ = std::move(cg); }
   // The jailed VMM's uid, free for another VMM once this one is reaped.
   void set_uid(HeldUid uid) { uid_ = std::move(uid); }
+  uint32_t uid() {
+    std::lock_guard lock(mu_);
+    return uid_.uid;
+  }
+  // Hold and release the channel: whatever the agent queued before is
+  // through when it returns (recover(): a barrier after RELEASE reset).
+  Status barrier(std::chrono::milliseconds timeout) {
+    auto h = host();
+    if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
+    Status held = h->hold(timeout);
+    if (held) h->release(false);
+    return held;
+  }
 
   void attach_channel(const runtime::ServiceOpener& open_service) {
     host_ = std::make_shared<process::HostChannel>(id_, channel_.get(), open_service);
@@ -379,6 +425,14 @@ class MicrovmSandbox final : public runtime::Sandbox {
       // A VMM that ended on its own before this kill (the liveness sweep
       // had not looked yet) is reported: its logs go with the directory.
       int st = 0;
+      if (pidfd_) {
+        struct pollfd p = {pidfd_.get(), POLLIN, 0};
+        if (!reaped_ && ::poll(&p, 1, 0) == 0) {
+          ::syscall(SYS_pidfd_send_signal, pidfd_.get(), SIGKILL, nullptr, 0);
+          if (::poll(&p, 1, 10000) != 1) LOG_WARN("sandbox " << id_ << ": its VMM (pid " << pid_ << ") did not end in 10 s");
+        }
+        reaped_ = true;  // init reaps it: it is not our child
+      }
       if (!reaped_ && ::waitpid(pid_, &st, WNOHANG) == pid_) {
         reaped_ = true;
         LOG_WARN("sandbox " << id_ << ": " << exit_report_locked(st));
@@ -400,6 +454,13 @@ class MicrovmSandbox final : public runtime::Sandbox {
   bool alive() override {
     std::lock_guard lock(mu_);
     if (reaped_ || killed_) return false;
+    if (pidfd_) {
+      struct pollfd p = {pidfd_.get(), POLLIN, 0};
+      if (::poll(&p, 1, 0) == 0) return true;
+      reaped_ = true;
+      LOG_WARN("sandbox " << id_ << ": its VMM ended: " << sys::read_tail(dir_ + "/vmm.log", 1000));
+      return false;
+    }
     int st = 0;
     if (::waitpid(pid_, &st, WNOHANG) == pid_) {
       reaped_ = true;
@@ -504,6 +565,8 @@ class MicrovmSandbox final : public runtime::Sandbox {
   std::string template_memory_;
   uint64_t mem_limit_;
   std::atomic<bool> paused_{false};  // as the last pause()/resume() left it
+  std::atomic<bool> outlive_{false};
+  UniqueFd pidfd_;  // set for a VMM taken back after a restart (not our child)
   std::mutex mu_;
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
   std::optional<process::Cgroup> cgroup_;        // GUARDED_BY(mu_)
@@ -523,25 +586,111 @@ class MicrovmRuntime final : public runtime::Runtime {
   }
   std::string name() const override { return "kvm"; }
 
-  Status cleanup_stale() override {
-    // VMMs of a previous run died with it (--die-with-parent); their
-    // directories remain. Snapshots stay: they are still valid.
+  Status cleanup_stale() override { return cleanup_stale_except({}); }
+
+  // What a previous run left, but the sandboxes in keep (taken back with
+  // recover()): VMMs that outlived it are killed, directories removed
+  // (the template snapshots stay: they are still valid), cgroups removed.
+  Status cleanup_stale_except(const std::set<std::string>& keep) override {
     if (Status s = sys::make_dirs(cfg_.state_root, 0700); !s) return s;
     DIR* d = ::opendir(cfg_.state_root.c_str());
     if (!d) return sys::errno_error("opendir", cfg_.state_root);
     std::vector<std::string> stale;
     while (struct dirent* e = ::readdir(d)) {
       std::string n = e->d_name;
-      if (n == "." || n == ".." || n == "snapshots") continue;
-      stale.push_back(cfg_.state_root + "/" + n);
+      if (n == "." || n == ".." || n == "snapshots" || keep.count(n)) continue;
+      stale.push_back(n);
     }
     ::closedir(d);
-    for (const auto& p : stale)
+    for (const auto& n : stale) {
+      std::string p = cfg_.state_root + "/" + n;
+      if (Result<VmmRecord> rec = read_record(p)) end_vmm_of_record(*rec, n);
       if (Status s = sys::remove_tree(p); !s) return s;
-    if (layout_)
-      if (Status s = process::remove_cgroup_parent(*layout_, cfg_.cgroup_parent, std::chrono::milliseconds(5000)); !s)
-        return s;
+    }
+    if (layout_) {
+      Status s = keep.empty()
+                     ? process::remove_cgroup_parent(*layout_, cfg_.cgroup_parent, std::chrono::milliseconds(5000))
+                     : process::remove_cgroups_except(*layout_, cfg_.cgroup_parent, keep, std::chrono::milliseconds(5000));
+      if (!s) return s;
+    }
     return {};
+  }
+
+  bool sandboxes_outlive_host() const override { return cfg_.sandboxes_outlive_host; }
+
+  // A VMM a previous run started and left running (--outlive), checked to
+  // be that one (pid, start time), attached with new sockets through its
+  // attach descriptor (vm/attach.h), and its agent told this is a new host
+  // (RELEASE reset), then a hold and release as a barrier: whatever the
+  // agent had queued for the old host is through before anything is asked.
+  Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
+    if (!cfg_.sandboxes_outlive_host)
+      return Error(ErrorKind::kUnavailable, "sandbox " + id + ": sandboxes do not outlive sandgate here");
+    if (id.empty() || id.find('/') != std::string::npos || id[0] == '.') return invalid_error("invalid sandbox id");
+    std::string dir = cfg_.state_root + "/" + id;
+    Result<VmmRecord> rec = read_record(dir);
+    if (!rec) return rec.error().with_context("recover sandbox " + id);
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, rec->pid, 0)));
+    if (!pidfd) {
+      if (errno == ESRCH) return not_found_error("its VMM is gone");
+      return sys::errno_error("pidfd_open", std::to_string(rec->pid));
+    }
+    Result<uint64_t> start = sys::process_start_ticks(rec->pid);
+    struct pollfd pp = {pidfd.get(), POLLIN, 0};
+    if (!start || *start != rec->start_ticks || ::poll(&pp, 1, 0) != 0)
+      return not_found_error("its VMM is gone (pid " + std::to_string(rec->pid) + " is another process now)");
+    UniqueFd attach(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), vmm::kAttachFd, 0)));
+    if (!attach) return sys::errno_error("pidfd_getfd", "its VMM's attach descriptor");
+    int ch[2], ctl[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ch) != 0) return sys::errno_error("socketpair", "channel");
+    UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
+    if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) != 0) return sys::errno_error("socketpair", "control");
+    UniqueFd ctl_host(ctl[0]), ctl_vm(ctl[1]);
+    if (Status a = send_attach(attach.get(), ch_vm.get(), ctl_vm.get()); !a)
+      return a.error().with_context("attach to its VMM");
+    ch_vm.reset();
+    ctl_vm.reset();
+    Spawned sp;
+    sp.pid = rec->pid;
+    sp.channel = std::move(ch_host);
+    sp.control = std::make_unique<Control>(std::move(ctl_host));
+    auto sb = std::make_unique<MicrovmSandbox>(id, dir, std::move(sp), rec->mem_bytes);
+    sb->set_adopted(std::move(pidfd));
+    if (layout_) sb->set_cgroup(process::Cgroup::attach(*layout_, cfg_.cgroup_parent, id));
+    if (rec->uid > 0) {
+      if (Status u = uids_->adopt(rec->uid); !u) {
+        (void)sb->kill();
+        return u.error();
+      }
+      sb->set_uid(HeldUid(uids_, rec->uid));
+    }
+    sb->set_template_memory(rec->template_memory);
+    Status ok = [&]() -> Status {
+      auto mi = sb->guest_memory();
+      if (!mi) return mi.error();
+      if (mi->backing == "userfaultfd")
+        return Error(ErrorKind::kUnavailable,
+                     "its memory was offloaded into the previous sandgate's pool, which went with it");
+      auto st = sb->vmm("stats", std::chrono::milliseconds(10000));
+      if (!st) return st.error();
+      bool paused = st->find("\"state\":\"paused\"") != std::string::npos;
+      sb->set_paused_flag(paused);
+      if (paused)
+        if (Status r = sb->resume(); !r) return r;
+      sb->attach_channel(cfg_.open_service);
+      sb->new_host();
+      Status barrier = sb->barrier(std::chrono::milliseconds(30000));
+      if (paused)
+        if (Status p = sb->pause(); !p && barrier) barrier = p;
+      return barrier;
+    }();
+    if (!ok) {
+      (void)sb->kill();
+      return ok.error().with_context("recover sandbox " + id);
+    }
+    sb->set_outlive(true);
+    LOG_INFO("sandbox " << id << " taken back, VMM pid " << rec->pid);
+    return std::unique_ptr<runtime::Sandbox>(std::move(sb));
   }
 
   bool runs_start_command() const override { return cfg_.use_snapshots; }
@@ -612,6 +761,13 @@ class MicrovmRuntime final : public runtime::Runtime {
       (void)sys::remove_tree(dir);
       return sb.error();
     }
+    if (cfg_.sandboxes_outlive_host) {
+      if (Status w = write_record(**sb, spec); !w) {
+        (void)(*sb)->kill();
+        return w.error().with_context("record sandbox " + spec.id + " for later runs");
+      }
+      (*sb)->set_outlive(true);
+    }
     LOG_DEBUG("sandbox " << spec.id << " microVM ready in " << (sys::monotonic_ns() - t0) / 1000 << " us");
     return std::unique_ptr<runtime::Sandbox>(std::move(*sb));
   }
@@ -635,8 +791,11 @@ class MicrovmRuntime final : public runtime::Runtime {
   // snapshot_dir: where a template VMM is to write its snapshot (created
   // here, for the jailed VMM's uid, when it is jailed); the only VMMs that
   // may open files once they run.
+  // A template VMM (snapshot_dir set) never outlives sandgate; a
+  // sandbox's does when sandboxes outlive it.
   Result<Started> start_vmm(const std::string& name, const runtime::SandboxSpec& spec, std::vector<std::string> args,
                             const std::string& dir, const std::string& snapshot_dir = "") {
+    const bool outlive = cfg_.sandboxes_outlive_host && snapshot_dir.empty() && name == spec.id;
     Started st;
     Result<bool> jailed = jail_available();
     if (!jailed) return jailed.error();
@@ -667,7 +826,7 @@ class MicrovmRuntime final : public runtime::Runtime {
       if (!cg) return cg.error().with_context("the VMM's cgroup");
       st.cgroup = std::move(*cg);
     }
-    auto s = spawn_vmm(cfg_.vmm_path, std::move(args), dir, st.cgroup ? &*st.cgroup : nullptr);
+    auto s = spawn_vmm(cfg_.vmm_path, std::move(args), dir, st.cgroup ? &*st.cgroup : nullptr, outlive);
     if (!s) {
       if (st.cgroup) (void)st.cgroup->destroy(std::chrono::milliseconds(5000));
       return s.error();
@@ -804,6 +963,87 @@ class MicrovmRuntime final : public runtime::Runtime {
     if (!pong) return pong.error().with_context("the template microVM after its start command");
     LOG_INFO("kvm: the template's start command is ready in its microVM after "
              << (sys::monotonic_ns() - t0) / 1000000 << " ms; snapshotting it running");
+    return {};
+  }
+
+  // What a later run needs to take a sandbox's VMM back
+  // (<state_root>/<id>/vmm.json, written once the sandbox is ready).
+  struct VmmRecord {
+    int pid = -1;
+    uint64_t start_ticks = 0;  // tells the VMM from a later process with its pid
+    uint32_t uid = 0;          // its jail uid; 0: unjailed
+    uint64_t mem_bytes = 0;
+    std::string template_memory;  // the snapshot memory it was restored from
+  };
+
+  Status write_record(MicrovmSandbox& sb, const runtime::SandboxSpec& spec) {
+    Result<uint64_t> start = sys::process_start_ticks(sb.init_pid());
+    if (!start) return start.error();
+    auto mi = sb.guest_memory();
+    json j = {{"pid", sb.init_pid()},
+              {"start", *start},
+              {"uid", sb.uid()},
+              {"memBytes", mi ? mi->size : spec.memory_mb << 20},
+              {"templateMemory", mi ? mi->template_memory : std::string()}};
+    return sys::write_file_atomic(cfg_.state_root + "/" + spec.id + "/vmm.json", j.dump());
+  }
+
+  static Result<VmmRecord> read_record(const std::string& dir) {
+    Result<std::string> text = sys::read_file(dir + "/vmm.json", 4096);
+    if (!text) return not_found_error("no record of it in " + dir + " (" + text.error().message() + ")");
+    json j = json::parse(*text, nullptr, false);
+    if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() || !j.contains("start") ||
+        !j["start"].is_number_unsigned() || !j.contains("uid") || !j["uid"].is_number_unsigned() ||
+        !j.contains("memBytes") || !j["memBytes"].is_number_unsigned() || !j.contains("templateMemory") ||
+        !j["templateMemory"].is_string() || j["pid"].get<int64_t>() <= 1 || j["pid"].get<int64_t>() > INT_MAX)
+      return internal_error("its record " + dir + "/vmm.json is damaged");
+    VmmRecord r;
+    r.pid = j["pid"].get<int>();
+    r.start_ticks = j["start"].get<uint64_t>();
+    r.uid = j["uid"].get<uint32_t>();
+    r.mem_bytes = j["memBytes"].get<uint64_t>();
+    r.template_memory = j["templateMemory"].get<std::string>();
+    return r;
+  }
+
+  // Kills the VMM a record names if it is still that process.
+  static void end_vmm_of_record(const VmmRecord& rec, const std::string& id) {
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, rec.pid, 0)));
+    if (!pidfd) return;  // gone
+    Result<uint64_t> start = sys::process_start_ticks(rec.pid);
+    struct pollfd p = {pidfd.get(), POLLIN, 0};
+    if (!start || *start != rec.start_ticks || ::poll(&p, 1, 0) != 0) return;  // another process now
+    LOG_INFO("kvm: ending the VMM of sandbox " << id << " (pid " << rec.pid << "), left by an earlier run");
+    ::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+    (void)::poll(&p, 1, 10000);
+  }
+
+  // The attach hello with the VMM's ends of the new sockets; its answer.
+  static Status send_attach(int attach, int ch_vm, int ctl_vm) {
+    struct iovec iov = {const_cast<char*>(vmm::kAttachHello), sizeof vmm::kAttachHello};
+    struct msghdr mh {};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))] = {};
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    struct cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = {ch_vm, ctl_vm};
+    std::memcpy(CMSG_DATA(c), fds, sizeof fds);
+    ssize_t n;
+    do n = ::sendmsg(attach, &mh, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof vmm::kAttachHello)) return sys::errno_error("sendmsg", "attach");
+    struct pollfd p = {attach, POLLIN, 0};
+    if (::poll(&p, 1, 10000) != 1) return Error(ErrorKind::kTimeout, "the VMM did not answer the attach in 10 s");
+    char buf[512];
+    ssize_t r = ::recv(attach, buf, sizeof buf, 0);
+    if (r <= 0) return Error(ErrorKind::kUnavailable, "the VMM closed its attach socket");
+    std::string reply(buf, static_cast<size_t>(r));
+    if (reply != "ok") return internal_error("the VMM refused the attach: " + reply);
     return {};
   }
 

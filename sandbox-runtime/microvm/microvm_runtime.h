@@ -47,6 +47,10 @@ struct MicrovmConfig {
   // that cannot have one; kOff never.
   enum class Jail { kAuto, kOn, kOff };
   Jail jail = Jail::kAuto;
+  // Sandboxes' VMMs outlive sandgate (--keep-sandboxes on): they run on
+  // when it goes (sandgate-vmm --outlive) and the next run takes them back
+  // (Runtime::recover, docs/vmm.md "Restarts"). Off: they die with it.
+  bool sandboxes_outlive_host = false;
   uint32_t first_vmm_uid = (1u << 30) - 65536;
   uint32_t vmm_uids = 65536;
 };

@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "base/sys.h"
+#include "sandbox-runtime/vmm/vm/attach.h"
 #include "sandbox-runtime/vmm/vm/confine.h"
 #include "sandbox-runtime/vmm/vm/control.h"
 #include "sandbox-runtime/vmm/vm/machine.h"
@@ -25,7 +26,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
                "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
-               "                    [--serial-log PATH] [--die-with-parent] [--cgroup-procs FILE]... [--snapshot-dir DIR]\n"
+               "                    [--serial-log PATH] [--die-with-parent | --outlive] [--cgroup-procs FILE]... [--snapshot-dir DIR]\n"
                "                    [--jail EMPTY_DIR --jail-uid N --jail-gid N [--jail-snapshot-dir DIR]]\n"
                "       sandgate-vmm --jail-probe --jail EMPTY_DIR --jail-uid N --jail-gid N\n"
                "                    [--log-level debug|info|warn|error]\n"
@@ -50,6 +51,7 @@ int main(int argc, char** argv) {
   std::string snapshot_dir;  // unjailed: the one directory it may write a snapshot to
   int control_fd = -1;
   bool die_with_parent = false;
+  bool outlive = false;  // runs on when its host goes; a new host attaches (vm/attach.h)
   std::vector<std::string> cgroup_procs;  // cgroup.procs files to join before anything else
   sg::vmm::Jail jail;
   bool jail_probe = false;  // enter the jail and exit: whether it works here
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
     else if (a == "--serial-log") serial_log = next();
     else if (a == "--restore") restore_dir = next();
     else if (a == "--die-with-parent") die_with_parent = true;
+    else if (a == "--outlive") outlive = true;
     else if (a == "--cgroup-procs") cgroup_procs.emplace_back(next());
     else if (a == "--jail") jail.root = next();
     else if (a == "--jail-probe") jail_probe = true;
@@ -100,9 +103,24 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (die_with_parent && outlive) {
+    std::fprintf(stderr, "sandgate-vmm: --die-with-parent and --outlive exclude each other\n");
+    return 2;
+  }
   if (die_with_parent) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() == 1) return 1;  // the parent is already gone
+  }
+  sg::UniqueFd attach;
+  if (outlive) {
+    // First, before anything else opens a descriptor: its number is fixed.
+    sg::Result<sg::UniqueFd> p = sg::vmm::make_attach_pair();
+    if (!p) {
+      std::fprintf(stderr, "sandgate-vmm: %s\n", p.error().message().c_str());
+      return 1;
+    }
+    attach = std::move(*p);
+    io.outlive = true;
   }
   ::signal(SIGPIPE, SIG_IGN);
   // Into its cgroups before guest memory exists, so all of it is charged
@@ -172,7 +190,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "sandgate-vmm: %s\n", s.error().message().c_str());
     return 1;
   }
-  if (control_fd >= 0) std::thread([&machine, control_fd] { sg::vmm::serve_control(machine, control_fd); }).detach();
+  static sg::vmm::ControlHandOff control_handoff;  // lives as long as the detached threads
+  sg::vmm::ControlHandOff* next = outlive ? &control_handoff : nullptr;
+  if (control_fd >= 0)
+    std::thread([&machine, control_fd, next] { sg::vmm::serve_control(machine, control_fd, next); }).detach();
+  if (attach)
+    std::thread([&machine, fd = attach.get()] { sg::vmm::serve_attach(machine, fd, control_handoff); }).detach();
   std::string why = machine.wait();
   bool clean = why.find("reset") != std::string::npos || why.find("shut down") != std::string::npos ||
                why.find("closed") != std::string::npos || why.find("stop requested") != std::string::npos;

@@ -658,7 +658,7 @@ log "sandgate is up inside the guest; $url -> guest :8080 (guest uptime $(sed -n
 # --- the tests, from the host.
 # They run in the background so that a frozen outer guest (no heartbeat,
 # no answer) ends them at once instead of at each request's timeout.
-SANDGATE_E2E_URL=$url SANDGATE_E2E_KEY=$key SANDGATE_E2E_RUNTIME=$runtime \
+SANDGATE_E2E_URL=$url SANDGATE_HARNESS_CTL=$work/ctl.in SANDGATE_E2E_KEY=$key SANDGATE_E2E_RUNTIME=$runtime \
   SANDGATE_E2E_MODEL_URL=$model_url SANDGATE_E2E_MODEL_KEY=$model_key \
   timeout --kill-after=10 "$test_timeout" node --test --test-concurrency=1 \
   --test-reporter=tap --test-reporter-destination=stdout \

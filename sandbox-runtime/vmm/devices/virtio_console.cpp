@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -52,13 +53,58 @@ void VirtioConsole::set_paused(bool paused) {
   wake();
 }
 
+size_t VirtioConsole::FrameCursor::advance(const uint8_t* p, size_t n, bool stop_at_boundary) {
+  size_t used = 0;
+  while (used < n) {
+    if (payload_left > 0) {
+      size_t k = static_cast<size_t>(std::min<uint64_t>(payload_left, n - used));
+      payload_left -= k;
+      used += k;
+    } else {
+      hdr[hdr_have++] = p[used++];
+      if (hdr_have < sizeof hdr) continue;
+      hdr_have = 0;
+      payload_left = static_cast<uint64_t>(hdr[8]) | (static_cast<uint64_t>(hdr[9]) << 8) |
+                     (static_cast<uint64_t>(hdr[10]) << 16) | (static_cast<uint64_t>(hdr[11]) << 24);
+    }
+    if (stop_at_boundary && at_boundary()) break;
+  }
+  return used;
+}
+
+Status VirtioConsole::reattach(UniqueFd fd) {
+  int fl = ::fcntl(fd.get(), F_GETFL);
+  if (fl < 0 || ::fcntl(fd.get(), F_SETFL, fl | O_NONBLOCK) < 0) return sys::errno_error("fcntl O_NONBLOCK", "console socket");
+  {
+    auto lock = transport_->lock();
+    if (!disconnected_) return conflict_error("the console still has its host");
+    owned_fd_ = std::move(fd);
+    fd_ = owned_fd_.get();
+    // Guest bytes of a frame the old host got the start of go first.
+    resync_ = !out_cursor_.at_boundary();
+    disconnected_ = false;
+  }
+  wake();
+  return {};
+}
+
 void VirtioConsole::read_config(uint64_t, uint8_t* data, size_t len) { std::memset(data, 0, len); }
 
-void VirtioConsole::reset() { out_.clear(); }
+void VirtioConsole::reset() {
+  out_.clear();
+  out_cursor_ = {};
+  resync_ = false;
+  in_.clear();
+  in_whole_ = 0;
+  in_cursor_ = {};
+}
 
 void VirtioConsole::disconnect(const std::string& why) {
   if (disconnected_) return;
   disconnected_ = true;
+  // The frame the host was sending when it went: never seen by the guest.
+  in_.resize(in_whole_);
+  in_cursor_ = {};
   if (on_disconnect_) on_disconnect_(why);
 }
 
@@ -93,6 +139,12 @@ void VirtioConsole::take_tx(VirtioMmio& t) {
 
 void VirtioConsole::flush_out() {
   while (!out_.empty() && !disconnected_) {
+    if (resync_) {
+      size_t k = out_cursor_.advance(reinterpret_cast<const uint8_t*>(out_.data()), out_.size(), true);
+      out_.erase(0, k);
+      if (out_cursor_.at_boundary()) resync_ = false;
+      continue;
+    }
     ssize_t n = ::write(fd_, out_.data(), out_.size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
@@ -101,49 +153,59 @@ void VirtioConsole::flush_out() {
       return;
     }
     to_host_ += static_cast<uint64_t>(n);
+    out_cursor_.advance(reinterpret_cast<const uint8_t*>(out_.data()), static_cast<size_t>(n), false);
     out_.erase(0, static_cast<size_t>(n));
   }
 }
 
+// Reads what the host sent into in_ (while there is room), then hands
+// the whole frames in it to the guest.
 void VirtioConsole::fill_rx(VirtioMmio& t) {
-  if (!t.active() || disconnected_) return;
-  Virtqueue& q = t.queue(0);
-  const GuestMemory& mem = t.memory();
-  bool any = false;
-  for (;;) {
-    auto c = q.pop(mem);
-    if (!c) break;
-    if (!c->valid) {
-      q.add_used(mem, c->head, 0);
-      any = true;
-      continue;
-    }
-    struct iovec iov[64];
-    int n_iov = 0;
-    for (const Descriptor& d : c->descs)
-      if (d.write && d.len > 0 && n_iov < 64) iov[n_iov++] = {mem.span(d.addr, d.len), d.len};
-    if (n_iov == 0) {
-      q.add_used(mem, c->head, 0);
-      any = true;
-      continue;
-    }
-    ssize_t n = ::readv(fd_, iov, n_iov);
-    if (n < 0 && errno == EINTR) {
-      q.undo_pop();
-      continue;
-    }
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      q.undo_pop();
-      break;
-    }
+  if (!t.active()) return;
+  while (!disconnected_ && in_.size() < kInMax) {
+    char buf[kInMax];
+    ssize_t n = ::read(fd_, buf, kInMax - in_.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (n <= 0) {
-      q.undo_pop();
       disconnect(n == 0 ? "the host closed the channel" : std::string("read from the host channel: ") + std::strerror(errno));
       break;
     }
-    to_guest_ += static_cast<uint64_t>(n);
-    q.add_used(mem, c->head, static_cast<uint32_t>(n));
+    size_t pos = in_.size();
+    in_.append(buf, static_cast<size_t>(n));
+    while (pos < in_.size()) {
+      pos += in_cursor_.advance(reinterpret_cast<const uint8_t*>(in_.data()) + pos, in_.size() - pos, true);
+      if (in_cursor_.at_boundary()) in_whole_ = pos;
+    }
+  }
+  deliver(t);
+}
+
+void VirtioConsole::deliver(VirtioMmio& t) {
+  if (!t.active() || in_whole_ == 0) return;
+  Virtqueue& q = t.queue(0);
+  const GuestMemory& mem = t.memory();
+  bool any = false;
+  size_t done = 0;
+  while (done < in_whole_) {
+    auto c = q.pop(mem);
+    if (!c) break;
     any = true;
+    size_t put = 0;
+    if (c->valid)
+      for (const Descriptor& d : c->descs) {
+        if (!d.write || d.len == 0 || done + put >= in_whole_) continue;
+        size_t k = std::min<size_t>(d.len, in_whole_ - done - put);
+        std::memcpy(mem.span(d.addr, d.len), in_.data() + done + put, k);
+        put += k;
+      }
+    done += put;
+    q.add_used(mem, c->head, static_cast<uint32_t>(put));
+  }
+  if (done > 0) {
+    to_guest_ += done;
+    in_.erase(0, done);
+    in_whole_ -= done;
   }
   if (q.broken()) t.needs_reset();
   if (any) t.signal_used(0);
@@ -165,11 +227,14 @@ void VirtioConsole::queue_notify(VirtioMmio& t, size_t queue) {
 void VirtioConsole::loop() {
   while (!stopping_) {
     short events = 0;
+    int fd = -1;
     {
       auto lock = transport_->lock();
+      if (!paused_ && transport_->active() && in_whole_ > 0 && transport_->queue(0).has_available(transport_->memory()))
+        deliver(*transport_);  // frames that came before the host went reach the guest still
       if (!paused_ && !disconnected_ && transport_->active()) {
         if (!out_.empty()) events |= POLLOUT;
-        if (transport_->queue(0).has_available(transport_->memory())) events |= POLLIN;
+        if (in_.size() < kInMax) events |= POLLIN;
         // Guest output waiting in the ring while the buffer was full: one
         // round is not enough when the socket takes the whole buffer, so
         // go on while the ring has chains and take_tx takes some.
@@ -182,8 +247,9 @@ void VirtioConsole::loop() {
         }
         if (!out_.empty()) events |= POLLOUT;
       }
+      fd = fd_;
     }
-    struct pollfd p[2] = {{wake_fd_.get(), POLLIN, 0}, {fd_, events, 0}};
+    struct pollfd p[2] = {{wake_fd_.get(), POLLIN, 0}, {fd, events, 0}};
     int n = ::poll(p, events ? 2 : 1, -1);
     if (n < 0 && errno != EINTR) {
       LOG_ERROR("vmm: console poll: " << std::strerror(errno));
@@ -195,7 +261,7 @@ void VirtioConsole::loop() {
     }
     if (!events || !p[1].revents) continue;
     auto lock = transport_->lock();
-    if (paused_) continue;
+    if (paused_ || disconnected_ || fd != fd_) continue;  // a host went (or came) meanwhile
     if (p[1].revents & POLLOUT) {
       flush_out();
       take_tx(*transport_);

@@ -105,8 +105,9 @@ std::string handle_control(Machine& m, const std::string& cmd, int* fd_out, std:
   return "error: unknown command \"" + cmd.substr(0, 64) + "\"";
 }
 
-void serve_control(Machine& m, int fd) {
+void serve_control(Machine& m, int fd, ControlHandOff* next) {
   char buf[4096];
+  UniqueFd current;  // a new host's socket, once one came
   for (;;) {
     // Up to two descriptors ride with a command (snapshot-fds); any other
     // count, or with another command, is closed unused.
@@ -131,8 +132,16 @@ void serve_control(Machine& m, int fd) {
     }
     if (mh.msg_flags & MSG_CTRUNC) fds_in.clear();  // some were dropped: use none
     if (n <= 0) {
-      m.stop(n == 0 ? "control socket closed" : std::string("control socket: ") + std::strerror(errno));
-      return;
+      std::string why = n == 0 ? "control socket closed" : std::string("control socket: ") + std::strerror(errno);
+      if (!next) {
+        m.stop(why);
+        return;
+      }
+      // The host is gone; the machine runs on until the next one attaches.
+      LOG_INFO("vmm: " << why << "; waiting for the next host");
+      current = next->take();
+      fd = current.get();
+      continue;
     }
     std::string cmd(buf, static_cast<size_t>(n));
     int out_fd = -1;
@@ -140,7 +149,7 @@ void serve_control(Machine& m, int fd) {
     bool sent = send_reply(fd, r, out_fd);
     // The uffd is ours to close once passed; the memfd stays the machine's.
     if (out_fd >= 0 && (cmd == "uffd" || cmd == "release-memory")) ::close(out_fd);
-    if (!sent) {
+    if (!sent && !next) {
       m.stop("control socket: reply failed");
       return;
     }

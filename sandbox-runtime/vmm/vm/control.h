@@ -26,6 +26,7 @@
 
 #include "base/fd.h"
 
+#include "sandbox-runtime/vmm/vm/attach.h"
 #include "sandbox-runtime/vmm/vm/machine.h"
 
 namespace sg::vmm {
@@ -33,7 +34,9 @@ namespace sg::vmm {
 // Handles one command; fd_out receives an fd to pass back (or -1).
 // fds_in: the descriptors that came with the command (or null).
 std::string handle_control(Machine& m, const std::string& cmd, int* fd_out, std::vector<UniqueFd>* fds_in = nullptr);
-// Serves fd until EOF/error or until the machine stops.
-void serve_control(Machine& m, int fd);
+// Serves fd until EOF/error or until the machine stops. With next (the
+// VMM outlives its host), EOF is the host going: it serves the socket the
+// next host brings instead (attach.h), for the machine's life.
+void serve_control(Machine& m, int fd, ControlHandOff* next = nullptr);
 
 }  // namespace sg::vmm

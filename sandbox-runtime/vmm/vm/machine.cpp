@@ -125,7 +125,12 @@ Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::strin
   if (::fstat(disk_fd_.get(), &st) != 0) return sys::errno_error("fstat", disk);
   blk_ = std::make_unique<VirtioBlk>(disk_fd_.get(), static_cast<uint64_t>(st.st_size), disk_ro, "sandgate-root");
   blk_mmio_ = std::make_unique<VirtioMmio>(mem_, *irqs_[1], *blk_);
-  console_ = std::make_unique<VirtioConsole>(io.channel_fd, [this](const std::string& why) { stop(why); });
+  if (io.outlive)
+    console_ = std::make_unique<VirtioConsole>(io.channel_fd, [](const std::string& why) {
+      LOG_INFO("vmm: the host is gone (" << why << "); the machine runs on and waits for the next one");
+    });
+  else
+    console_ = std::make_unique<VirtioConsole>(io.channel_fd, [this](const std::string& why) { stop(why); });
   console_mmio_ = std::make_unique<VirtioMmio>(mem_, *irqs_[2], *console_);
   if (Status s = mmio_.add(kVirtioBlkBase, kVirtioMmioWindow, blk_mmio_.get()); !s) return s;
   if (Status s = mmio_.add(kVirtioConsoleBase, kVirtioMmioWindow, console_mmio_.get()); !s) return s;
@@ -335,6 +340,8 @@ Result<int> Machine::release_memory(uint64_t* features) {
   if (!r && r.error().kind() == ErrorKind::kInternal) stop("guest RAM lost in a memory release: " + r.error().message());
   return r;
 }
+
+Status Machine::reattach_channel(UniqueFd fd) { return console_->reattach(std::move(fd)); }
 
 void Machine::stop(const std::string& why) {
   {

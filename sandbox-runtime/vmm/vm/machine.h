@@ -60,6 +60,9 @@ struct BootConfig {
 struct IoConfig {
   int channel_fd = -1;  // host end of the console (borrowed)
   int serial_fd = -1;   // where the guest's serial output goes (borrowed), -1: dropped
+  // The host going (channel EOF) does not stop the machine: it runs on
+  // and waits for reattach_channel() (sandgate-vmm --outlive).
+  bool outlive = false;
 };
 
 // The CPUID a vCPU runs with: KVM's supported set with the hypervisor bit
@@ -126,6 +129,8 @@ class Machine {
   // -1. A failure after the remap stops the machine: its RAM is gone.
   Result<int> release_memory(uint64_t* features);
   void stop(const std::string& why);
+  // A new host's end of the console after the old host went (IoConfig::outlive).
+  Status reattach_channel(UniqueFd fd);
   // Blocks until kStopped; returns why it stopped.
   std::string wait();
   State state();

@@ -35,6 +35,15 @@ namespace {
 
 constexpr size_t kRx = 0, kTx = 1;
 
+// A channel frame (docs/channel.md) on stream 0 carrying payload: the
+// console hands the guest whole frames only.
+std::string frame(const std::string& payload) {
+  std::string h(12, '\0');
+  uint32_t n = static_cast<uint32_t>(payload.size());
+  for (int i = 0; i < 4; ++i) h[8 + i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return h + payload;
+}
+
 // The VMM ignores SIGPIPE (main.cpp); the device relies on it when the
 // host end goes away while it writes.
 struct IgnoreSigpipe {
@@ -140,38 +149,92 @@ TEST_CASE("virtio-console: guest bytes reach the host end") {
   CHECK(f.host_read(2) == "AB");
 }
 
-TEST_CASE("virtio-console: host bytes land in posted receive buffers") {
+TEST_CASE("virtio-console: host frames land in posted receive buffers") {
   Fixture f;
   uint16_t h1 = f.drv.add_chain(kRx, {{kDataBase, 16, true}});
   uint16_t h2 = f.drv.add_chain(kRx, {{kDataBase + 0x1000, 8, true}, {kDataBase + 0x2000, 8, true}});
   f.drv.notify(kRx);
   int irqs = f.irq.count();
-  f.host_write("abcdefghij");
+  const std::string a = frame("ab");  // 14 bytes
+  f.host_write(a);
   REQUIRE(f.wait_used(kRx, 1));
-  CHECK(f.drv.ring(kRx).used_elem(0) == std::pair<uint32_t, uint32_t>{h1, 10});
-  CHECK(f.guest_bytes(kDataBase, 10) == "abcdefghij");
+  CHECK(f.drv.ring(kRx).used_elem(0) == std::pair<uint32_t, uint32_t>{h1, 14});
+  CHECK(f.guest_bytes(kDataBase, 14) == a);
   CHECK(f.irq.count() > irqs);
   CHECK((f.drv.ack_interrupt() & 1) != 0);
 
-  f.host_write("0123456789ABCDEFGHIJ");  // 20 bytes, 16 of room
+  const std::string b = frame("0123456789ABCDEFGHIJ");  // 32 bytes, 16 of room
+  f.host_write(b);
   REQUIRE(f.wait_used(kRx, 2));
   CHECK(f.drv.ring(kRx).used_elem(1) == std::pair<uint32_t, uint32_t>{h2, 16});
-  CHECK(f.guest_bytes(kDataBase + 0x1000, 8) == "01234567");
-  CHECK(f.guest_bytes(kDataBase + 0x2000, 8) == "89ABCDEF");
+  CHECK(f.guest_bytes(kDataBase + 0x1000, 8) == b.substr(0, 8));
+  CHECK(f.guest_bytes(kDataBase + 0x2000, 8) == b.substr(8, 8));
 
   uint16_t h3 = f.drv.add_chain(kRx, {{kDataBase + 0x3000, 64, true}});
-  f.drv.notify(kRx);  // the rest waited in the socket for this buffer
+  f.drv.notify(kRx);  // the rest waited for this buffer
   REQUIRE(f.wait_used(kRx, 3));
-  CHECK(f.drv.ring(kRx).used_elem(2) == std::pair<uint32_t, uint32_t>{h3, 4});
-  CHECK(f.guest_bytes(kDataBase + 0x3000, 4) == "GHIJ");
-  CHECK(f.console.bytes_to_guest() == 30);
+  CHECK(f.drv.ring(kRx).used_elem(2) == std::pair<uint32_t, uint32_t>{h3, 16});
+  CHECK(f.guest_bytes(kDataBase + 0x3000, 16) == b.substr(16));
+  CHECK(f.console.bytes_to_guest() == 46);
 
   // A receive chain with no writable buffer is returned empty.
   uint16_t h4 = f.drv.add_chain(kRx, {{kDataBase, 16, false}});
-  f.host_write("z");
+  f.host_write(frame("z"));
   f.drv.notify(kRx);
   REQUIRE(f.wait_used(kRx, 4));
   CHECK(f.drv.ring(kRx).used_elem(3) == std::pair<uint32_t, uint32_t>{h4, 0});
+}
+
+TEST_CASE("virtio-console: the guest gets only whole frames; a host that dies mid-frame leaves none of it") {
+  Fixture f;
+  f.drv.add_chain(kRx, {{kDataBase, 64, true}});
+  f.drv.notify(kRx);
+  const std::string whole = frame("whole"), cut = frame("cut short");
+  f.host_write(whole + cut.substr(0, 15));
+  REQUIRE(f.wait_used(kRx, 1));
+  CHECK(f.drv.ring(kRx).used_elem(0).second == whole.size());
+  CHECK(f.guest_bytes(kDataBase, whole.size()) == whole);
+  f.host.reset();
+  REQUIRE(f.disconnects.wait_until([&] { return f.disconnects.count() >= 1; }));
+  f.drv.add_chain(kRx, {{kDataBase + 0x1000, 64, true}});
+  f.drv.notify(kRx);
+  CHECK(!f.irq.wait_until([&] { return f.used(kRx) >= 2; }, 150ms));
+  CHECK(f.console.bytes_to_guest() == whole.size());
+}
+
+TEST_CASE("virtio-console: a new host after reattach gets the guest's output from the next frame boundary") {
+  Fixture f;
+  // The guest sends a whole frame and 20 bytes of the next one; the host
+  // reads the first frame and 5 bytes of the second, then dies.
+  const std::string first = frame("first"), second = frame(std::string(40, 's')), third = frame("third");
+  f.put(kDataBase, first + second.substr(0, 20));
+  f.drv.add_chain(kTx, {{kDataBase, static_cast<uint32_t>(first.size() + 20), false}});
+  f.drv.notify(kTx);
+  CHECK(f.host_read(first.size() + 5) == first + second.substr(0, 5));
+  f.host.reset();
+  // The guest goes on writing; nobody reads until a host attaches.
+  f.put(kDataBase + 0x1000, second.substr(20) + third);
+  f.drv.add_chain(kTx, {{kDataBase + 0x1000, static_cast<uint32_t>(second.size() - 20 + third.size()), false}});
+  f.drv.notify(kTx);
+  REQUIRE(f.disconnects.wait_until([&] { return f.disconnects.count() >= 1; }));
+  // Not before the old one is gone: a second host for a live one is refused.
+  int sv[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) == 0);
+  UniqueFd new_host(sv[0]);
+  REQUIRE(f.console.reattach(UniqueFd(sv[1])).ok());
+  f.host = std::move(new_host);
+  // What the new host reads starts at a frame: the rest of the cut one is gone.
+  CHECK(f.host_read(third.size()) == third);
+  // And host -> guest works on the new socket.
+  f.drv.add_chain(kRx, {{kDataBase + 0x2000, 64, true}});
+  f.drv.notify(kRx);
+  f.host_write(frame("hello"));
+  REQUIRE(f.wait_used(kRx, 1));
+  CHECK(f.guest_bytes(kDataBase + 0x2000, 17) == frame("hello"));
+  int sv2[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv2) == 0);
+  UniqueFd keep(sv2[0]);
+  CHECK(f.console.reattach(UniqueFd(sv2[1])).error().kind() == ErrorKind::kConflict);
 }
 
 TEST_CASE("virtio-console: a host that stops reading stops the guest's output at the bound") {
@@ -240,15 +303,15 @@ TEST_CASE("virtio-console: while paused the I/O thread moves no data") {
   f.drv.add_chain(kRx, {{kDataBase, 16, true}});
   f.drv.notify(kRx);
   f.console.set_paused(true);
-  f.host_write("ping");
+  f.host_write(frame("ping"));
   CHECK(!f.irq.wait_until([&] { return f.used(kRx) >= 1; }, 150ms));
   int queued = 0;
   REQUIRE(::ioctl(f.dev.get(), FIONREAD, &queued) == 0);
-  CHECK(queued == 4);  // still in the socket
+  CHECK(queued == 16);  // still in the socket
   f.console.set_paused(false);
   REQUIRE(f.wait_used(kRx, 1));
-  CHECK(f.drv.ring(kRx).used_elem(0).second == 4);
-  CHECK(f.guest_bytes(kDataBase, 4) == "ping");
+  CHECK(f.drv.ring(kRx).used_elem(0).second == 16);
+  CHECK(f.guest_bytes(kDataBase, 16) == frame("ping"));
 
   // Pending output is not flushed while paused either.
   constexpr uint32_t kChain = 64 * 1024;

@@ -1,0 +1,122 @@
+// Issue 21 item 1 on microVMs, in the KVM harness (tests/kvm-harness): the
+// running microVMs outlive sandgate. The harness's outer guest kills
+// sandgate (SIGKILL, as a crash) or stops it (SIGTERM, as an upgrade) and
+// starts it again on the same data directory (SANDGATE_HARNESS_CTL: the
+// harness's control port); the next sandgate takes every VMM back
+// (sandgate-vmm --outlive, docs/vmm.md "Restarts"), and each sandbox
+// answers through the official E2B JS SDK with its files, its running
+// background process and that process's memory. A sandbox paused to disk
+// stays paused and resumes with its memory after the restarts.
+//
+// Runs only in harness mode (it needs the harness to restart sandgate);
+// CTest kvm_harness_e2e runs it last, after kvm.test.mjs and kvm_llm.test.mjs.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { Sandbox } from 'e2b';
+
+const remote = process.env.SANDGATE_E2E_URL;
+const ctl = process.env.SANDGATE_HARNESS_CTL;
+const N = 3;  // microVMs of 512 MiB in the harness's 4 GiB outer guest
+
+if (!remote || !ctl) {
+  test('kvm restart (harness mode only)', { skip: 'needs tests/kvm-harness/harness.sh (SANDGATE_HARNESS_CTL)' }, () => {});
+} else {
+  const opts = { apiUrl: remote, sandboxUrl: remote, apiKey: process.env.SANDGATE_E2E_KEY, requestTimeoutMs: 120_000 };
+  const boxes = [];  // { id, pid, sum }
+  let pausedId, pausedPid, pausedSum;
+
+  // A process that keeps 4 MiB of random bytes only in its memory and
+  // writes their checksum to the file it is given on SIGUSR1.
+  const memProc = 'import hashlib, os, signal, sys\n' +
+    'b = os.urandom(4 << 20)\n' +
+    'out = sys.argv[1]\n' +
+    'open(out, "w").write(hashlib.sha256(b).hexdigest())\n' +
+    'def again(*_):\n' +
+    '    open(out + ".tmp", "w").write(hashlib.sha256(b).hexdigest())\n' +
+    '    os.rename(out + ".tmp", out)\n' +
+    'signal.signal(signal.SIGUSR1, again)\n' +
+    'while True:\n' +
+    '    signal.pause()\n';
+
+  async function waitFile(s, path) {
+    const deadline = Date.now() + 120_000;
+    while (!(await s.files.exists(path))) {
+      if (Date.now() > deadline) assert.fail(`${path} never appeared in ${s.sandboxId}`);
+      await s.commands.run('sleep 0.2');
+    }
+    return s.files.read(path);
+  }
+
+  // The process's checksum now, asked with SIGUSR1 (it rewrites /tmp/sum).
+  async function sumNow(s, pid) {
+    await s.commands.run(`rm -f /tmp/sum; kill -USR1 ${pid}`, { timeoutMs: 120_000 });
+    return waitFile(s, '/tmp/sum');
+  }
+
+  async function startMemProc(s, out) {
+    await s.files.write('/home/user/mem.py', memProc);
+    const h = await s.commands.run(`python3 /home/user/mem.py ${out}`, { background: true, timeoutMs: 0 });
+    await h.disconnect();
+    return { pid: h.pid, sum: await waitFile(s, out) };
+  }
+
+  // Asks the harness to end sandgate (SIGKILL or SIGTERM) and start it
+  // again; returns once the old one is gone (an idle connection to it
+  // closes) and the new one answers.
+  async function restart(kind) {
+    const u = new URL(remote);
+    const sock = net.connect(Number(u.port), u.hostname);
+    sock.on('error', () => {});
+    await new Promise((res, rej) => { sock.once('connect', res); sock.once('error', rej); });
+    const closed = new Promise((res) => sock.once('close', res));
+    writeFileSync(ctl, `restart-${kind}\n`);
+    await Promise.race([closed, new Promise((_, rej) => setTimeout(() => rej(new Error(`sandgate did not go within 120 s of restart-${kind}`)), 120_000))]);
+    const deadline = Date.now() + 300_000;
+    for (;;) {
+      try {
+        const r = await fetch(`${remote}/health`, { signal: AbortSignal.timeout(5000) });
+        if (r.ok) return;
+      } catch {}
+      if (Date.now() > deadline) assert.fail(`sandgate did not come back within 300 s after restart-${kind}`);
+      await new Promise((r) => setTimeout(r, 250));  // polling a server coming up, not synchronising
+    }
+  }
+
+  async function checkAll(label) {
+    for (const b of boxes) {
+      const s = await Sandbox.connect(b.id, opts);
+      assert.equal((await s.getInfo()).state, 'running', `${label}: ${b.id}`);
+      assert.equal(await s.files.read('/home/user/kept.txt'), `kept ${b.id}\n`, `${label}: ${b.id} file`);
+      assert.equal(await sumNow(s, b.pid), b.sum, `${label}: ${b.id} process memory`);
+    }
+  }
+
+  test(`${N} microVMs with files and a process in memory survive SIGKILL and SIGTERM of sandgate; a paused one stays paused`, { timeout: 1_200_000 }, async () => {
+    for (let i = 0; i < N; i++) {
+      const s = await Sandbox.create('base', { ...opts, timeoutMs: 1_200_000 });
+      await s.files.write('/home/user/kept.txt', `kept ${s.sandboxId}\n`);
+      const { pid, sum } = await startMemProc(s, '/tmp/sum');
+      boxes.push({ id: s.sandboxId, pid, sum });
+    }
+    const p = await Sandbox.create('base', { ...opts, timeoutMs: 1_200_000 });
+    ({ pid: pausedPid, sum: pausedSum } = await startMemProc(p, '/tmp/sum'));
+    assert.equal(await p.pause(), true);
+    pausedId = p.sandboxId;
+
+    await restart('kill');
+    await checkAll('after SIGKILL');
+    assert.equal((await Sandbox.getInfo(pausedId, opts)).state, 'paused');
+
+    await restart('term');
+    await checkAll('after SIGTERM');
+    assert.equal((await Sandbox.getInfo(pausedId, opts)).state, 'paused');
+
+    const back = await Sandbox.connect(pausedId, opts);
+    assert.equal((await back.getInfo()).state, 'running');
+    assert.equal(await sumNow(back, pausedPid), pausedSum, 'the paused one resumes with its process memory');
+    await back.kill();
+    for (const b of boxes) await Sandbox.kill(b.id, opts);
+  });
+}
