@@ -35,7 +35,8 @@ LAYERS = {
     'sandbox-runtime/agent': ['sandbox-runtime/channel'],
     'sandbox-runtime/host': ['sandbox-runtime/channel', 'sandbox-runtime/runtime.h'],
     'sandbox-runtime/process': ['sandbox-runtime/host', 'sandbox-runtime/templates'],
-    'sandbox-runtime/microvm': ['sandbox-runtime/host'],
+    # The runtime that starts sandgate-vmm speaks its attach protocol (vm/attach_protocol.h).
+    'sandbox-runtime/microvm': ['sandbox-runtime/host', 'sandbox-runtime/vmm'],
     'wait-engine/metrics': ['base'],
     'wait-engine/coordinator': ['wait-engine/metrics'],
     'wait-engine/memory': ['wait-engine/metrics', 'storage', 'sandbox-runtime/lifecycle'],

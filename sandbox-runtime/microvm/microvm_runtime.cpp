@@ -1086,6 +1086,10 @@ class MicrovmRuntime final : public runtime::Runtime {
     sb->new_host();
     if (Status c = configure(*sb, spec); !c) {
       std::string why = c.error().message();
+      // A VMM that could not restore the snapshot exits at once; its
+      // channel may close a moment before it can be reaped.
+      for (int i = 0; i < 100 && sb->alive(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a process state
       if (!sb->alive()) why += "; sandgate-vmm: " + sys::read_tail(dir + "/vmm.log", 600);
       LOG_WARN("sandbox " << spec.id << ": restore from " << snap << " failed: " << why << "; serial console: "
                           << sys::read_tail(dir + "/serial.log", 3000));

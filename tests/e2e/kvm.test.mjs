@@ -1,7 +1,6 @@
 // The unmodified official E2B JS SDK against sandgate's KVM runtime: create,
 // commands, files, pause (to disk) and resume with Sandbox.connect (a file
-// and a running background process survive), a snapshot and a fork of 4
-// (files, a running process and its memory), kill, list; a template built with
+// and a running background process survive), kill, list; a template built with
 // Template.build() (steps in process sandboxes) booting as a microVM with
 // its start command.
 //
@@ -139,89 +138,6 @@ if (skip) {
     await counterAdvances(again);
     assert.equal((await again.commands.run('echo after resume')).stdout, 'after resume\n');
     sbx = again;
-  });
-
-  // Issue 21 on microVMs: a snapshot and a fork carry the sandbox's memory
-  // and running processes (a clone of a VM snapshot), not only its files.
-  // The proof is a process that holds 8 MiB of random bytes only in its
-  // memory and, on SIGUSR1, writes their checksum again.
-  const memProc = 'import hashlib, os, signal\n' +
-    'b = os.urandom(8 << 20)\n' +
-    'h = hashlib.sha256(b).hexdigest()\n' +
-    'open("/tmp/mem-sum", "w").write(h)\n' +
-    'def again(*_):\n' +
-    '    open("/tmp/mem-sum-now.tmp", "w").write(hashlib.sha256(b).hexdigest())\n' +
-    '    os.rename("/tmp/mem-sum-now.tmp", "/tmp/mem-sum-now")\n' +
-    'signal.signal(signal.SIGUSR1, again)\n' +
-    'while True:\n' +
-    '    signal.pause()\n';
-  let memPid, memSum;
-
-  // Asks the memory process in s for its checksum now; returns it.
-  async function memSumNow(s) {
-    await s.commands.run(`rm -f /tmp/mem-sum-now; kill -USR1 ${memPid}`, { timeoutMs: 120_000 });
-    const deadline = Date.now() + 120_000;
-    while (!(await s.files.exists('/tmp/mem-sum-now'))) {
-      if (Date.now() > deadline) assert.fail(`pid ${memPid} did not answer SIGUSR1 in ${s.sandboxId}`);
-      await s.commands.run('sleep 0.2');
-    }
-    return s.files.read('/tmp/mem-sum-now');
-  }
-
-  test('snapshot of a microVM: a sandbox made from it runs on with the memory and processes; the parent too', { timeout: 600_000 }, async () => {
-    await sbx.files.write('/home/user/mem.py', memProc);
-    const h = await sbx.commands.run('python3 /home/user/mem.py', { background: true, timeoutMs: 0 });
-    memPid = h.pid;
-    await h.disconnect();
-    const deadline = Date.now() + 120_000;
-    while (!(await sbx.files.exists('/tmp/mem-sum'))) {
-      if (Date.now() > deadline) assert.fail('the memory process never wrote /tmp/mem-sum');
-      await sbx.commands.run('sleep 0.2');
-    }
-    memSum = await sbx.files.read('/tmp/mem-sum');
-    assert.match(memSum, /^[0-9a-f]{64}$/);
-    assert.equal(await memSumNow(sbx), memSum);
-
-    const snap = await sbx.createSnapshot({ requestTimeoutMs: 600_000 });
-    assert.match(snap.snapshotId, /^[a-z0-9]{20}:default$/);
-    // The parent runs on, its process and streams too.
-    await counterAdvances(sbx);
-    assert.equal((await sbx.commands.run('echo parent')).stdout, 'parent\n');
-
-    const child = await Sandbox.create(snap.snapshotId, { ...opts, timeoutMs: 300_000 });
-    try {
-      assert.notEqual(child.sandboxId, sbx.sandboxId);
-      assert.equal(await child.files.read('/home/user/state.txt').then((t) => t.slice(0, 12)), 'kvm harness\n');
-      assert.equal(await memSumNow(child), memSum, 'the child has the process and its memory');
-      await counterAdvances(child);
-      // Its own from here on.
-      await child.files.write('/home/user/child-only', 'c');
-      await assert.rejects(sbx.files.read('/home/user/child-only'));
-    } finally {
-      await child.kill().catch(() => {});
-    }
-    assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, opts), true);
-  });
-
-  test('fork of 4 microVMs: each has the parent\'s files, its running process and that process\'s memory', { timeout: 900_000 }, async () => {
-    const results = await sbx.fork({ count: 4, timeoutMs: 300_000, requestTimeoutMs: 900_000 });
-    assert.equal(results.length, 4);
-    const ids = new Set();
-    try {
-      for (const f of results) {
-        assert.ok(f instanceof Sandbox, String(f));
-        ids.add(f.sandboxId);
-        assert.equal(await f.files.read('/home/user/state.txt').then((t) => t.slice(0, 12)), 'kvm harness\n');
-        assert.equal(await memSumNow(f), memSum, `fork ${f.sandboxId} has the process's memory`);
-        await f.files.write('/home/user/own', f.sandboxId);
-      }
-      assert.equal(ids.size, 4);
-      assert.ok(!ids.has(sbx.sandboxId));
-      for (const f of results) assert.equal(await f.files.read('/home/user/own'), f.sandboxId);
-      assert.equal(await memSumNow(sbx), memSum, 'the parent runs on');
-    } finally {
-      for (const f of results) if (f instanceof Sandbox) await f.kill().catch(() => {});
-    }
   });
 
   test('kill, and list shows it gone', STEP, async () => {

@@ -9,7 +9,7 @@
 // stays paused and resumes with its memory after the restarts.
 //
 // Runs only in harness mode (it needs the harness to restart sandgate);
-// CTest kvm_harness_e2e runs it last, after kvm.test.mjs and kvm_llm.test.mjs.
+// CTest kvm_harness_durable runs it after kvm_durable.test.mjs, in the same boot.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -32,10 +32,10 @@ if (!remote || !ctl) {
   const memProc = 'import hashlib, os, signal, sys\n' +
     'b = os.urandom(4 << 20)\n' +
     'out = sys.argv[1]\n' +
-    'open(out, "w").write(hashlib.sha256(b).hexdigest())\n' +
     'def again(*_):\n' +
     '    open(out + ".tmp", "w").write(hashlib.sha256(b).hexdigest())\n' +
     '    os.rename(out + ".tmp", out)\n' +
+    'again()\n' +
     'signal.signal(signal.SIGUSR1, again)\n' +
     'while True:\n' +
     '    signal.pause()\n';

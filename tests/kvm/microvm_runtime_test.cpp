@@ -251,6 +251,78 @@ TEST_CASE("unjailed VMMs (--vmm-jail off): the template writes its snapshot to t
   CHECK((*a)->kill());
 }
 
+TEST_CASE("a sandbox's microVM snapshot: taken with a stream open, clones run from it configured as themselves; damaged ones are refused") {
+  auto cfg = testing::kvm_test_config("vmsnap", true);
+  auto rt = microvm::make_microvm_runtime(cfg);
+  REQUIRE(rt->cleanup_stale());
+  CHECK(rt->snapshots_memory());
+  auto a = rt->create(spec_for("vmsnapa0000000000000"));
+  REQUIRE_MESSAGE(a, (a ? "" : a.error().message()));
+  CHECK_ANSWERS(**a);
+  // A stream to envd open across the snapshot, half a request sent: the
+  // hold must not cut it on the parent.
+  auto open = (*a)->open_port(49983);
+  REQUIRE(open);
+  const std::string head = "GET /envs HTTP/1.1\r\nHost: x\r\n";
+  REQUIRE(::write(open->get(), head.data(), head.size()) == static_cast<ssize_t>(head.size()));
+  const std::string layer = cfg.state_root + "/layer-a";
+  (void)sys::remove_tree(layer);
+  Status exported = (*a)->export_layer(layer);
+  REQUIRE_MESSAGE(exported, (exported ? "" : exported.error().message()));
+  CHECK(runtime::is_vm_snapshot_layer(layer));
+  CHECK_FALSE(sys::path_exists(layer + "/vm.state.partial"));
+  const std::string rest = "Connection: close\r\nX-Access-Token: tok\r\n\r\n";
+  REQUIRE(::write(open->get(), rest.data(), rest.size()) == static_cast<ssize_t>(rest.size()));
+  std::string reply;
+  char buf[4096];
+  for (;;) {
+    struct pollfd p = {open->get(), POLLIN, 0};
+    if (::poll(&p, 1, 60000) <= 0) break;
+    ssize_t n = ::read(open->get(), buf, sizeof buf);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  CHECK_MESSAGE(reply.find("SANDGATE_TEST_VAR") != std::string::npos, reply.substr(0, 300));
+  CHECK_ANSWERS(**a);
+
+  // A clone of it: its own token and environment (configure again).
+  auto spec = spec_for("vmsnapb0000000000000");
+  spec.layers = {layer};
+  spec.envd_access_token = "tok2";
+  spec.env = {{"SANDGATE_TEST_VAR", "clone"}};
+  auto b = rt->create(spec);
+  REQUIRE_MESSAGE(b, (b ? "" : b.error().message()));
+  CHECK_ANSWERS(**b);
+  std::string envs = envd_exchange(**b, "GET /envs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Access-Token: tok2\r\n\r\n", 60000);
+  CHECK_MESSAGE(envs.find("\"clone\"") != std::string::npos, envs.substr(0, 300));
+  CHECK(envd_get(**b, "/envs").find(" 401 ") != std::string::npos);  // the parent's token is not the clone's
+  CHECK((*b)->kill());
+
+  // Damaged: vm.state cut short, memory of another size. Refused, named.
+  for (int damage = 0; damage < 2; ++damage) {
+    const std::string bad = cfg.state_root + "/layer-bad" + std::to_string(damage);
+    (void)sys::remove_tree(bad);
+    REQUIRE(sys::make_dirs(bad, 0700));
+    auto state = sys::read_file(layer + "/vm.state", 64u << 20);
+    REQUIRE(state);
+    if (damage == 0) {
+      REQUIRE(::link((layer + "/memory").c_str(), (bad + "/memory").c_str()) == 0);
+      REQUIRE(sys::write_file(bad + "/vm.state", state->substr(0, 100)));
+    } else {
+      REQUIRE(sys::write_file(bad + "/memory", ""));
+      REQUIRE(::truncate((bad + "/memory").c_str(), 64 << 20) == 0);
+      REQUIRE(sys::write_file(bad + "/vm.state", *state));
+    }
+    auto s2 = spec_for("vmsnapc" + std::to_string(damage) + "000000000000");
+    s2.layers = {bad};
+    auto c = rt->create(s2);
+    REQUIRE_FALSE(c);
+    CHECK_MESSAGE(c.error().message().find(damage == 0 ? "vm.state" : "memory file size") != std::string::npos,
+                  c.error().message());
+  }
+  CHECK((*a)->kill());
+}
+
 namespace {
 int recv_fd(int sock, std::string* reply) {
   char buf[256];
