@@ -22,6 +22,7 @@ import assert from 'node:assert/strict';
 import { accessSync, constants } from 'node:fs';
 import { spawnSync } from 'node:child_process';
 import { dirname, join } from 'node:path';
+import { counterAdvances } from './kvm_common.mjs';
 import { Sandbox, SandboxNotFoundError, Template, waitForPort } from 'e2b';
 import { startSandgate } from './server.mjs';
 
@@ -59,19 +60,6 @@ if (skip && !process.env.NODE_TEST_CONTEXT) {
 }
 
 let server, opts, sbx, counterPid;
-
-// Reads the background counter twice and checks it moved: the process runs
-// (is not merely present, e.g. still frozen).
-async function counterAdvances(s) {
-  const first = Number((await s.files.read('/tmp/counter')).trim());
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    const now = Number((await s.files.read('/tmp/counter')).trim());
-    if (now > first) return;
-    if (Date.now() > deadline) assert.fail(`/tmp/counter stuck at ${now} for 60 s`);
-    await s.commands.run('sleep 0.2');
-  }
-}
 
 if (skip) {
   test('kvm e2e (direct mode)', { skip }, () => {});

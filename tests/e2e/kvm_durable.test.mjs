@@ -8,22 +8,11 @@
 // kvm sandgate.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { counterAdvances } from './kvm_common.mjs';
 import { Sandbox } from 'e2b';
 
 const remote = process.env.SANDGATE_E2E_URL;
 const STEP = { timeout: 240_000 };
-
-// Reads the background counter twice and checks it moved: the process runs.
-async function counterAdvances(s) {
-  const first = Number((await s.files.read('/tmp/counter')).trim());
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    const now = Number((await s.files.read('/tmp/counter')).trim());
-    if (now > first) return;
-    if (Date.now() > deadline) assert.fail(`/tmp/counter stuck at ${now} for 60 s`);
-    await s.commands.run('sleep 0.2');
-  }
-}
 
 if (!remote) {
   test('kvm durable (harness mode only)', { skip: 'needs a kvm sandgate: SANDGATE_E2E_URL (tests/kvm-harness/harness.sh)' }, () => {});

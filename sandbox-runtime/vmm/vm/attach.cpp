@@ -44,6 +44,36 @@ Result<UniqueFd> make_attach_pair() {
   return mine;
 }
 
+ssize_t recv_with_fds(int sock, char* buf, size_t len, std::vector<UniqueFd>* fds, bool* truncated) {
+  fds->clear();
+  *truncated = false;
+  for (;;) {
+    struct iovec iov = {buf, len};
+    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
+    struct msghdr mh {};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = cbuf;
+    mh.msg_controllen = sizeof cbuf;
+    ssize_t n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0 && errno == EINTR) continue;
+    for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); n >= 0 && c; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < k; ++i) {
+        int f;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        fds->emplace_back(f);
+      }
+    }
+    if (n >= 0 && (mh.msg_flags & MSG_CTRUNC)) {
+      fds->clear();  // some were dropped: use none
+      *truncated = true;
+    }
+    return n;
+  }
+}
+
 namespace {
 
 void answer(int sock, const std::string& msg) {
@@ -59,31 +89,15 @@ void answer(int sock, const std::string& msg) {
 void serve_attach(Machine& m, int mine, ControlHandOff& control) {
   for (;;) {
     char buf[64];
-    struct iovec iov = {buf, sizeof buf};
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
-    struct msghdr mh {};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof cbuf;
-    ssize_t n = ::recvmsg(mine, &mh, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
+    std::vector<UniqueFd> fds;
+    bool truncated = false;
+    ssize_t n = recv_with_fds(mine, buf, sizeof buf, &fds, &truncated);
     if (n < 0) {
       LOG_ERROR("vmm: attach socket: " << std::strerror(errno) << "; no host can take this VM back");
       return;
     }
-    std::vector<UniqueFd> fds;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-        fds.emplace_back(f);
-      }
-    }
     if (n != static_cast<ssize_t>(sizeof kAttachHello) || std::memcmp(buf, kAttachHello, sizeof kAttachHello) != 0 ||
-        fds.size() != 2 || (mh.msg_flags & MSG_CTRUNC)) {
+        fds.size() != 2 || truncated) {
       answer(mine, "error: want the attach hello with a console and a control socket");
       continue;
     }

@@ -17,6 +17,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <vector>
 
 #include "base/fd.h"
 #include "base/status.h"
@@ -38,6 +39,12 @@ class ControlHandOff {
   std::condition_variable cv_;
   UniqueFd fd_;  // GUARDED_BY(mu_)
 };
+
+// One message from a SOCK_SEQPACKET socket with at most two descriptors
+// (SCM_RIGHTS) into fds; descriptors that came with a truncated control
+// part are closed and *truncated set. Returns recvmsg's result (EINTR
+// retried).
+ssize_t recv_with_fds(int sock, char* buf, size_t len, std::vector<UniqueFd>* fds, bool* truncated);
 
 // Makes the pair: one end on kAttachFd (which must be free), the other
 // returned.

@@ -111,26 +111,9 @@ void serve_control(Machine& m, int fd, ControlHandOff* next) {
   for (;;) {
     // Up to two descriptors ride with a command (snapshot-fds); any other
     // count, or with another command, is closed unused.
-    struct iovec iov = {buf, sizeof buf};
-    alignas(struct cmsghdr) char cbuf[CMSG_SPACE(2 * sizeof(int))];
-    struct msghdr mh {};
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = cbuf;
-    mh.msg_controllen = sizeof cbuf;
-    ssize_t n = ::recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-    if (n < 0 && errno == EINTR) continue;
     std::vector<UniqueFd> fds_in;
-    for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); n > 0 && c; c = CMSG_NXTHDR(&mh, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-      for (size_t i = 0; i < k; ++i) {
-        int f;
-        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
-        fds_in.emplace_back(f);
-      }
-    }
-    if (mh.msg_flags & MSG_CTRUNC) fds_in.clear();  // some were dropped: use none
+    bool truncated = false;
+    ssize_t n = recv_with_fds(fd, buf, sizeof buf, &fds_in, &truncated);
     if (n <= 0) {
       std::string why = n == 0 ? "control socket closed" : std::string("control socket: ") + std::strerror(errno);
       if (!next) {
