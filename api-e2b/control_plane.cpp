@@ -340,7 +340,7 @@ static json snapshot_json(const storage::TenantRow& tenant, const storage::Snaps
 HttpResponse ControlPlane::snapshot(const Call& c) {
   Result<SnapshotRequest> req = parse_snapshot_request(c.req);
   if (!req) return error_response(req.error());
-  Result<storage::SnapshotRow> s = sandboxes_.snapshot(c.tenant.id, c.id, req->name);
+  Result<storage::SnapshotRow> s = sandboxes_.snapshot(c.tenant.id, c.id, req->name, req->memory);
   if (!s) return error_response(s.error());
   return http::json_body(201, dump(snapshot_json(c.tenant, *s)));
 }

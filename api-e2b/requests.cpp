@@ -321,11 +321,8 @@ Result<SnapshotRequest> parse_snapshot_request(const HttpRequest& req) {
   SnapshotRequest r;
   auto memory = opt_bool(*body, "memory");
   if (!memory) return memory.error();
-  // A snapshot keeps the files: asking for the memory explicitly (the
-  // Python SDK's mode="full") is refused rather than silently not done.
-  if (memory->value_or(false))
-    return invalid_error("field 'memory': snapshots keep the sandbox's files only on this server "
-                         "(omit it, or use mode \"filesystem\")");
+  // Whether the backend can keep the memory is the service's to say.
+  r.memory = memory->value_or(false);
   auto it = body->find("name");
   if (it == body->end() || it->is_null()) return r;
   if (!it->is_string()) return invalid_error("field 'name' must be a string");

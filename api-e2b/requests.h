@@ -52,6 +52,7 @@ Result<int64_t> parse_timeout_request(const http::HttpRequest& req);
 // template ("" when none).
 struct SnapshotRequest {
   std::string name;
+  bool memory = false;  // asked for explicitly (the Python SDK's mode "full")
 };
 Result<SnapshotRequest> parse_snapshot_request(const http::HttpRequest& req);
 // POST /sandboxes/{id}/fork {count?, timeout?}: E2B's defaults, 1 fork

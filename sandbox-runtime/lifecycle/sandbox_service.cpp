@@ -371,11 +371,29 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   // A template with a start command: one of the warm pool's, if it has one
   // (the row takes its id).
   std::optional<WarmPool::Entry> pooled;
+  struct Creating {  // counted by pool_admits until the row is in
+    SandboxService& svc;
+    const std::string& tenant;
+    bool on = true;
+    Creating(SandboxService& s, const std::string& t) : svc(s), tenant(t) {
+      MutexLock g(svc.lost_mu_);
+      ++svc.creating_[tenant];
+    }
+    void done() {
+      if (!on) return;
+      on = false;
+      MutexLock g(svc.lost_mu_);
+      if (--svc.creating_[tenant] <= 0) svc.creating_.erase(tenant);
+    }
+    ~Creating() { done(); }
+  } creating(*this, tenant.id);
   if (pool_ && host::start_command_of(t.config, cfg_.start_ready_timeout))
     pooled = pool_->take(WarmPool::key_of(tenant.id, t), WarmPool::Recipe{tenant, t});
   SandboxRow row = new_row(tenant, t, p);
   if (pooled) row.id = pooled->id;
-  if (Status s = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb); !s) {
+  Status inserted = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb);
+  creating.done();
+  if (Status s = inserted; !s) {
     if (pooled) {  // over quota: it goes, as a create would not have started one
       if (Status k = pooled->sb->kill(); !k) {
         MutexLock g(lost_mu_);
@@ -993,7 +1011,13 @@ Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> SandboxService::sn
 }
 
 Result<storage::SnapshotRow> SandboxService::snapshot(const std::string& tenant_id, const std::string& id,
-                                                     const std::string& name) {
+                                                     const std::string& name, bool with_memory) {
+  // A snapshot with memory asked for explicitly (the Python SDK's mode
+  // "full") is refused where only files are kept, rather than silently
+  // not done; microVM snapshots always keep it.
+  if (with_memory && !rt_.snapshots_memory())
+    return invalid_error("field 'memory': snapshots keep the sandbox's files only on the " + rt_.name() +
+                         " backend (omit it, or use mode \"filesystem\")");
   Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> s =
       make_snapshot(tenant_id, id, name, storage::kSnapshotKind);
   if (!s) return s.error();
@@ -1257,7 +1281,14 @@ Result<WarmPool::Entry> SandboxService::make_pooled(const WarmPool::Recipe& r) {
 bool SandboxService::pool_admits(const WarmPool::Recipe& r, size_t pooled_for_tenant) {
   Result<std::vector<SandboxRow>> live = store_.list_live();
   if (!live) return false;
-  int64_t count = static_cast<int64_t>(pooled_for_tenant) + 1;
+  int64_t in_flight = 0;
+  {
+    MutexLock g(lost_mu_);
+    auto it = creating_.find(r.tenant.id);
+    if (it != creating_.end()) in_flight = it->second;
+  }
+  // What the pool holds, this one, and the creates whose rows are not in yet.
+  int64_t count = static_cast<int64_t>(pooled_for_tenant) + 1 + in_flight;
   int64_t mb = count * r.tpl.memory_mb;
   for (const SandboxRow& s : *live)
     if (s.tenant_id == r.tenant.id) {

@@ -166,13 +166,17 @@ class SandboxService {
   Status set_timeout(const std::string& tenant_id, const std::string& id, int64_t timeout_s);
   // POST /sandboxes/{id}/snapshots: the sandbox's files as they are now
   // (its writable layer over its template's) become a new template of the
-  // tenant's, named name (its id when ""); the sandbox runs on. Memory and
-  // processes are not kept: a sandbox created from it starts its
-  // template's start command afresh. kNotFound for a sandbox that is not
-  // the tenant's running or paused one, kUnavailable where the backend
-  // cannot (the microVM backend), kQuota past the tenant's template
-  // storage; a failed copy leaves nothing.
-  Result<storage::SnapshotRow> snapshot(const std::string& tenant_id, const std::string& id, const std::string& name);
+  // tenant's, named name (its id when ""); the sandbox runs on. On the
+  // process backend memory and processes are not kept (a sandbox created
+  // from it starts its template's start command afresh); on the kvm
+  // backend the layer is a microVM snapshot, memory and processes
+  // included. kNotFound for a sandbox that is not the tenant's running or
+  // paused one, kQuota past the tenant's template storage; a failed copy
+  // leaves nothing.
+  // with_memory: the caller asked for the memory (400 where the runtime
+  // keeps files only).
+  Result<storage::SnapshotRow> snapshot(const std::string& tenant_id, const std::string& id, const std::string& name,
+                                        bool with_memory = false);
   // POST /sandboxes/{id}/fork: count sandboxes from one snapshot of it
   // (its files; see snapshot()), each living timeout_s and with the
   // parent's environment variables, metadata and network. Each fork
@@ -361,6 +365,10 @@ class SandboxService {
   std::vector<Unrecorded> unrecorded_ GUARDED_BY(lost_mu_);
   // Ended sandboxes whose runtime kill failed; tick() kills them again.
   std::vector<std::pair<std::string, std::unique_ptr<runtime::Sandbox>>> unkilled_ GUARDED_BY(lost_mu_);
+  // Creates between their look into the warm pool and their row's insert,
+  // per tenant: the pool counts them as live (pool_admits), or it could
+  // start a sandbox for room a create is about to take.
+  std::map<std::string, int64_t> creating_ GUARDED_BY(lost_mu_);
   // Built once everything its thread calls into exists, stopped (in
   // shutdown() or its destruction) before any of it goes.
   std::unique_ptr<WarmPool> pool_;
