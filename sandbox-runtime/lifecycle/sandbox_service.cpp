@@ -371,28 +371,13 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   // A template with a start command: one of the warm pool's, if it has one
   // (the row takes its id).
   std::optional<WarmPool::Entry> pooled;
-  struct Creating {  // counted by pool_admits until the row is in
-    SandboxService& svc;
-    const std::string& tenant;
-    bool on = true;
-    Creating(SandboxService& s, const std::string& t) : svc(s), tenant(t) {
-      MutexLock g(svc.lost_mu_);
-      ++svc.creating_[tenant];
-    }
-    void done() {
-      if (!on) return;
-      on = false;
-      MutexLock g(svc.lost_mu_);
-      if (--svc.creating_[tenant] <= 0) svc.creating_.erase(tenant);
-    }
-    ~Creating() { done(); }
-  } creating(*this, tenant.id);
+  count_creating(tenant.id, +1);  // until the row is in (pool_admits)
   if (pool_ && host::start_command_of(t.config, cfg_.start_ready_timeout))
     pooled = pool_->take(WarmPool::key_of(tenant.id, t), WarmPool::Recipe{tenant, t});
   SandboxRow row = new_row(tenant, t, p);
   if (pooled) row.id = pooled->id;
   Status inserted = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb);
-  creating.done();
+  count_creating(tenant.id, -1);
   if (Status s = inserted; !s) {
     if (pooled) {  // over quota: it goes, as a create would not have started one
       if (Status k = pooled->sb->kill(); !k) {
@@ -1276,6 +1261,11 @@ Result<WarmPool::Entry> SandboxService::make_pooled(const WarmPool::Recipe& r) {
     return s.error();
   }
   return WarmPool::Entry{row.id, std::move(*sb)};
+}
+
+void SandboxService::count_creating(const std::string& tenant_id, int64_t delta) {
+  MutexLock g(lost_mu_);
+  if ((creating_[tenant_id] += delta) <= 0) creating_.erase(tenant_id);
 }
 
 bool SandboxService::pool_admits(const WarmPool::Recipe& r, size_t pooled_for_tenant) {

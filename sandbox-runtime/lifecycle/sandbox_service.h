@@ -369,6 +369,7 @@ class SandboxService {
   // per tenant: the pool counts them as live (pool_admits), or it could
   // start a sandbox for room a create is about to take.
   std::map<std::string, int64_t> creating_ GUARDED_BY(lost_mu_);
+  void count_creating(const std::string& tenant_id, int64_t delta) EXCLUDES(lost_mu_);
   // Built once everything its thread calls into exists, stopped (in
   // shutdown() or its destruction) before any of it goes.
   std::unique_ptr<WarmPool> pool_;

@@ -15,6 +15,7 @@ import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { Sandbox } from 'e2b';
+import { startMemProc, sumNow } from './kvm_common.mjs';
 
 const remote = process.env.SANDGATE_E2E_URL;
 const ctl = process.env.SANDGATE_HARNESS_CTL;
@@ -26,41 +27,6 @@ if (!remote || !ctl) {
   const opts = { apiUrl: remote, sandboxUrl: remote, apiKey: process.env.SANDGATE_E2E_KEY, requestTimeoutMs: 120_000 };
   const boxes = [];  // { id, pid, sum }
   let pausedId, pausedPid, pausedSum;
-
-  // A process that keeps 4 MiB of random bytes only in its memory and
-  // writes their checksum to the file it is given on SIGUSR1.
-  const memProc = 'import hashlib, os, signal, sys\n' +
-    'b = os.urandom(4 << 20)\n' +
-    'out = sys.argv[1]\n' +
-    'def again(*_):\n' +
-    '    open(out + ".tmp", "w").write(hashlib.sha256(b).hexdigest())\n' +
-    '    os.rename(out + ".tmp", out)\n' +
-    'again()\n' +
-    'signal.signal(signal.SIGUSR1, again)\n' +
-    'while True:\n' +
-    '    signal.pause()\n';
-
-  async function waitFile(s, path) {
-    const deadline = Date.now() + 120_000;
-    while (!(await s.files.exists(path))) {
-      if (Date.now() > deadline) assert.fail(`${path} never appeared in ${s.sandboxId}`);
-      await s.commands.run('sleep 0.2');
-    }
-    return s.files.read(path);
-  }
-
-  // The process's checksum now, asked with SIGUSR1 (it rewrites /tmp/sum).
-  async function sumNow(s, pid) {
-    await s.commands.run(`rm -f /tmp/sum; kill -USR1 ${pid}`, { timeoutMs: 120_000 });
-    return waitFile(s, '/tmp/sum');
-  }
-
-  async function startMemProc(s, out) {
-    await s.files.write('/home/user/mem.py', memProc);
-    const h = await s.commands.run(`python3 /home/user/mem.py ${out}`, { background: true, timeoutMs: 0 });
-    await h.disconnect();
-    return { pid: h.pid, sum: await waitFile(s, out) };
-  }
 
   // Asks the harness to end sandgate (SIGKILL or SIGTERM) and start it
   // again; returns once the old one is gone (an idle connection to it
@@ -97,11 +63,11 @@ if (!remote || !ctl) {
     for (let i = 0; i < N; i++) {
       const s = await Sandbox.create('base', { ...opts, timeoutMs: 1_200_000 });
       await s.files.write('/home/user/kept.txt', `kept ${s.sandboxId}\n`);
-      const { pid, sum } = await startMemProc(s, '/tmp/sum');
+      const { pid, sum } = await startMemProc(s);
       boxes.push({ id: s.sandboxId, pid, sum });
     }
     const p = await Sandbox.create('base', { ...opts, timeoutMs: 1_200_000 });
-    ({ pid: pausedPid, sum: pausedSum } = await startMemProc(p, '/tmp/sum'));
+    ({ pid: pausedPid, sum: pausedSum } = await startMemProc(p));
     assert.equal(await p.pause(), true);
     pausedId = p.sandboxId;
 

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "tests/kvm/kvm_env.h"
+#include "sandbox-runtime/vmm/vm/attach.h"
 #include "wait-engine/memory/offload.h"
 #include "sandbox-runtime/host/cgroup.h"
 #include "base/sys.h"
@@ -324,25 +325,15 @@ TEST_CASE("a sandbox's microVM snapshot: taken with a stream open, clones run fr
 }
 
 namespace {
+// One control reply and the descriptor it carries (-1 when none).
 int recv_fd(int sock, std::string* reply) {
   char buf[256];
-  struct iovec iov = {buf, sizeof buf};
-  alignas(struct cmsghdr) char cbuf[CMSG_SPACE(sizeof(int))];
-  struct msghdr mh {};
-  mh.msg_iov = &iov;
-  mh.msg_iovlen = 1;
-  mh.msg_control = cbuf;
-  mh.msg_controllen = sizeof cbuf;
-  ssize_t n = ::recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
+  std::vector<UniqueFd> fds;
+  bool truncated = false;
+  ssize_t n = vmm::recv_with_fds(sock, buf, sizeof buf, &fds, &truncated);
   if (n <= 0) return -1;
   reply->assign(buf, static_cast<size_t>(n));
-  for (struct cmsghdr* c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c))
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-      int fd;
-      std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-      return fd;
-    }
-  return -1;
+  return fds.empty() ? -1 : fds[0].release();
 }
 }  // namespace
 
