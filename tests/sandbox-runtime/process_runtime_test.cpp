@@ -186,6 +186,24 @@ TEST_CASE("process runtime: create reaches ready, agent is PID 1, kill leaves no
   REQUIRE(s->kill());  // idempotent
 }
 
+TEST_CASE("process runtime: a template whose top layer is a microVM snapshot is refused, and nothing is left") {
+  Env env;
+  CHECK_FALSE(env.rt->snapshots_memory());
+  std::string layer = "/tmp/" + env.tag + "-vm-layer";
+  REQUIRE(sys::make_dirs(layer, 0700));
+  REQUIRE(sys::write_file(layer + "/vm.state", "sgvmm"));
+  CHECK(runtime::is_vm_snapshot_layer(layer));
+  std::string id = new_id();
+  auto spec = env.spec(id);
+  spec.layers = {layer};
+  auto sb = env.rt->create(spec);
+  REQUIRE_FALSE(sb);
+  CHECK(sb.error().kind() == ErrorKind::kInvalid);
+  CHECK(sb.error().message().find("kvm backend only") != std::string::npos);
+  CHECK_FALSE(sys::path_exists(env.cfg.state_root + "/" + id));
+  (void)sys::remove_tree(layer);
+}
+
 TEST_CASE("process runtime: agent answers ping and status over the channel") {
   Env env;
   std::string id = new_id();

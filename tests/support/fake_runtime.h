@@ -69,6 +69,11 @@ class FakeRuntime : public runtime::Runtime {
   bool sandboxes_outlive_host() const override { return outlive_; }
   bool exports_layers() const override { return true; }
   void set_outlive(bool v) { outlive_ = v; }
+  // As the kvm runtime: a layer it exports keeps the memory, so every
+  // pause goes to disk.
+  bool snapshots_memory() const override { return snapshots_memory_; }
+  void set_snapshots_memory(bool v) { snapshots_memory_ = v; }
+  bool snapshots_memory_ = false;
   Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
     if (!outlive_) return runtime::Runtime::recover(id);
     std::lock_guard<std::mutex> g(shared_->mu);

@@ -501,6 +501,39 @@ TEST_CASE("lifecycle core: a filesystem-only pause keeps the files, ends the pro
   CHECK(h.rt.unkilled().empty());
 }
 
+TEST_CASE("lifecycle core: where snapshots keep memory (kvm) every pause goes to disk and traffic resumes it; memory asked elsewhere is 400") {
+  using sg::lifecycle::State;
+  sg::test::TempDir layers;
+  ServiceConfig cfg = with_snapshots(layers);
+  Harness h(cfg);
+  std::string plain = h.create();
+  // Files only here: a snapshot asked with its memory is refused, nothing made.
+  auto refused = h.svc->snapshot(h.tenant.id, plain, "", /*with_memory=*/true);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().kind() == ErrorKind::kInvalid);
+  CHECK(h.store->list_snapshots(h.tenant.id, "", "", 0, 100).value().empty());
+
+  h.rt.set_snapshots_memory(true);
+  CreateParams p = h.params();
+  p.auto_resume = true;
+  std::string id = h.create(p);
+  int first_pid = h.rt.record(id).pid;
+  // A pause that asks to keep the memory goes to disk too.
+  REQUIRE(h.svc->pause(h.tenant.id, id, /*keep_memory=*/true));
+  CHECK(h.row_state(id) == "paused");
+  CHECK(h.svc->state(id).value() == State::kPersisted);
+  CHECK(h.rt.record(id).killed);
+  // Traffic resumes it (autoResume), from its snapshot: same id and token.
+  auto fd = h.svc->open_port(id, 49983, h.envd_request(id));
+  REQUIRE_MESSAGE(fd, (fd ? "" : fd.error().message()));
+  CHECK(h.row_state(id) == "running");
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  CHECK(h.rt.record(id).pid != first_pid);
+  CHECK(h.rt.record(id).spec.envd_access_token == h.store->get_sandbox(h.tenant.id, id).value()->envd_token);
+  REQUIRE(h.svc->snapshot(h.tenant.id, id, "", /*with_memory=*/true));
+  for (const std::string& s : {plain, id}) REQUIRE(h.svc->kill(h.tenant.id, s));
+}
+
 TEST_CASE("lifecycle core: a timeout with autoPauseMemory false pauses to disk") {
   using sg::lifecycle::State;
   sg::test::TempDir layers;
