@@ -1826,10 +1826,15 @@ TEST_CASE("process runtime: sandboxes outlive their runtime; a new one takes the
 
   // The host goes: handles first (their channels close), then the runtime.
   // a's host dies in the middle of writing a frame: its agent waits all
-  // the same (a frame cut short is a host gone, not a malformed one).
-  const char partial[2] = {0, 0};
-  REQUIRE(::send((*a)->channel_fd(), partial, sizeof partial, MSG_NOSIGNAL) == 2);
+  // the same (a frame cut short is a host gone, not a malformed one). The
+  // half frame goes on a copy of the channel once a's host Mux has stopped,
+  // so nothing the Mux still flushes lands after it.
+  UniqueFd a_chan(::fcntl((*a)->channel_fd(), F_DUPFD_CLOEXEC, 3));
+  REQUIRE(a_chan);
   a->reset();
+  const char partial[2] = {0, 0};
+  REQUIRE(::send(a_chan.get(), partial, sizeof partial, MSG_NOSIGNAL) == 2);
+  a_chan.reset();
   b->reset();
   c->reset();
   env.rt.reset();
