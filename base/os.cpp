@@ -22,6 +22,7 @@ int Os::mkdir(const char* path, mode_t mode) { return ::mkdir(path, mode); }
 int Os::rmdir(const char* path) { return ::rmdir(path); }
 int Os::unlinkat(int dfd, const char* path, int flags) { return ::unlinkat(dfd, path, flags); }
 int Os::rename(const char* from, const char* to) { return ::rename(from, to); }
+int Os::link(const char* from, const char* to) { return ::link(from, to); }
 int Os::fsync(int fd) { return ::fsync(fd); }
 int Os::chown(const char* path, uid_t uid, gid_t gid) { return ::chown(path, uid, gid); }
 int Os::mknod(const char* path, mode_t mode, dev_t dev) { return ::mknod(path, mode, dev); }

@@ -33,6 +33,7 @@ class Os {
   virtual int rmdir(const char* path);
   virtual int unlinkat(int dfd, const char* path, int flags);
   virtual int rename(const char* from, const char* to);
+  virtual int link(const char* from, const char* to);
   virtual int fsync(int fd);
   virtual int chown(const char* path, uid_t uid, gid_t gid);
   virtual int mknod(const char* path, mode_t mode, dev_t dev);

@@ -30,6 +30,7 @@
 #include "gateway/http/server.h"
 #include "wait-engine/llm/model_gateway.h"
 #include "wait-engine/memory/offload.h"
+#include "wait-engine/memory/pause_pack.h"
 #include "wait-engine/memory/pressure.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
@@ -629,7 +630,7 @@ http::ServerConfig server_config(const AppConfig& cfg) {
 
 lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& egress_policies,
                                         bool memory_offload, memory::PressureGate& pressure,
-                                        storage::BatchWriter& rows) {
+                                        storage::BatchWriter& rows, lifecycle::PauseMemoryPacker* pause_packer) {
   lifecycle::ServiceConfig c;
   c.egress = cfg.egress;
   c.egress_policies = &egress_policies;
@@ -642,6 +643,8 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, netw
   // writable layer; microVMs refuse them in export_layer).
   c.snapshot_dir = cfg.data_dir + "/layers";
   c.template_max_bytes = cfg.template_storage_mb << 20;
+  // microVMs pause to disk with their RAM packed against their base.
+  if (use_kvm) c.pause_packer = pause_packer;
   return c;
 }
 
@@ -866,9 +869,11 @@ int serve(const AppConfig& cfg_in) {
   memory::PressureGate pressure{0.2, 0.3};
   Result<std::unique_ptr<memory::MemoryEngine>> memory_engine = open_memory_engine(cfg, *use_kvm, dictionaries);
   if (!memory_engine) return fail(memory_engine.error());
+  memory::PausePacker pause_packer;
 
   lifecycle::SandboxService sandboxes(**store, *rt,
-                                      service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows),
+                                      service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows,
+                                                     &pause_packer),
                                       [] { return sys::unix_seconds(); }, memory_engine->get());
   TemplateBuilds template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);

@@ -50,4 +50,26 @@ class GuestMemoryStore {
   virtual std::vector<std::pair<std::string, std::string>> take_lost() = 0;
 };
 
+// PauseMemoryPacker: a microVM paused to disk keeps its RAM as only what
+// differs from the memory it was restored from, compressed, every page
+// checksummed (wait-engine/memory/pause_pack.h, docs/vmm.md "Pause memory").
+// The core packs a pause's snapshot layer once the VMM is gone and unpacks
+// it before the restore; it never names the codecs.
+//
+// Thread safety: calls on different directories may run at once.
+class PauseMemoryPacker {
+ public:
+  virtual ~PauseMemoryPacker() = default;
+  // dir is a microVM snapshot (memory, vm.state); base the memory file the
+  // sandbox was restored from. Replaces dir/memory with its packed form
+  // (nothing is lost on any failure: dir/memory stays until the packed
+  // form is whole). Returns a one-line account for the log and events.
+  virtual Result<std::string> pack(const std::string& dir, const std::string& base) = 0;
+  // Makes dir/memory from its packed form again, checking every page, the
+  // base and the file's own checksums; a no-op when dir/memory is there.
+  // Damage is an error (kInternal, naming what failed) and leaves no
+  // dir/memory.
+  virtual Status unpack(const std::string& dir) = 0;
+};
+
 }  // namespace sg::lifecycle

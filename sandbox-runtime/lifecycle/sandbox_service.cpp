@@ -742,9 +742,13 @@ bool SandboxService::pauses_to_disk(bool keep_memory) const {
 // and memory as they were).
 Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
   const std::string& id = r.id;
+  // The memory the microVM was restored from: its pause is packed against it.
+  std::string base;
+  if (cfg_.pause_packer && rt_.snapshots_memory())
+    if (Result<runtime::GuestMemoryInfo> mi = live.sb->guest_memory(); mi) base = mi->template_memory;
   Result<std::pair<storage::SnapshotRow, storage::TemplateRow>> snap =
       snapshot_locked(live, r, "", storage::kPauseKind);
-  if (!snap) return snap.error().with_context("filesystem-only pause");
+  if (!snap) return snap.error().with_context(rt_.snapshots_memory() ? "pause to disk" : "filesystem-only pause");
   // Recorded before the processes go: a crash from here on finds the row
   // paused with its files (and the next start removes the processes).
   Result<bool> moved = store_.transition(id, {storage::kStateRunning}, storage::kStatePaused);
@@ -757,9 +761,19 @@ Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
   enter(live, State::kPersisted);
   if (Status k = end_runtime(live, id); !k) LOG_WARN("sandbox " << id << ": its processes are killed by later ticks");
   if (cfg_.egress && cfg_.egress_policies) cfg_.egress_policies->erase(id);
-  event(r.tenant_id, id, "paused",
-        rt_.snapshots_memory() ? "paused to disk: a microVM snapshot with its memory and processes"
-                               : "paused, files only (its memory and processes are gone)");
+  std::string detail = rt_.snapshots_memory() ? "paused to disk: a microVM snapshot with its memory and processes"
+                                              : "paused, files only (its memory and processes are gone)";
+  // With the VMM gone, its RAM as written is packed; a pack that fails
+  // (a full disk) leaves it as it was, which resumes the same.
+  nlohmann::json layers = nlohmann::json::parse(snap->second.layers, nullptr, false);
+  if (!base.empty() && layers.is_array() && !layers.empty() && layers.back().is_string()) {
+    Result<std::string> packed = cfg_.pause_packer->pack(layers.back().get<std::string>(), base);
+    if (packed)
+      detail += "; " + *packed;
+    else
+      LOG_WARN("sandbox " << id << ": its pause keeps its memory unpacked: " << packed.error().message());
+  }
+  event(r.tenant_id, id, "paused", detail);
   return Status::Ok();
 }
 
@@ -782,8 +796,13 @@ Status SandboxService::restore_locked(Live& live, const SandboxRow& r) {
     for (auto it = env.begin(); it != env.end(); ++it)
       if (it->is_string()) p.env_vars[it.key()] = it->get<std::string>();
   runtime::SandboxSpec spec = new_spec(r, **files, p);
-  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
   const std::string from = rt_.snapshots_memory() ? " from its snapshot on disk" : " from its files";
+  // A microVM's pause keeps its RAM packed: made whole (and checked) first.
+  if (cfg_.pause_packer && rt_.snapshots_memory())
+    for (const std::string& l : spec.layers)
+      if (runtime::is_vm_snapshot_layer(l))
+        if (Status u = cfg_.pause_packer->unpack(l); !u) return u.error().with_context("resume sandbox " + id + from);
+  Result<std::unique_ptr<runtime::Sandbox>> sb = rt_.create(spec);
   if (!sb) return sb.error().with_context("resume sandbox " + id + from);
   if (Status s = run_start_command(**sb, r.envd_token, spec, **files); !s) {
     (void)(*sb)->kill();

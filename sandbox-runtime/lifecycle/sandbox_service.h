@@ -104,6 +104,10 @@ struct ServiceConfig {
   // (0: no limit).
   std::string snapshot_dir;
   int64_t template_max_bytes = 0;
+  // Pauses to disk of microVMs keep their RAM packed against the memory
+  // the sandbox was restored from (guest_memory.h); null: kept as the VMM
+  // wrote it. Must outlive the service.
+  PauseMemoryPacker* pause_packer = nullptr;
   // Wait transitions as event rows (kind "wait"), for a batched writer
   // (storage/batch_writer.h); empty: not recorded. Called on the
   // coordinator's threads: must not block.

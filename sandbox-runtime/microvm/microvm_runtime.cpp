@@ -1076,6 +1076,10 @@ class MicrovmRuntime final : public runtime::Runtime {
   // token, environment, clock and entropy).
   Result<std::unique_ptr<MicrovmSandbox>> restore(const runtime::SandboxSpec& spec, const std::string& snap,
                                                   const std::string& dir) {
+    // A pause's RAM is kept packed (wait-engine/memory/pause_pack.h); the
+    // service makes it whole before a restore.
+    if (!sys::path_exists(snap + "/memory") && sys::path_exists(snap + "/memory.sgm"))
+      return internal_error("the microVM snapshot " + snap + " keeps its memory packed (memory.sgm), not unpacked");
     auto s = start_vmm(spec.id, spec, {"--restore", snap}, dir);
     if (!s) return s.error();
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);

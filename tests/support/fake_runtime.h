@@ -71,9 +71,27 @@ class FakeRuntime : public runtime::Runtime {
   void set_outlive(bool v) { outlive_ = v; }
   // As the kvm runtime: a layer it exports keeps the memory, so every
   // pause goes to disk.
+  // Its layers are then microVM snapshots (vm.state and a memory file of
+  // vm_memory() bytes), and a sandbox's guest_memory() names
+  // set_template_memory()'s file as the memory it was restored from.
   bool snapshots_memory() const override { return snapshots_memory_; }
-  void set_snapshots_memory(bool v) { snapshots_memory_ = v; }
+  void set_snapshots_memory(bool v) {
+    snapshots_memory_ = v;
+    std::lock_guard<std::mutex> g(shared_->mu);
+    shared_->snapshots_memory = v;
+  }
   bool snapshots_memory_ = false;
+  void set_template_memory(std::string path) {
+    std::lock_guard<std::mutex> g(shared_->mu);
+    shared_->template_memory = std::move(path);
+  }
+  // What a sandbox's snapshot writes as its memory: 8 pages, the first 6
+  // zero, the last 2 its id over and over.
+  static std::string vm_memory(const std::string& id) {
+    std::string m(8 * 4096, '\0');
+    for (size_t i = 6 * 4096; i < m.size(); ++i) m[i] = id[i % id.size()];
+    return m;
+  }
   Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
     if (!outlive_) return runtime::Runtime::recover(id);
     std::lock_guard<std::mutex> g(shared_->mu);
@@ -166,6 +184,8 @@ class FakeRuntime : public runtime::Runtime {
     int fail_left[static_cast<int>(Op::kCount)] = {};
     int fired = 0;
     int started = 0;
+    bool snapshots_memory = false;  // GUARDED_BY(mu)
+    std::string template_memory;    // GUARDED_BY(mu)
     // REQUIRES(mu)
     Status call(Op op, const std::string& id) {
       int i = static_cast<int>(op);
@@ -260,6 +280,14 @@ class FakeRuntime : public runtime::Runtime {
         std::fclose(f);
       }
       if (!s) return Error(ErrorKind::kUnavailable, "copy the layer: No space left on device");
+      if (s_->snapshots_memory) {
+        for (const auto& [name, data] : {std::pair<std::string, std::string>{"/memory", vm_memory(id_)},
+                                         std::pair<std::string, std::string>{"/vm.state", "state of " + id_}})
+          if (FILE* f = std::fopen((dest + name).c_str(), "w")) {
+            std::fwrite(data.data(), 1, data.size(), f);
+            std::fclose(f);
+          }
+      }
       return Status::Ok();
     }
 
@@ -271,6 +299,7 @@ class FakeRuntime : public runtime::Runtime {
       m.pid = s_->records[id_].pid;
       m.size = s_->records[id_].spec.memory_mb << 20;
       m.backing = "memfd";
+      m.template_memory = s_->template_memory;
       return m;
     }
 

@@ -77,6 +77,7 @@ class FaultyOs : public sys::Os {
     return hit("unlinkat", path) ? -1 : Os::unlinkat(dfd, path, flags);
   }
   int rename(const char* from, const char* to) override { return hit("rename", from) ? -1 : Os::rename(from, to); }
+  int link(const char* from, const char* to) override { return hit("link", to) ? -1 : Os::link(from, to); }
   int fsync(int fd) override { return hit("fsync", "fd " + std::to_string(fd)) ? -1 : Os::fsync(fd); }
   int chown(const char* path, uid_t uid, gid_t gid) override {
     return hit("chown", path) ? -1 : Os::chown(path, uid, gid);

@@ -6,7 +6,10 @@
 // that nothing leaks.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
+#include <fstream>
 #include <filesystem>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -21,6 +24,7 @@
 #include "tests/support/fake_runtime.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/test_store.h"
+#include "wait-engine/memory/pause_pack.h"
 
 using sg::ErrorKind;
 using sg::lifecycle::CreateParams;
@@ -532,6 +536,92 @@ TEST_CASE("lifecycle core: where snapshots keep memory (kvm) every pause goes to
   CHECK(h.rt.record(id).spec.envd_access_token == h.store->get_sandbox(h.tenant.id, id).value()->envd_token);
   REQUIRE(h.svc->snapshot(h.tenant.id, id, "", /*with_memory=*/true));
   for (const std::string& s : {plain, id}) REQUIRE(h.svc->kill(h.tenant.id, s));
+}
+
+namespace {
+std::string pause_layer(Harness& h, const std::string& id) {
+  auto files = h.store->paused_files(id).value();
+  REQUIRE(files);
+  nlohmann::json l = nlohmann::json::parse(files->layers);
+  REQUIRE(l.is_array());
+  REQUIRE_FALSE(l.empty());
+  return l.back().get<std::string>();
+}
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  return st.st_ino;
+}
+}  // namespace
+
+TEST_CASE("lifecycle core: a microVM's pause keeps its memory packed against its base, and a resume unpacks and checks it") {
+  using sg::lifecycle::State;
+  sg::test::TempDir layers;
+  sg::memory::PausePacker packer;
+  ServiceConfig cfg = with_snapshots(layers);
+  cfg.pause_packer = &packer;
+  Harness h(cfg);
+  h.rt.set_snapshots_memory(true);
+  // The memory the sandbox was restored from: 6 zero pages and 2 others,
+  // so the pause differs from it in its last 2 pages.
+  const std::string base = layers.sub("template-memory");
+  REQUIRE(sg::sys::write_file(base, std::string(6 * 4096, '\0') + std::string(2 * 4096, 'x')));
+  h.rt.set_template_memory(base);
+  std::string id = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, id, true));
+  std::string dir = pause_layer(h, id);
+  CHECK_FALSE(sg::sys::path_exists(dir + "/memory"));
+  CHECK(sg::sys::path_exists(dir + "/memory.sgm"));
+  CHECK(inode_of(dir + "/memory.base") == inode_of(base));
+  // Resumed: the memory is whole again before the sandbox is restored.
+  REQUIRE(h.svc->connect(h.tenant.id, id, 60));
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  CHECK(sg::sys::read_file(dir + "/memory", 1 << 20).value() == FakeRuntime::vm_memory(id));
+
+  // It runs from that memory now, and is paused again: packed against the
+  // first base, not the pause it came from.
+  h.rt.set_template_memory(dir + "/memory");
+  REQUIRE(h.svc->pause(h.tenant.id, id, true));
+  std::string dir2 = pause_layer(h, id);
+  REQUIRE(dir2 != dir);
+  CHECK(inode_of(dir2 + "/memory.base") == inode_of(base));
+  // Damaged on disk: the resume is refused with why, nothing is restored
+  // from it, and the sandbox stays paused with its files.
+  {
+    std::fstream f(dir2 + "/memory.sgm", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(20);
+    f.put('\x7f');
+  }
+  int creates = h.rt.calls(Op::kCreate);
+  auto refused = h.svc->connect(h.tenant.id, id, 60);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().message().find("checksum mismatch") != std::string::npos);
+  CHECK(h.rt.calls(Op::kCreate) == creates);
+  CHECK(h.svc->state(id).value() == State::kPersisted);
+  CHECK(h.row_state(id) == "paused");
+  CHECK_FALSE(sg::sys::path_exists(dir2 + "/memory"));
+  REQUIRE(h.svc->kill(h.tenant.id, id));
+  CHECK_FALSE(h.store->paused_files(id).value());
+}
+
+TEST_CASE("lifecycle core: a pause whose memory cannot be packed keeps it as written and resumes the same") {
+  using sg::lifecycle::State;
+  sg::test::TempDir layers;
+  sg::memory::PausePacker packer;
+  ServiceConfig cfg = with_snapshots(layers);
+  cfg.pause_packer = &packer;
+  Harness h(cfg);
+  h.rt.set_snapshots_memory(true);
+  h.rt.set_template_memory(layers.sub("no-such-base"));  // gone: nothing to pack against
+  std::string id = h.create();
+  REQUIRE(h.svc->pause(h.tenant.id, id, true));
+  std::string dir = pause_layer(h, id);
+  CHECK(sg::sys::read_file(dir + "/memory", 1 << 20).value() == FakeRuntime::vm_memory(id));
+  CHECK_FALSE(sg::sys::path_exists(dir + "/memory.sgm"));
+  CHECK_FALSE(sg::sys::path_exists(dir + "/memory.base"));
+  REQUIRE(h.svc->connect(h.tenant.id, id, 60));
+  CHECK(h.svc->state(id).value() == State::kRunning);
+  REQUIRE(h.svc->kill(h.tenant.id, id));
 }
 
 TEST_CASE("lifecycle core: a timeout with autoPauseMemory false pauses to disk") {
