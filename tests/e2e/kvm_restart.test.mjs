@@ -70,6 +70,14 @@ if (!remote || !ctl) {
     ({ pid: pausedPid, sum: pausedSum } = await startMemProc(p));
     assert.equal(await p.pause(), true);
     pausedId = p.sandboxId;
+    // Its RAM is kept as what differs from the template's snapshot, packed
+    // (docs/vmm.md, "Pause memory"): far less than the guest's memory.
+    const evs = await (await fetch(`${remote}/sandboxes/${pausedId}/events`, { headers: { 'X-API-KEY': opts.apiKey } })).json();
+    const paused = evs.filter((e) => e.kind === 'paused').map((e) => String(e.detail?.message));
+    const m = paused.at(-1)?.match(/memory ([0-9.]+) MiB packed into ([0-9.]+) MiB/);
+    assert.ok(m, `the pause packed its memory: ${JSON.stringify(paused)}`);
+    assert.ok(Number(m[2]) < Number(m[1]) / 4, `packed ${m[2]} MiB of ${m[1]} MiB`);
+    console.log(`# pause: ${paused.at(-1)}`);
 
     await restart('kill');
     await checkAll('after SIGKILL');
