@@ -378,6 +378,8 @@ class Store {
   // that it was used now.
   Status add_template_file(const TemplateFileRow& f);
   Status touch_template_file(const std::string& path, int64_t now);
+  // The file's bytes changed (a pause's memory packed): counted anew.
+  Status set_template_file_bytes(const std::string& path, int64_t bytes);
   Status drop_template_file(const std::string& path);
   Result<std::vector<TemplateFileRow>> template_files();
   // What the tenant's template files take, in bytes.

@@ -390,6 +390,13 @@ Status Store::touch_template_file(const std::string& path, int64_t now) {
   return st.run();
 }
 
+Status Store::set_template_file_bytes(const std::string& path, int64_t bytes) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx, "UPDATE template_files SET bytes = ? WHERE path = ?");
+  st.bind(1, bytes).bind(2, path);
+  return st.run();
+}
+
 Status Store::drop_template_file(const std::string& path) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx, "DELETE FROM template_files WHERE path = ?");

@@ -2,6 +2,7 @@
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include <cassert>
 #include <set>
@@ -767,10 +768,18 @@ Status SandboxService::persist_locked(Live& live, const SandboxRow& r) {
   // (a full disk) leaves it as it was, which resumes the same.
   nlohmann::json layers = nlohmann::json::parse(snap->second.layers, nullptr, false);
   if (!base.empty() && layers.is_array() && !layers.empty() && layers.back().is_string()) {
-    Result<std::string> packed = cfg_.pause_packer->pack(layers.back().get<std::string>(), base);
-    if (packed)
+    const std::string dir = layers.back().get<std::string>();
+    Result<std::string> packed = cfg_.pause_packer->pack(dir, base);
+    if (packed) {
       detail += "; " + *packed;
-    else
+      // The tenant's template storage counts what the pause keeps now (its
+      // base is a link to a file it does not own).
+      struct stat b {};
+      uint64_t shared = ::stat((dir + "/memory.base").c_str(), &b) == 0 ? uint64_t(b.st_blocks) * 512 : 0;
+      uint64_t used = sys::disk_usage(dir);
+      if (Status s = store_.set_template_file_bytes(dir, static_cast<int64_t>(used > shared ? used - shared : 0)); !s)
+        LOG_WARN("sandbox " << id << ": " << s.error().message());
+    } else
       LOG_WARN("sandbox " << id << ": its pause keeps its memory unpacked: " << packed.error().message());
   }
   event(r.tenant_id, id, "paused", detail);

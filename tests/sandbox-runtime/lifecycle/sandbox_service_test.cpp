@@ -573,6 +573,16 @@ TEST_CASE("lifecycle core: a microVM's pause keeps its memory packed against its
   CHECK_FALSE(sg::sys::path_exists(dir + "/memory"));
   CHECK(sg::sys::path_exists(dir + "/memory.sgm"));
   CHECK(inode_of(dir + "/memory.base") == inode_of(base));
+  // The tenant's storage counts the packed pause, not the RAM nor the base.
+  bool counted = false;
+  const auto files = h.store->template_files().value();
+  for (const auto& f : files)
+    if (f.path == dir) {
+      counted = true;
+      CHECK(f.bytes > 0);
+      CHECK(f.bytes < static_cast<int64_t>(FakeRuntime::vm_memory(id).size()));
+    }
+  CHECK(counted);
   // Resumed: the memory is whole again before the sandbox is restored.
   REQUIRE(h.svc->connect(h.tenant.id, id, 60));
   CHECK(h.svc->state(id).value() == State::kRunning);
