@@ -74,7 +74,8 @@ test('durable microVMs: pause to disk, resume, fork', { skip: url ? false : 'run
       account = await lastPause(sbx.sandboxId);
       stored.push(account.storedMiB);
       const t1 = performance.now();
-      const back = await Sandbox.connect(sbx.sandboxId, opts);
+      // (connect gives the sandbox a fresh timeout: keep it long.)
+      const back = await Sandbox.connect(sbx.sandboxId, { ...opts, timeoutMs: 1_800_000 });
       assert.equal((await back.commands.run('echo back')).stdout, 'back\n');
       resumes.push(performance.now() - t1);
       if (mib) {
@@ -82,12 +83,14 @@ test('durable microVMs: pause to disk, resume, fork', { skip: url ? false : 'run
         assert.equal(await waitSum(back), sum, 'the held memory came back');
       }
     }
-    report.pause.push({
+    const row = {
       held_mib: mib, kind, ram_mib: account.ramMiB,
       stored_mib_p50: round(pct(stored, 0.5)), pages_differ_last: account.pagesDiffer,
       pause_ms: { p50: Math.round(pct(pauses, 0.5)), p99: Math.round(pct(pauses, 0.99)) },
       resume_to_command_ms: { p50: Math.round(pct(resumes, 0.5)), p99: Math.round(pct(resumes, 0.99)) },
-    });
+    };
+    console.log(`# ${JSON.stringify(row)}`);
+    report.pause.push(row);
     if (mib) await sbx.kill();
     else report.forkParent = sbx;
   }
