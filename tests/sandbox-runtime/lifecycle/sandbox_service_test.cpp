@@ -547,6 +547,12 @@ std::string pause_layer(Harness& h, const std::string& id) {
   REQUIRE_FALSE(l.empty());
   return l.back().get<std::string>();
 }
+// Snapshots on, microVM pauses packed by packer.
+ServiceConfig with_packer(sg::test::TempDir& dir, sg::memory::PausePacker& packer) {
+  ServiceConfig cfg = with_snapshots(dir);
+  cfg.pause_packer = &packer;
+  return cfg;
+}
 ino_t inode_of(const std::string& path) {
   struct stat st {};
   REQUIRE(::stat(path.c_str(), &st) == 0);
@@ -558,9 +564,7 @@ TEST_CASE("lifecycle core: a microVM's pause keeps its memory packed against its
   using sg::lifecycle::State;
   sg::test::TempDir layers;
   sg::memory::PausePacker packer;
-  ServiceConfig cfg = with_snapshots(layers);
-  cfg.pause_packer = &packer;
-  Harness h(cfg);
+  Harness h(with_packer(layers, packer));
   h.rt.set_snapshots_memory(true);
   // The memory the sandbox was restored from: 6 zero pages and 2 others,
   // so the pause differs from it in its last 2 pages.
@@ -618,9 +622,7 @@ TEST_CASE("lifecycle core: a pause whose memory cannot be packed keeps it as wri
   using sg::lifecycle::State;
   sg::test::TempDir layers;
   sg::memory::PausePacker packer;
-  ServiceConfig cfg = with_snapshots(layers);
-  cfg.pause_packer = &packer;
-  Harness h(cfg);
+  Harness h(with_packer(layers, packer));
   h.rt.set_snapshots_memory(true);
   h.rt.set_template_memory(layers.sub("no-such-base"));  // gone: nothing to pack against
   std::string id = h.create();
