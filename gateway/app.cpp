@@ -917,6 +917,9 @@ int serve(const AppConfig& cfg_in) {
   int sig = 0;
   sigwait(&sigs, &sig);
   LOG_INFO("signal " << sig << ": stopping");
+  // No new connections; what is in progress finishes (an upgrade's stop).
+  if (!server.drain(std::chrono::milliseconds(cfg.drain_timeout_ms)))
+    LOG_WARN("requests still in progress after " << cfg.drain_timeout_ms << " ms; stopping anyway");
   stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
   LOG_INFO("stopped");
   return 0;

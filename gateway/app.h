@@ -33,6 +33,8 @@ struct AppConfig {
   std::string tls_cert_file;  // PEM chain; with tls_key_file: serve HTTPS
   std::string tls_key_file;
   int64_t tick_ms = 1000;
+  // At SIGTERM: requests in progress may take this long to finish (drain).
+  int64_t drain_timeout_ms = 10000;
   int64_t read_timeout_ms = 30000;
   size_t body_limit = 1 << 20;
   size_t max_connections = 0;              // 0: from the open-file limit (http::ServerConfig)

@@ -84,6 +84,9 @@ serve options:
   --max-connections-per-address N  the same from one source address (default:
                                 a quarter of --max-connections)
   --tick-ms N                   timeout sweep period (default 1000)
+  --drain-timeout-ms N          at SIGTERM, how long requests in progress may
+                                take to finish before the stop (0-600000,
+                                default 10000)
   --rate N                      requests per second per tenant (default 200)
   --create-rate N               creates per second per tenant (default 20)
   --openai-base-url URL         global OpenAI-compatible upstream of the model
@@ -428,6 +431,7 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"read-timeout-ms", 10, 3600000, [&](int64_t v) { cfg.read_timeout_ms = v; }},
       {"body-limit", 1024, 1LL << 30, [&](int64_t v) { cfg.body_limit = static_cast<size_t>(v); }},
       {"tick-ms", 10, 60000, [&](int64_t v) { cfg.tick_ms = v; }},
+      {"drain-timeout-ms", 0, 600000, [&](int64_t v) { cfg.drain_timeout_ms = v; }},
       {"max-connections", 1, 1 << 20, [&](int64_t v) { cfg.max_connections = static_cast<size_t>(v); }},
       {"max-connections-per-address", 1, 1 << 20,
        [&](int64_t v) { cfg.max_connections_per_address = static_cast<size_t>(v); }},
@@ -612,7 +616,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
   }
   static const std::set<std::string> kKnown = {
       "data-dir", "listen", "templates-dir", "runtime", "agent", "vmm", "guest-dir", "cgroup-parent", "port-file", "read-timeout-ms",
-      "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
+      "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "drain-timeout-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",

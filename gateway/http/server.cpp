@@ -30,6 +30,8 @@
 
 #include <array>
 #include <atomic>
+#include <optional>
+#include <condition_variable>
 #include <map>
 #include <cerrno>
 #include <cstring>
@@ -61,6 +63,11 @@ struct HttpServer::Impl {
   std::set<beast::basic_stream<asio::local::stream_protocol>*> local_conns;  // GUARDED_BY(conns_mu): adopted channel connections
   std::map<std::string, size_t> per_address;  // GUARDED_BY(conns_mu): open TCP connections by source address
   size_t tcp_open = 0;                        // GUARDED_BY(conns_mu)
+  // A drain (drain()): HTTP/1.1 requests between their head and the end
+  // of their response; drain() waits for none to be left.
+  size_t busy = 0;  // GUARDED_BY(conns_mu)
+  std::condition_variable busy_cv;
+  std::atomic<bool> draining{false};
   // Streaming routes' request bodies held now, in all and by share
   // (StreamHooks::body_budget, share_budget).
   std::mutex body_mu;
@@ -69,6 +76,9 @@ struct HttpServer::Impl {
   asio::io_context ioc;
   std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
   asio::thread_pool workers;
+  // On its own strand: the accept loop, drain() and stop() use it from
+  // different io threads, and an Asio acceptor is not safe for concurrent
+  // use (two closes at once crashed in the reactor).
   tcp::acceptor acceptor;
   std::vector<std::thread> io_threads;
   std::atomic<bool> stopping{false};
@@ -86,7 +96,7 @@ struct HttpServer::Impl {
 
   Impl(ServerConfig c, Handler h, ProxyHooks p, StreamHooks st)
       : cfg(std::move(c)), handler(std::move(h)), proxy_hooks(std::move(p)), stream_hooks(std::move(st)),
-        workers(static_cast<size_t>(std::max(1, cfg.worker_threads))), acceptor(ioc) {}
+        workers(static_cast<size_t>(std::max(1, cfg.worker_threads))), acceptor(asio::make_strand(ioc)) {}
 
   asio::awaitable<void> accept_loop();
   // addr: the source address, counted in per_address until the session ends.
@@ -414,7 +424,7 @@ asio::awaitable<bool> HttpServer::Impl::proxy(Stream& client, beast::flat_buffer
   unsigned code = res.result_int();
   bool framed = res.has_content_length() || res.chunked() || code / 100 == 1 || code == 204 || code == 304 ||
                 req.method() == bhttp::verb::head;
-  bool keep = client_keep_alive && framed && !stopping && !answered_early;
+  bool keep = client_keep_alive && framed && !stopping && !draining && !answered_early;
   res.keep_alive(keep);
   bhttp::serializer<false, bhttp::buffer_body> rs(res);
   // A client that goes away while the response is quiet (a watch stream
@@ -564,7 +574,7 @@ asio::awaitable<bool> HttpServer::Impl::serve_stream(Stream& stream, beast::flat
       co_return co_await refuse(503, "the gateway is holding too many request bodies; retry shortly");
     body.append(piece.data(), n);
   }
-  bool keep_alive = parser.get().keep_alive() && !stopping;
+  bool keep_alive = parser.get().keep_alive() && !stopping && !draining;
   unsigned version = parser.get().version();
   HttpRequest req = head_of(parser.get(), remote);
   req.body = std::move(body);
@@ -605,8 +615,31 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
       head.header_limit(static_cast<uint32_t>(cfg.header_limit));
       // Bodies are bounded per route below (the proxy streams any size).
       head.body_limit(boost::none);
+      // Draining (an upgrade's stop): no next request on this connection.
+      if (draining) break;
       beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
       co_await bhttp::async_read_header(stream, buf, head, asio::redirect_error(asio::use_awaitable, ec));
+      // From its head to the end of its response a request is in
+      // progress: a drain waits for it. (The guard goes with the frame,
+      // before ioc, when a connection is still open at the stop.)
+      struct InProgress {
+        Impl& m;
+        explicit InProgress(Impl& im) : m(im) {
+          std::lock_guard<std::mutex> g(m.conns_mu);
+          ++m.busy;
+        }
+        ~InProgress() {
+          {
+            std::lock_guard<std::mutex> g(m.conns_mu);
+            --m.busy;
+          }
+          m.busy_cv.notify_all();
+        }
+        InProgress(const InProgress&) = delete;
+        InProgress& operator=(const InProgress&) = delete;
+      };
+      std::optional<InProgress> in_progress;
+      if (!ec) in_progress.emplace(*this);
       if (ec) {
         if (read_failed(ec)) break;
         if (ec == bhttp::error::header_limit)
@@ -675,7 +708,7 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
       bool keep_alive = breq.keep_alive();
       unsigned version = breq.version();
       HttpResponse res = co_await dispatch(to_plain(std::move(breq), remote));
-      auto bres = to_beast(std::move(res), version, keep_alive && !stopping);
+      auto bres = to_beast(std::move(res), version, keep_alive && !stopping && !draining);
       beast::get_lowest_layer(stream).expires_after(cfg.read_timeout);
       co_await bhttp::async_write(stream, bres, asio::redirect_error(asio::use_awaitable, ec));
       if (ec || !bres.keep_alive()) break;
@@ -769,7 +802,7 @@ asio::awaitable<void> HttpServer::Impl::accept_loop() {
     tcp::socket sock(asio::make_strand(ioc));
     co_await acceptor.async_accept(sock, asio::redirect_error(asio::use_awaitable, ec));
     if (ec) {
-      if (stopping || ec == asio::error::operation_aborted) co_return;
+      if (stopping || draining || ec == asio::error::operation_aborted) co_return;
       // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM), or
       // a transient error: retrying at once only spins. Back off, doubling
       // up to a second, and log once a second at most.
@@ -919,17 +952,29 @@ Status HttpServer::start() {
                                                           : std::max<size_t>(4, m.max_connections / 4);
   }
   m.work.emplace(m.ioc.get_executor());
-  asio::co_spawn(m.ioc, m.accept_loop(), asio::detached);
+  asio::co_spawn(m.acceptor.get_executor(), m.accept_loop(), asio::detached);
   for (int i = 0; i < std::max(1, m.cfg.io_threads); ++i) m.io_threads.emplace_back([&m] { m.ioc.run(); });
   return Status::Ok();
 }
 
 uint16_t HttpServer::port() const { return impl_->bound_port; }
 
+bool HttpServer::drain(std::chrono::milliseconds timeout) {
+  Impl& m = *impl_;
+  if (m.stopping) return true;
+  m.draining = true;
+  asio::post(m.acceptor.get_executor(), [&m] {
+    boost::system::error_code ec;
+    m.acceptor.close(ec);
+  });
+  std::unique_lock<std::mutex> l(m.conns_mu);
+  return m.busy_cv.wait_for(l, timeout, [&m] { return m.busy == 0; });
+}
+
 void HttpServer::stop() {
   Impl& m = *impl_;
   if (m.stopping.exchange(true)) return;
-  asio::post(m.ioc, [&m] {
+  asio::post(m.acceptor.get_executor(), [&m] {
     boost::system::error_code ec;
     m.acceptor.close(ec);
     // Each connection is closed on its own strand: its coroutine may be

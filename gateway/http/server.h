@@ -80,6 +80,12 @@ class HttpServer {
   // Binds and listens; starts io and worker threads.
   Status start();
   uint16_t port() const;
+  // An upgrade's first step: stops accepting and lets each HTTP/1.1
+  // request in progress (a create, a pause, a proxied command stream)
+  // finish, its connection closing after the response; idle connections
+  // are left to stop(). Returns once none is in progress (true) or after
+  // timeout (false). HTTP/2 streams are not waited for. Then stop().
+  bool drain(std::chrono::milliseconds timeout);
   // Stops accepting, closes connections, joins threads.
   void stop();
 

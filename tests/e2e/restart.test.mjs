@@ -112,6 +112,25 @@ test('a filesystem-only pause (keepMemory false) frees the processes, survives a
   await checkAll('after a filesystem-only pause and a crash');
 });
 
+test('SIGTERM drains: a command in progress finishes before sandgate exits, and the sandbox runs on', async () => {
+  const sbx = await Sandbox.create('base', { ...server.opts, timeoutMs: 600_000 });
+  // Two seconds of work, in progress when the SIGTERM comes: the drain
+  // lets it finish (without it, its stream is cut and run() rejects).
+  const running = sbx.commands.run('sleep 2; echo drained');
+  for (const deadline = Date.now() + 20000; ;) {
+    if ((await sbx.commands.list()).some((p) => (p.args ?? []).join(' ').includes('sleep 2'))) break;
+    if (Date.now() > deadline) assert.fail('the command never started');
+  }
+  const stopped = server.signal('SIGTERM');
+  const r = await running;
+  assert.equal(r.stdout, 'drained\n');
+  assert.equal((await stopped).code, 0);
+  await server.restart();
+  const back = await Sandbox.connect(sbx.sandboxId, server.opts);
+  assert.equal((await back.commands.run('echo still')).stdout, 'still\n');
+  await back.kill();
+});
+
 test('a second sandgate on the same data directory is refused and touches nothing', async () => {
   const second = await server.second();
   assert.notEqual(second.code, 0);

@@ -252,6 +252,15 @@ asio::awaitable<void> serve(std::shared_ptr<Seen> seen, HttpRequest req, Respons
     r.body = req.body + "|" + req.bound_sandbox;
     r.content_type = "text/plain";
     ok = co_await out.respond(std::move(r));
+  } else if (req.path == "/stream/slow") {
+    // Answers 300 ms late (a request in progress when a drain starts).
+    seen->update([&] { seen->waiting = true; });
+    asio::steady_timer timer(co_await asio::this_coro::executor, 300ms);
+    boost::system::error_code ec;
+    co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    ok = co_await out.write_head(200, headers, std::nullopt);
+    ok = ok && co_await out.write_body("late");
+    ok = ok && co_await out.finish();
   } else if (req.path == "/stream/wait") {
     // Waits for a response that never comes, until the client goes away.
     asio::steady_timer timer(co_await asio::this_coro::executor, 60s);
@@ -656,5 +665,52 @@ TEST_CASE("proxy: an answer given before the body is read (no such sandbox) surv
   auto body = c.read_exact(std::stoul(h->header("content-length")));
   REQUIRE(body);
   CHECK(body->find("The sandbox was not found") != std::string::npos);
+  CHECK(c.wait_eof());
+}
+
+namespace {
+// Whether a TCP connect to port on loopback is refused.
+bool connect_refused(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool refused = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 && errno == ECONNREFUSED;
+  ::close(fd);
+  return refused;
+}
+}  // namespace
+
+TEST_CASE("drain: a request in progress finishes and its connection closes; no new connection is taken") {
+  Fixture f;
+  RawClient c = f.client();
+  REQUIRE(c.send(get("/stream/slow")));
+  REQUIRE(f.seen->until([&] { return f.seen->waiting; }));
+  auto t0 = std::chrono::steady_clock::now();
+  bool drained = f.server->drain(5000ms);
+  CHECK(drained);
+  CHECK(std::chrono::steady_clock::now() - t0 >= 100ms);  // it waited for the answer
+  auto h = c.read_head();
+  REQUIRE(h);
+  CHECK(h->status == 200);
+  auto chunks = c.read_chunks();
+  REQUIRE(chunks);
+  CHECK(*chunks == std::vector<std::string>{"late"});
+  CHECK(c.wait_eof());  // closed after its response
+  CHECK(connect_refused(f.server->port()));
+}
+
+TEST_CASE("drain: a request that does not finish holds it until the timeout; stop() then ends it") {
+  Fixture f;
+  RawClient c = f.client();
+  REQUIRE(c.send(get("/stream/wait")));
+  REQUIRE(f.seen->until([&] { return f.seen->waiting; }));
+  // An idle keep-alive connection does not hold a drain.
+  RawClient idle = f.client();
+  REQUIRE(idle.send(get("/plain")));
+  REQUIRE(idle.read_head());
+  CHECK_FALSE(f.server->drain(200ms));
+  f.server->stop();
   CHECK(c.wait_eof());
 }
