@@ -35,6 +35,7 @@
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
+#include "sandbox-runtime/process/swap.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/batch_writer.h"
 #include "storage/store.h"
@@ -524,7 +525,7 @@ Result<std::unique_ptr<storage::Store>> open_store(const AppConfig& cfg) {
 }
 
 std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kvm,
-                                               const runtime::ServiceOpener& open_service) {
+                                               const runtime::ServiceOpener& open_service, bool swap_offload = false) {
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;
     mcfg.state_root = cfg.data_dir + "/microvms";
@@ -543,6 +544,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
     return microvm::make_microvm_runtime(mcfg);
   }
   runtime::RuntimeConfig rcfg;
+  rcfg.swap_offload = swap_offload;
   rcfg.open_service = open_service;
   rcfg.state_root = cfg.data_dir + "/sandboxes";
   rcfg.agent_path = cfg.agent_path;
@@ -558,6 +560,41 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
   rcfg.sandbox_uid_slots = static_cast<uint32_t>(
       std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
   return process::make_process_runtime(rcfg);
+}
+
+// The swap process sandboxes offload into (process backend, with memory
+// offload on); null, said once, where there is none: wait pauses stay
+// freezes.
+std::unique_ptr<process::SwapDevice> open_process_swap(const AppConfig& cfg, bool use_kvm) {
+  if (use_kvm || cfg.memory_offload == "off" || cfg.process_swap == "off") return nullptr;
+  process::SwapConfig scfg;
+  scfg.mode = cfg.process_swap;
+  scfg.zram_bytes = static_cast<uint64_t>(cfg.zram_mb) << 20;
+  scfg.record = cfg.data_dir + "/swap-device";
+  Result<std::unique_ptr<process::SwapDevice>> d = process::SwapDevice::open(scfg);
+  if (!d) {
+    LOG_WARN("memory offload of process sandboxes is off: " << d.error().message()
+                                                            << "; a wait pause stays a freeze");
+    return nullptr;
+  }
+  LOG_INFO("memory offload: process sandboxes into " << (*d)->describe() << " (" << cfg.memory_offload << ")");
+  return std::move(*d);
+}
+
+// The device's lines for /metrics.
+std::function<void(std::string&)> swap_device_metrics(const process::SwapDevice* d) {
+  if (!d) return {};
+  return [d](std::string& out) {
+    Result<process::SwapStats> st = d->stats();
+    if (!st) return;
+    auto gauge = [&out](const char* name, const char* help, uint64_t v) {
+      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
+             std::to_string(v) + "\n";
+    };
+    gauge("sandgate_swap_used_bytes", "Data in the offload swap, uncompressed (every user of the device).", st->used_bytes);
+    gauge("sandgate_swap_stored_bytes", "What that data takes stored (zram: compressed).", st->stored_bytes);
+    gauge("sandgate_swap_memory_bytes", "RAM the zram device takes now (0 for host swap).", st->memory_bytes);
+  };
 }
 
 // The memory offload engine (microVMs only; null otherwise).
@@ -630,12 +667,15 @@ http::ServerConfig server_config(const AppConfig& cfg) {
 
 lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& egress_policies,
                                         bool memory_offload, memory::PressureGate& pressure,
-                                        storage::BatchWriter& rows, lifecycle::PauseMemoryPacker* pause_packer) {
+                                        storage::BatchWriter& rows, lifecycle::PauseMemoryPacker* pause_packer,
+                                        const process::SwapDevice* swap) {
   lifecycle::ServiceConfig c;
   c.egress = cfg.egress;
   c.egress_policies = &egress_policies;
   c.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
-  c.waits = wait_config(cfg, memory_offload, pressure);
+  c.waits = wait_config(cfg, memory_offload || swap != nullptr, pressure);
+  c.swap_offload = swap != nullptr;
+  c.swap_device_metrics = swap_device_metrics(swap);
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   c.warm_pool.per_key = static_cast<size_t>(cfg.warm_pool >= 0 ? cfg.warm_pool : use_kvm ? 0 : 2);
@@ -853,7 +893,10 @@ int serve(const AppConfig& cfg_in) {
   network::EgressPolicies egress_policies;
   std::unique_ptr<EgressProxy> egress = make_egress(cfg, egress_policies);
   GatewayServices services(egress.get());
-  std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener());
+  // Before the runtime: its sandboxes' swapped pages come back (swapoff)
+  // only once they are gone or left for the next start.
+  std::unique_ptr<process::SwapDevice> swap = open_process_swap(cfg, *use_kvm);
+  std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener(), swap != nullptr);
 
   tenancy::Tenants tenants(**store);
   std::string local_key;
@@ -873,7 +916,7 @@ int serve(const AppConfig& cfg_in) {
 
   lifecycle::SandboxService sandboxes(**store, *rt,
                                       service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows,
-                                                     &pause_packer),
+                                                     &pause_packer, swap.get()),
                                       [] { return sys::unix_seconds(); }, memory_engine->get());
   TemplateBuilds template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);

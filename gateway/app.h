@@ -78,8 +78,14 @@ struct AppConfig {
   int64_t llm_cooldown_ms = 250;
   // Memory offload of wait-paused microVMs (wait-engine/memory,
   // docs/memory-offload.md): "auto" (under host memory pressure, with
-  // hysteresis), "always", "off". Only the kvm runtime has guest RAM.
+  // hysteresis), "always", "off". The kvm runtime offloads guest RAM
+  // into the memory engine; the process backend into swap (below).
   std::string memory_offload = "auto";
+  // Where process sandboxes' memory goes (sandbox-runtime/process/swap.h):
+  // "zram" (a zram device sandgate makes, zram_mb, 0: half of RAM),
+  // "host" (the host's active swap), "off".
+  std::string process_swap = "zram";
+  int64_t zram_mb = 0;
   // Size-limited writable layers on the process backend (the template's
   // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
   // and mkfs.ext4 are available, "on" (a create fails without them), "off".

@@ -102,10 +102,16 @@ serve options:
   --llm-cooldown-ms N           never pause sooner than N ms after a resume
                                 (0-600000, default 250)
   --no-llm-pause                never pause sandboxes that wait on a model
-  --memory-offload auto|always|off  offload a wait-paused microVM's memory
-                                (kvm runtime; auto: while host MemAvailable is
-                                under 20% of MemTotal, until it is over 30%;
-                                default auto)
+  --memory-offload auto|always|off  offload a wait-paused sandbox's memory
+                                (microVMs: into the memory engine; process
+                                sandboxes: into swap, --process-swap; auto:
+                                while host MemAvailable is under 20% of
+                                MemTotal, until it is over 30%; default auto)
+  --process-swap zram|host|off  the swap process sandboxes offload into: a
+                                zram device sandgate makes (default), the
+                                host's active swap, or none (a freeze)
+  --zram-mb N                   the zram device's capacity, uncompressed
+                                (default: half of RAM)
   --offload-min-wait-ms N       offload only when the expected remaining wait
                                 is at least N ms (0: every pause; default 2000)
   --memory-pool-mb N            RAM for offloaded pages before they spill to
@@ -383,7 +389,8 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
                              ChoiceOpt{"keep-sandboxes", {"on", "off"}, cfg.keep_sandboxes},
                              ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
                              ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
-                             ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload}}) {
+                             ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload},
+                             ChoiceOpt{"process-swap", {"zram", "host", "off"}, cfg.process_swap}}) {
     auto it = a.opts.find(o.name);
     if (it == a.opts.end()) continue;
     if (std::find(o.values.begin(), o.values.end(), it->second) == o.values.end()) {
@@ -445,6 +452,7 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
       {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
       {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
+      {"zram-mb", 16, 1 << 24, [&](int64_t v) { cfg.zram_mb = v; }},
       {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
       {"sandbox-disk-mb", 16, 1 << 20, [&](int64_t v) { cfg.sandbox_disk_mb = v; }},
       {"template-builds", 1, 1024, [&](int64_t v) { cfg.template_builds = static_cast<size_t>(v); }},
@@ -619,7 +627,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "drain-timeout-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -88,6 +89,9 @@ struct RuntimeConfig {
   // host, which takes them back with Runtime::recover(). Off: they die
   // with it (PR_SET_PDEATHSIG).
   bool sandboxes_outlive_host = false;
+  // Offload to swap (process backend, process/swap.h): Sandbox::swap_out
+  // and swap_in work; the caller made the swap (a zram device) first.
+  bool swap_offload = false;
 };
 
 inline constexpr size_t kMaxTemplateLayers = 64;
@@ -153,6 +157,13 @@ struct GuestMemoryInfo {
 // What release_guest_memory() hands over: on the first release, the
 // userfaultfd every missing page now faults to (the caller must serve it
 // for as long as the VMM lives), with its features.
+// What Sandbox::swap_out did (process backend, process/swap.h).
+struct SwapOutAccount {
+  uint64_t resident_pages = 0;  // private anonymous pages resident before
+  uint64_t out_pages = 0;       // of those, in swap after
+  uint64_t hot_pages = 0;       // touched since the previous swap-out: read back before the thaw
+};
+
 struct GuestMemoryRelease {
   UniqueFd uffd;
   uint64_t features = 0;
@@ -212,6 +223,19 @@ class Sandbox {
   }
   virtual Result<GuestMemoryRelease> release_guest_memory() {
     return Error(ErrorKind::kUnavailable, "memory offload needs the microVM backend");
+  }
+
+  // Offload to swap (process backend with RuntimeConfig::swap_offload):
+  // swap_out pushes a paused sandbox's private memory out to swap
+  // (kConflict when cancel was set first: what went out faults back);
+  // swap_in, before resume(), reads back what it touched in its previous
+  // run and returns the pages asked for. The rest faults back on use.
+  virtual Result<SwapOutAccount> swap_out(const std::atomic<bool>& cancel) {
+    (void)cancel;
+    return Error(ErrorKind::kUnavailable, "offload to swap needs the process backend with a swap device");
+  }
+  virtual Result<uint64_t> swap_in() {
+    return Error(ErrorKind::kUnavailable, "offload to swap needs the process backend with a swap device");
   }
 };
 

@@ -83,7 +83,7 @@ wait::CoordinatorHooks SandboxService::wait_actions() {
     if (!s && s.error().kind() != ErrorKind::kNotFound)
       LOG_ERROR("sandbox " << id << ": kill after a failed resume: " << s.error().message());
   };
-  if (memory_) h.offload = [this](const std::string& id, const std::atomic<bool>& cancel) {
+  if (memory_ || cfg_.swap_offload) h.offload = [this](const std::string& id, const std::atomic<bool>& cancel) {
     return wait_offload(id, cancel);
   };
   h.offload_wanted = cfg_.waits.offload_wanted;
@@ -554,6 +554,17 @@ Status SandboxService::wait_resume(const std::string& id) {
     // Predicted pages in before the vCPUs run; the rest fault on demand.
     if (Result<uint64_t> n = memory_->prefetch(id); !n)
       LOG_WARN("sandbox " << id << ": prefetch before resume: " << n.error().message());
+  } else if (cfg_.swap_offload && live->state == State::kOffloaded) {
+    // What it touched in its previous run back from swap before the thaw.
+    uint64_t t0 = sys::monotonic_ns();
+    Result<uint64_t> n = live->sb->swap_in();
+    swap_in_ns_ += sys::monotonic_ns() - t0;
+    if (!n) {
+      LOG_WARN("sandbox " << id << ": swap-in before resume: " << n.error().message());
+    } else {
+      live->swap_in_pages += *n;
+      swap_in_pages_ += *n;
+    }
   }
   if (Status s = live->sb->resume(); !s) return s.error().with_context("wait resume of sandbox " + id);
   enter(*live, State::kRunning);
@@ -561,7 +572,7 @@ Status SandboxService::wait_resume(const std::string& id) {
 }
 
 Status SandboxService::wait_offload(const std::string& id, const std::atomic<bool>& cancel) {
-  if (!memory_) return Error(ErrorKind::kUnavailable, "memory offload is off");
+  if (!memory_ && !cfg_.swap_offload) return Error(ErrorKind::kUnavailable, "memory offload is off");
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);
   // The CPU budget: at most offload_slots_ encoders at once; a sandbox
@@ -577,6 +588,23 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->state != State::kWaitPaused) return Error(ErrorKind::kConflict, "sandbox " + id + " is not wait-paused");
+  if (!memory_) {
+    // Offload to swap: its private memory out, the kernel compressing it.
+    enter(*live, State::kOffloading);
+    uint64_t t0 = sys::monotonic_ns();
+    Result<runtime::SwapOutAccount> out = live->sb->swap_out(cancel);
+    swap_out_ns_ += sys::monotonic_ns() - t0;
+    // Cancelled part-way, what went out faults back: resumed alike.
+    enter(*live, out ? State::kOffloaded : State::kWaitPaused);
+    if (!out) return out.error().with_context("offload of sandbox " + id);
+    ++swap_outs_;
+    live->swap_out_pages = out->out_pages;
+    swap_out_pages_ += out->out_pages;
+    LOG_INFO("sandbox " << id << ": " << out->out_pages << " of " << out->resident_pages
+                        << " resident pages out to swap in " << (sys::monotonic_ns() - t0) / 1000000 << " ms; "
+                        << out->hot_pages << " touched since the last offload");
+    return Status::Ok();
+  }
   Result<runtime::GuestMemoryInfo> gm = live->sb->guest_memory();
   if (!gm) return gm.error();
   OffloadRequest req;
@@ -593,6 +621,34 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
   if (!done) return done.error().with_context("offload of sandbox " + id);
   LOG_INFO("sandbox " << id << ": " << *done);
   return Status::Ok();
+}
+
+void SandboxService::render_swap_metrics(std::string& out) {
+  if (!cfg_.swap_offload) return;
+  auto header = [&out](const char* name, const char* type, const char* help) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+  };
+  auto line = [&out](const std::string& name, uint64_t v) { out += name + " " + std::to_string(v) + "\n"; };
+  header("sandgate_swap_offloads_total", "counter", "Wait-paused process sandboxes whose memory went out to swap.");
+  line("sandgate_swap_offloads_total", swap_outs_.load());
+  header("sandgate_swap_out_pages_total", "counter", "4 KiB pages process sandboxes put out to swap.");
+  line("sandgate_swap_out_pages_total", swap_out_pages_.load());
+  header("sandgate_swap_in_pages_total", "counter", "4 KiB pages read back from swap before thaws.");
+  line("sandgate_swap_in_pages_total", swap_in_pages_.load());
+  header("sandgate_swap_out_seconds_total", "counter", "Time spent putting sandboxes' memory out to swap.");
+  out += "sandgate_swap_out_seconds_total " + std::to_string(static_cast<double>(swap_out_ns_.load()) / 1e9) + "\n";
+  header("sandgate_swap_in_seconds_total", "counter", "Time spent reading memory back before thaws.");
+  out += "sandgate_swap_in_seconds_total " + std::to_string(static_cast<double>(swap_in_ns_.load()) / 1e9) + "\n";
+  std::vector<std::pair<std::string, std::shared_ptr<Live>>> lives;
+  {
+    MutexLock g(mu_);
+    for (auto& [id, live] : live_) lives.emplace_back(id, live);
+  }
+  header("sandgate_sandbox_swap_out_pages", "gauge", "Pages the sandbox's last offload put out to swap.");
+  for (auto& [id, live] : lives) line("sandgate_sandbox_swap_out_pages{sandbox=\"" + id + "\"}", live->swap_out_pages.load());
+  header("sandgate_sandbox_swap_in_pages_total", "counter", "Pages read back into the sandbox before its thaws.");
+  for (auto& [id, live] : lives) line("sandgate_sandbox_swap_in_pages_total{sandbox=\"" + id + "\"}", live->swap_in_pages.load());
+  if (cfg_.swap_device_metrics) cfg_.swap_device_metrics(out);
 }
 
 uint64_t SandboxService::memory_in_use() {

@@ -85,6 +85,12 @@ struct ServiceConfig {
   // Memory offload (with a memory engine): at most this many offloads at
   // once, the CPU budget of the encoders.
   size_t offload_concurrency = 1;
+  // Offload to swap (process backend, runtime::Sandbox::swap_out): with no
+  // memory engine, a wait-paused sandbox's memory goes out to swap and
+  // what it touched comes back before the thaw. swap_device_metrics adds
+  // the device's own lines to render_swap_metrics (may be empty).
+  bool swap_offload = false;
+  std::function<void(std::string&)> swap_device_metrics;
   // Model-wait pauses: the service owns the wait coordinator
   // (wait-engine/coordinator), whose actions are its own wait_pause,
   // wait_resume, wait_idle, wait_offload and kill_lost. Off unless enabled.
@@ -252,6 +258,9 @@ class SandboxService {
   Result<std::string> live_tenant(const std::string& id);
   // The warm pool's counts (all zero without one).
   WarmPool::Stats warm_pool_stats();
+  // Offload to swap: pages out and back, in total and per live sandbox,
+  // and the device's stored bytes (Prometheus text; nothing without it).
+  void render_swap_metrics(std::string& out);
 
  private:
   struct Live {
@@ -269,6 +278,10 @@ class SandboxService {
     bool auto_resume = true;
     int64_t init_pid = 0;  // the process backend's agent, as the host sees it
     std::atomic<uint64_t> mem_now{0};  // M(t): the last one-second reading
+    // Offload to swap: pages the last swap-out left in swap, and pages
+    // read back before thaws, in all.
+    std::atomic<uint64_t> swap_out_pages{0};
+    std::atomic<uint64_t> swap_in_pages{0};
     uint32_t cpu_count = 1;
     Mutex net_mu;
     NetworkParams network GUARDED_BY(net_mu);  // the egress policy, from create or an update
@@ -359,6 +372,12 @@ class SandboxService {
   GuestMemoryStore* const memory_;  // may be null
   const size_t offload_slots_;
   std::atomic<size_t> offloads_running_{0};
+  // Offload to swap, totals over every sandbox.
+  std::atomic<uint64_t> swap_outs_{0};
+  std::atomic<uint64_t> swap_out_pages_{0};
+  std::atomic<uint64_t> swap_in_pages_{0};
+  std::atomic<uint64_t> swap_out_ns_{0};
+  std::atomic<uint64_t> swap_in_ns_{0};
   Mutex lost_mu_;
   // Sandboxes killed while their end could not be written (a full disk);
   // tick() writes it.

@@ -7,6 +7,7 @@
 // error pipe, then waits for the agent's "ready" frame. Any failure runs the
 // same teardown as Sandbox::kill(), so a failed create leaves nothing behind.
 #include "sandbox-runtime/process/process_runtime.h"
+#include "sandbox-runtime/process/swap.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -137,6 +138,36 @@ class ProcessSandbox final : public runtime::Sandbox {
   Status kill() override {
     std::lock_guard<std::mutex> l(mu_);
     return kill_locked();
+  }
+
+  // Offload to swap (swap.h). The sandbox stays frozen throughout; mu_ is
+  // held, so a kill waits for the page-out's current piece.
+  Result<runtime::SwapOutAccount> swap_out(const std::atomic<bool>& cancel) override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!swap_offload_) return runtime::Sandbox::swap_out(cancel);
+    if (killed_ || !has_cgroup_) return conflict_error("swap out sandbox " + id_ + ": it has been killed");
+    Result<bool> frozen = cgroup_.frozen();
+    if (!frozen) return frozen.error().with_context("swap out sandbox " + id_);
+    if (!*frozen) return conflict_error("swap out sandbox " + id_ + ": it is not paused");
+    Result<std::vector<int>> pids = cgroup_.pids();
+    if (!pids) return pids.error().with_context("swap out sandbox " + id_);
+    Result<PageOutResult> r = page_out(*pids, cancel);
+    if (!r) return r.error().with_context("swap out sandbox " + id_);
+    hot_ = std::move(r->hot);
+    runtime::SwapOutAccount a;
+    a.resident_pages = r->resident_pages;
+    a.out_pages = r->out_pages;
+    a.hot_pages = r->hot_pages;
+    return a;
+  }
+
+  Result<uint64_t> swap_in() override {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!swap_offload_) return runtime::Sandbox::swap_in();
+    if (killed_ || !has_cgroup_) return conflict_error("swap in sandbox " + id_ + ": it has been killed");
+    Result<uint64_t> n = page_in(hot_);
+    if (!n) return n.error().with_context("swap in sandbox " + id_);
+    return n;
   }
 
   Status export_layer(const std::string& dest) override {
@@ -295,6 +326,8 @@ class ProcessSandbox final : public runtime::Sandbox {
   bool reaped_ = false;     // GUARDED_BY(mu_)
   bool killed_ = false;     // GUARDED_BY(mu_)
   bool adopted_ = false;    // taken back after a restart: not our child
+  bool swap_offload_ = false;
+  std::vector<ProcessPages> hot_;  // GUARDED_BY(mu_): what the last swap_out found touched
 };
 
 Result<UniqueFd> high_fd(sys::Os& os, UniqueFd fd, const char* what) {
@@ -355,6 +388,7 @@ class ProcessRuntime final : public runtime::Runtime {
     if (!rec) return rec.error().with_context("recover sandbox " + id);
     auto sb = std::make_unique<ProcessSandbox>(id, dir, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
+    sb->swap_offload_ = cfg_.swap_offload;
     sb->adopted_ = true;
     sb->cgroup_ = Cgroup::attach(*layout_, cfg_.cgroup_parent, id, os_);
     sb->has_cgroup_ = true;
@@ -375,6 +409,7 @@ class ProcessRuntime final : public runtime::Runtime {
                              "): it runs on the kvm backend only");
     auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
+    sb->swap_offload_ = cfg_.swap_offload;
     bool created_dir = false;
     Status s = start(spec, *sb, t0, created_dir);
     if (!s) {

@@ -245,6 +245,7 @@ std::string ModelGateway::metrics() {
                           "Whether host memory pressure has turned offloading on (auto mode).",
                           impl_->pressure && impl_->pressure->on() ? 1 : 0);
   }
+  impl_->sandboxes.render_swap_metrics(out);
   // M(t) over every live sandbox: resident memory + pool bytes, sampled
   // every second.
   metrics::render_count(out, "sandgate_sandboxes_memory_bytes", "gauge",

@@ -1,0 +1,399 @@
+// Offload to swap for process sandboxes (swap.h).
+#include "sandbox-runtime/process/swap.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/swap.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "base/fd.h"
+#include "base/log.h"
+#include "base/sys.h"
+
+#ifndef MADV_PAGEOUT
+#define MADV_PAGEOUT 21
+#endif
+
+namespace sg::process {
+namespace {
+
+constexpr uint64_t kPage = 4096;
+constexpr uint64_t kPresent = 1ull << 63;
+constexpr uint64_t kSwapped = 1ull << 62;
+// Advice goes in pieces of at most this much, so a cancel is seen soon.
+constexpr uint64_t kAdvisePages = (64ull << 20) / kPage;
+// pagemap is read in pieces of this many entries.
+constexpr uint64_t kPagemapChunk = 32768;
+// A process's mappings file is bounded (a hostile sandbox can make many).
+constexpr size_t kMapsLimit = 64u << 20;
+
+std::string zram_dir(int n) { return "/sys/block/zram" + std::to_string(n); }
+
+Result<std::string> read_trimmed(const std::string& path) {
+  Result<std::string> s = sys::read_file(path, 1 << 16);
+  if (!s) return s;
+  while (!s->empty() && (s->back() == '\n' || s->back() == ' ')) s->pop_back();
+  return s;
+}
+
+Result<uint64_t> mem_total_bytes() {
+  Result<std::string> m = sys::read_file("/proc/meminfo");
+  if (!m) return m.error();
+  std::istringstream in(*m);
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024;
+  return Error(ErrorKind::kInternal, "/proc/meminfo has no MemTotal");
+}
+
+// The compressor offered that stores least: zstd, then the kernel's
+// default lzo-rle, then what else there is.
+std::string best_compressor(const std::string& offered) {
+  std::vector<std::string> names;
+  std::istringstream in(offered);
+  for (std::string w; in >> w;) {
+    if (w.size() > 2 && w.front() == '[' && w.back() == ']') w = w.substr(1, w.size() - 2);
+    names.push_back(w);
+  }
+  for (const char* want : {"zstd", "lzo-rle", "lz4hc", "lzo", "lz4"})
+    if (std::find(names.begin(), names.end(), want) != names.end()) return want;
+  return names.empty() ? std::string() : names.front();
+}
+
+// The swap header mkswap writes (version 1, no bad pages) for a device of
+// `pages` pages: the kernel reads it at swapon.
+std::string swap_header(uint64_t pages) {
+  std::string h(kPage, '\0');
+  uint32_t version = 1, last_page = static_cast<uint32_t>(pages - 1);
+  std::memcpy(&h[1024], &version, 4);
+  std::memcpy(&h[1028], &last_page, 4);
+  std::string uuid = sys::random_hex(8);  // 16 bytes of label-free id
+  std::memcpy(&h[1036], uuid.data(), 16);
+  std::memcpy(&h[kPage - 10], "SWAPSPACE2", 10);
+  return h;
+}
+
+// Removes a zram device this instance made before (the record names it).
+void remove_zram(int n, const std::string& node) {
+  if (!node.empty() && ::swapoff(node.c_str()) != 0 && errno != EINVAL)
+    LOG_WARN("swapoff " << node << ": " << std::strerror(errno));
+  if (Status s = sys::write_file(zram_dir(n) + "/reset", "1"); !s) LOG_WARN("zram" << n << " reset: " << s.error().message());
+  if (Status s = sys::write_file("/sys/class/zram-control/hot_remove", std::to_string(n)); !s)
+    LOG_WARN("zram" << n << " remove: " << s.error().message());
+}
+
+void remove_recorded(const std::string& record) {
+  Result<std::string> r = read_trimmed(record);
+  if (!r) return;
+  int n = -1;
+  try {
+    n = std::stoi(*r);
+  } catch (...) {
+  }
+  if (n >= 0 && sys::path_exists(zram_dir(n))) {
+    LOG_INFO("removing zram" << n << ", left by a previous run");
+    remove_zram(n, "/dev/zram" + std::to_string(n));
+  }
+  ::unlink(record.c_str());
+}
+
+// The block device node for zram n: /dev/zramN (devtmpfs), else one made
+// beside the record.
+Result<std::string> zram_node(int n, const std::string& record) {
+  std::string dev = "/dev/zram" + std::to_string(n);
+  struct stat st{};
+  if (::stat(dev.c_str(), &st) == 0 && S_ISBLK(st.st_mode)) return dev;
+  Result<std::string> mm = read_trimmed(zram_dir(n) + "/dev");
+  if (!mm) return mm.error();
+  unsigned ma = 0, mi = 0;
+  if (std::sscanf(mm->c_str(), "%u:%u", &ma, &mi) != 2) return Error(ErrorKind::kInternal, "zram" + std::to_string(n) + "/dev: " + *mm);
+  std::string node = record + ".dev";
+  ::unlink(node.c_str());
+  if (::mknod(node.c_str(), S_IFBLK | 0600, makedev(ma, mi)) != 0) return sys::errno_error("mknod", node);
+  return node;
+}
+
+int pidfd_open(int pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+ssize_t process_madvise(int pidfd, const iovec* iov, size_t n, int advice) {
+  return ::syscall(SYS_process_madvise, pidfd, iov, n, advice, 0u);
+}
+
+struct Mapping {
+  uint64_t start = 0, end = 0;
+};
+
+// The private, writable, anonymous mappings of pid (heap, stacks, anonymous
+// mmaps): where a sandbox's own data lives. File pages are left to the
+// page cache.
+Result<std::vector<Mapping>> anonymous_mappings(int pid) {
+  std::string path = "/proc/" + std::to_string(pid) + "/maps";
+  Result<std::string> maps = sys::read_file(path, kMapsLimit);
+  if (!maps) return maps.error();
+  std::vector<Mapping> out;
+  std::istringstream in(*maps);
+  for (std::string line; std::getline(in, line);) {
+    unsigned long long a = 0, b = 0, inode = 0;
+    char perms[8] = {};
+    int consumed = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx %7s %*s %*s %llu %n", &a, &b, perms, &inode, &consumed) < 4) continue;
+    if (perms[1] != 'w' || perms[3] != 'p' || inode != 0) continue;
+    std::string name = line.substr(std::min<size_t>(static_cast<size_t>(consumed), line.size()));
+    if (name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" || name == "[vvar_vclock]") continue;
+    if (b <= a || a % kPage || b % kPage) continue;
+    out.push_back({a, b});
+  }
+  return out;
+}
+
+// Present and swapped pages of [start, end) in pid's pagemap; runs of
+// present pages appended to hot.
+struct PageCount {
+  uint64_t present = 0, swapped = 0;
+};
+Result<PageCount> count_pages(int pagemap, const Mapping& m, std::vector<PageRange>* hot) {
+  PageCount c;
+  std::vector<uint64_t> buf(kPagemapChunk);
+  uint64_t first = m.start / kPage, last = m.end / kPage;
+  PageRange run;
+  for (uint64_t at = first; at < last;) {
+    uint64_t n = std::min<uint64_t>(kPagemapChunk, last - at);
+    ssize_t r = ::pread(pagemap, buf.data(), n * 8, static_cast<off_t>(at * 8));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return sys::errno_error("read", "pagemap");
+    }
+    if (r == 0) break;  // the process is gone
+    uint64_t got = static_cast<uint64_t>(r) / 8;
+    for (uint64_t i = 0; i < got; ++i) {
+      uint64_t e = buf[i];
+      if (e & kPresent) {
+        ++c.present;
+        if (hot) {
+          if (run.pages && run.start + run.pages * kPage == (at + i) * kPage) {
+            ++run.pages;
+          } else {
+            if (run.pages) hot->push_back(run);
+            run = {(at + i) * kPage, 1};
+          }
+        }
+      } else if (e & kSwapped) {
+        ++c.swapped;
+      }
+    }
+    at += got;
+  }
+  if (hot && run.pages) hot->push_back(run);
+  return c;
+}
+
+// process_madvise over [start, start + pages) in pieces; ESRCH: gone.
+Status advise(int pidfd, uint64_t start, uint64_t pages, int advice, const std::atomic<bool>* cancel) {
+  for (uint64_t done = 0; done < pages;) {
+    if (cancel && cancel->load()) return Error(ErrorKind::kConflict, "cancelled");
+    uint64_t n = std::min<uint64_t>(kAdvisePages, pages - done);
+    iovec v{reinterpret_cast<void*>(start + done * kPage), n * kPage};
+    if (process_madvise(pidfd, &v, 1, advice) < 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      // A range unmapped since the maps were read: skip it.
+      if (errno == ENOMEM || errno == EFAULT) return Status::Ok();
+      return sys::errno_error("process_madvise", advice == MADV_PAGEOUT ? "MADV_PAGEOUT" : "MADV_WILLNEED");
+    }
+    done += n;
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SwapDevice>> SwapDevice::open(const SwapConfig& cfg) {
+  std::unique_ptr<SwapDevice> d(new SwapDevice());
+  if (cfg.mode == "host") {
+    Result<std::string> swaps = sys::read_file("/proc/swaps");
+    if (!swaps) return swaps.error();
+    std::istringstream in(*swaps);
+    std::string line, names;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream l(line);
+      std::string name;
+      if (l >> name) names += (names.empty() ? "" : ", ") + name;
+    }
+    if (names.empty()) return Error(ErrorKind::kUnavailable, "the host has no active swap (/proc/swaps is empty)");
+    d->describe_ = "host swap (" + names + ")";
+    return d;
+  }
+  if (cfg.mode != "zram") return Error(ErrorKind::kInvalid, "swap mode " + cfg.mode + ": want zram or host");
+  if (cfg.record.empty()) return Error(ErrorKind::kInvalid, "zram swap needs a record file");
+  remove_recorded(cfg.record);
+  if (!sys::path_exists("/sys/class/zram-control/hot_add"))
+    return Error(ErrorKind::kUnavailable, "this kernel has no zram (no /sys/class/zram-control; load the zram module)");
+  uint64_t bytes = cfg.zram_bytes;
+  if (bytes == 0) {
+    Result<uint64_t> total = mem_total_bytes();
+    if (!total) return total.error();
+    bytes = *total / 2;
+  }
+  bytes = bytes / kPage * kPage;
+  if (bytes < 16 * kPage) return Error(ErrorKind::kInvalid, "zram size too small");
+  Result<std::string> added = read_trimmed("/sys/class/zram-control/hot_add");
+  if (!added) return Error(ErrorKind::kUnavailable, "zram hot_add: " + added.error().message());
+  int n = -1;
+  try {
+    n = std::stoi(*added);
+  } catch (...) {
+    return Error(ErrorKind::kInternal, "zram hot_add answered " + *added);
+  }
+  // From here on, a failure removes the device again.
+  struct Undo {
+    int n;
+    std::string node;
+    std::string record;
+    bool armed = true;
+    ~Undo() {
+      if (!armed) return;
+      remove_zram(n, node);
+      ::unlink(record.c_str());
+    }
+  } undo{n, "", cfg.record};
+  if (Status s = sys::write_file_atomic(cfg.record, std::to_string(n) + "\n"); !s) return s.error();
+  Result<std::string> offered = read_trimmed(zram_dir(n) + "/comp_algorithm");
+  if (!offered) return offered.error();
+  std::string comp = best_compressor(*offered);
+  if (!comp.empty())
+    if (Status s = sys::write_file(zram_dir(n) + "/comp_algorithm", comp); !s) return s.error();
+  if (Status s = sys::write_file(zram_dir(n) + "/disksize", std::to_string(bytes)); !s) return s.error();
+  Result<std::string> node = zram_node(n, cfg.record);
+  if (!node) return node.error();
+  {
+    UniqueFd fd(::open(node->c_str(), O_WRONLY | O_CLOEXEC));
+    if (!fd) return sys::errno_error("open", *node);
+    std::string h = swap_header(bytes / kPage);
+    if (::pwrite(fd.get(), h.data(), h.size(), 0) != static_cast<ssize_t>(h.size())) return sys::errno_error("write the swap header", *node);
+    if (::fsync(fd.get()) != 0) return sys::errno_error("fsync", *node);
+  }
+  int prio = std::clamp(cfg.priority, 0, 32767);
+  if (::swapon(node->c_str(), SWAP_FLAG_PREFER | ((prio << SWAP_FLAG_PRIO_SHIFT) & SWAP_FLAG_PRIO_MASK)) != 0) {
+    int e = errno;
+    return Error(e == EPERM ? ErrorKind::kUnavailable : ErrorKind::kInternal,
+                 "swapon " + *node + ": " + std::strerror(e));
+  }
+  undo.node = *node;
+  undo.armed = false;
+  d->zram_ = n;
+  d->node_ = *node;
+  d->record_ = cfg.record;
+  d->describe_ = "zram" + std::to_string(n) + " (" + (comp.empty() ? "default compressor" : comp) + ", " +
+                 std::to_string(bytes >> 20) + " MiB, priority " + std::to_string(prio) + ")";
+  return d;
+}
+
+SwapDevice::~SwapDevice() {
+  if (zram_ < 0) return;
+  remove_zram(zram_, node_);
+  if (node_ != "/dev/zram" + std::to_string(zram_)) ::unlink(node_.c_str());
+  ::unlink(record_.c_str());
+}
+
+Result<SwapStats> SwapDevice::stats() const {
+  SwapStats s;
+  if (zram_ >= 0) {
+    // mm_stat: orig_data_size compr_data_size mem_used_total ...
+    Result<std::string> mm = read_trimmed(zram_dir(zram_) + "/mm_stat");
+    if (!mm) return mm.error();
+    std::istringstream in(*mm);
+    in >> s.used_bytes >> s.stored_bytes >> s.memory_bytes;
+    return s;
+  }
+  Result<std::string> swaps = sys::read_file("/proc/swaps");
+  if (!swaps) return swaps.error();
+  std::istringstream in(*swaps);
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::istringstream l(line);
+    std::string name, type;
+    uint64_t size = 0, used = 0;
+    if (l >> name >> type >> size >> used) s.used_bytes += used * 1024;
+  }
+  s.stored_bytes = s.used_bytes;
+  return s;
+}
+
+Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel) {
+  PageOutResult out;
+  for (int pid : pids) {
+    if (cancel.load()) return Error(ErrorKind::kConflict, "cancelled");
+    UniqueFd pidfd(pidfd_open(pid));
+    if (!pidfd) {
+      if (errno == ESRCH) continue;
+      return sys::errno_error("pidfd_open", std::to_string(pid));
+    }
+    Result<std::vector<Mapping>> maps = anonymous_mappings(pid);
+    if (!maps) {
+      if (!sys::path_exists("/proc/" + std::to_string(pid))) continue;  // gone
+      return maps.error();
+    }
+    std::string pm_path = "/proc/" + std::to_string(pid) + "/pagemap";
+    UniqueFd pagemap(::open(pm_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!pagemap) {
+      if (errno == ENOENT || errno == ESRCH) continue;
+      return sys::errno_error("open", pm_path);
+    }
+    ProcessPages hot{pid, {}};
+    for (const Mapping& m : *maps) {
+      Result<PageCount> c = count_pages(pagemap.get(), m, &hot.ranges);
+      if (!c) return c.error();
+      out.resident_pages += c->present;
+    }
+    // Only what is resident needs advice (the hot runs).
+    for (const PageRange& r : hot.ranges) {
+      if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
+        if (s.error().kind() == ErrorKind::kConflict) return s.error();
+        if (::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0) break;  // gone
+        return s.error().with_context("page out process " + std::to_string(pid));
+      }
+    }
+    // What went out: the hot runs now in swap.
+    for (const PageRange& r : hot.ranges) {
+      Result<PageCount> c = count_pages(pagemap.get(), {r.start, r.start + r.pages * kPage}, nullptr);
+      if (!c) return c.error();
+      out.out_pages += c->swapped;
+      out.hot_pages += r.pages;
+    }
+    if (!hot.ranges.empty()) out.hot.push_back(std::move(hot));
+  }
+  return out;
+}
+
+Result<uint64_t> page_in(const std::vector<ProcessPages>& hot) {
+  uint64_t asked = 0;
+  for (const ProcessPages& p : hot) {
+    UniqueFd pidfd(pidfd_open(p.pid));
+    if (!pidfd) {
+      if (errno == ESRCH) continue;
+      return sys::errno_error("pidfd_open", std::to_string(p.pid));
+    }
+    for (const PageRange& r : p.ranges) {
+      if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_WILLNEED, nullptr); !s) {
+        if (::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0) break;
+        return s.error().with_context("page in process " + std::to_string(p.pid));
+      }
+      asked += r.pages;
+    }
+  }
+  return asked;
+}
+
+}  // namespace sg::process

@@ -1,0 +1,102 @@
+// Memory offload for process sandboxes (issue 25, docs/process-backend.md,
+// "Offload to swap"): while a sandbox is wait-paused (frozen), its private
+// anonymous memory is pushed out to compressed swap with
+// process_madvise(MADV_PAGEOUT), and what it touched in its previous run
+// is read back with MADV_WILLNEED before the thaw; the rest faults back on
+// demand.
+//
+// SwapDevice is the swap it goes to: a zram device sandgate makes (the
+// kernel's zram, its best compressor, swapped on above the host's other
+// swap) or the host's active swap. page_out() and page_in() act on a
+// frozen sandbox's processes; they take pids (the sandbox's cgroup) and
+// never follow anything a sandbox could name.
+//
+// Thread safety: SwapDevice is immutable after open(); stats() reads
+// sysfs. page_out/page_in may run for different sandboxes at once.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace sg::process {
+
+struct SwapConfig {
+  // "zram": make a zram device and swap on it; "host": use the host's
+  // active swap (none: kUnavailable).
+  std::string mode = "zram";
+  // zram: its uncompressed capacity; 0: half of the host's RAM.
+  uint64_t zram_bytes = 0;
+  // zram: a file naming the device made, so that the next open() removes
+  // what a crash left behind. Required for "zram".
+  std::string record;
+  // zram: swap priority (0..32767), above the host's swap so that pages go
+  // to the compressed device first.
+  int priority = 32767;
+};
+
+struct SwapStats {
+  uint64_t used_bytes = 0;    // data swapped out (uncompressed), every user of the swap
+  uint64_t stored_bytes = 0;  // zram: compressed size; host swap: used_bytes
+  uint64_t memory_bytes = 0;  // zram: RAM it takes now; host swap: 0
+};
+
+class SwapDevice {
+ public:
+  // Makes (zram) or finds (host) the swap. kUnavailable with the reason
+  // when there is none to be had (no zram in the kernel, no permission,
+  // no host swap); nothing is left behind then.
+  static Result<std::unique_ptr<SwapDevice>> open(const SwapConfig& cfg);
+  // zram: swapoff (pages still out come back into RAM), reset, remove.
+  ~SwapDevice();
+  SwapDevice(const SwapDevice&) = delete;
+  SwapDevice& operator=(const SwapDevice&) = delete;
+
+  // One line for the log and /health: "zram3 (lzo-rle, 12288 MiB, priority 32767)".
+  const std::string& describe() const { return describe_; }
+  Result<SwapStats> stats() const;
+
+ private:
+  SwapDevice() = default;
+  std::string describe_;
+  int zram_ = -1;      // zram device number; -1: host swap
+  std::string node_;   // zram: the block device swapped on
+  std::string record_;
+};
+
+// A page-aligned address range in one process.
+struct PageRange {
+  uint64_t start = 0;
+  uint64_t pages = 0;
+};
+struct ProcessPages {
+  int pid = -1;
+  std::vector<PageRange> ranges;
+};
+
+struct PageOutResult {
+  uint64_t resident_pages = 0;  // private anonymous pages resident before
+  uint64_t out_pages = 0;       // of those, in swap after
+  // What was resident: touched since the previous page-out (MADV_WILLNEED
+  // reads pages back into the swap cache without mapping them, so a page
+  // read back but not used is not resident at the next page-out).
+  std::vector<ProcessPages> hot;
+  uint64_t hot_pages = 0;
+};
+
+// Pushes the private anonymous memory of pids (a frozen sandbox's
+// processes) out to swap. A process that exits meanwhile is skipped.
+// kConflict when cancel is set before the end (what went out stays out and
+// faults back), other errors when a process cannot be read or advised.
+Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel);
+
+// MADV_WILLNEED over hot (still the same processes): reads those pages
+// back from swap before the thaw. Returns the pages asked for; a process
+// that is gone is skipped.
+Result<uint64_t> page_in(const std::vector<ProcessPages>& hot);
+
+}  // namespace sg::process
