@@ -1,0 +1,170 @@
+// Offload to swap for process sandboxes (issue 25): the real sandgate
+// binary with --memory-offload always makes a zram device and swaps on it;
+// a sandbox waiting on a model (the mock upstream, a slow answer) is
+// frozen and its memory goes out to the zram device; the cgroup's
+// resident memory drops during the wait, and after it a background
+// process's 64 MiB hash the same. A sandbox killed while offloaded leaves
+// nothing in the device. With --memory-offload off no device is made.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync, readdirSync, existsSync, mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Sandbox } from 'e2b';
+import { startSandgate } from './server.mjs';
+import { startMockModelServer } from './fixtures/mock_model_server.mjs';
+
+const KEY = 'sk-upstream-swap-0123456789';
+let sg, mock, tmp;
+
+before(async () => {
+  tmp = mkdtempSync(join(tmpdir(), 'sg-swap-'));
+  mock = await startMockModelServer({ apiKey: KEY });
+  const keyFile = join(tmp, 'upstream.key');
+  writeFileSync(keyFile, KEY + '\n', { mode: 0o600 });
+  sg = await startSandgate([
+    '--openai-base-url', mock.url, '--openai-key-file', keyFile,
+    '--llm-grace-ms', '20', '--llm-cooldown-ms', '0',
+    '--memory-offload', 'always', '--offload-min-wait-ms', '0', '--zram-mb', '1024',
+  ]);
+});
+
+after(async () => {
+  if (sg) assert.deepEqual(await sg.stop(), { code: 0, signal: null }, 'sandgate stops cleanly');
+  if (mock) await mock.close();
+});
+
+async function metrics() {
+  const r = await fetch(sg.url + '/metrics');
+  assert.equal(r.status, 200);
+  const out = {};
+  for (const line of (await r.text()).split('\n')) {
+    const m = line.match(/^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$/);
+    if (m) out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+// The sandbox's memory cgroup (v1) usage, page cache excluded.
+function cgroupRss(id) {
+  const dir = `/sys/fs/cgroup/memory/${sg.cgroupParent}/${id}`;
+  const stat = readFileSync(join(dir, 'memory.stat'), 'utf8');
+  const rss = Number(stat.match(/^total_rss (\d+)$/m)?.[1] ?? stat.match(/^rss (\d+)$/m)[1]);
+  return rss;
+}
+
+// A process holding 64 MiB (half random, half text) and its hash.
+const KEEPER = `
+import hashlib, os, sys
+blocks = [os.urandom(1 << 20) if i % 2 else (b"the agent keeps its notes here %d " % i) * 30000 for i in range(64)]
+data = bytearray(b"".join(b[: 1 << 20].ljust(1 << 20, b"x") for b in blocks))
+print(hashlib.sha256(data).hexdigest(), flush=True)
+sys.stdin.readline()
+print(hashlib.sha256(data).hexdigest(), flush=True)
+`;
+
+async function startKeeper(sbx) {
+  await sbx.files.write('/home/user/keeper.py', KEEPER);
+  let first = '';
+  const h = await sbx.commands.run('python3 /home/user/keeper.py', {
+    background: true, stdin: true, onStdout: (d) => { first += d; },
+  });
+  for (let i = 0; i < 600 && !first.includes('\n'); i++) await new Promise((r) => setTimeout(r, 50));
+  assert.match(first.trim(), /^[0-9a-f]{64}$/);
+  return { h, hash: first.trim() };
+}
+
+// A model call inside the sandbox that waits `ms` for its answer.
+function slowCall(sbx, ms) {
+  return sbx.commands.run(
+    `curl -sS -H "Content-Type: application/json" -H "x-mock-latency-ms: ${ms}" ` +
+      `--data '{"model":"mock-gpt","messages":[{"role":"user","content":"hi"}]}' "$OPENAI_BASE_URL/chat/completions"`,
+    { timeoutMs: 60_000 },
+  );
+}
+
+async function until(what, fn, ms = 20_000) {
+  const end = Date.now() + ms;
+  for (;;) {
+    const v = await fn();
+    if (v) return v;
+    if (Date.now() > end) assert.fail(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+test('a wait-paused sandbox goes out to zram and comes back whole', async () => {
+  const m0 = await metrics();
+  assert.ok('sandgate_swap_used_bytes' in m0, 'the device is in /metrics');
+  const sbx = await Sandbox.create('base', { ...sg.opts, timeoutMs: 300_000 });
+  try {
+    const keeper = await startKeeper(sbx);
+    const before = cgroupRss(sbx.sandboxId);
+    assert.ok(before > 64 << 20, `resident before: ${before}`);
+    const call = slowCall(sbx, 6000);
+    // Offloaded during the wait: pages out, resident memory down.
+    const m1 = await until('the offload', async () => {
+      const m = await metrics();
+      return m.sandgate_swap_offloads_total > (m0.sandgate_swap_offloads_total ?? 0) ? m : null;
+    });
+    const during = cgroupRss(sbx.sandboxId);
+    assert.ok(during < before / 4, `resident during the wait ${during} vs ${before} before`);
+    const out = m1[`sandgate_sandbox_swap_out_pages{sandbox="${sbx.sandboxId}"}`];
+    assert.ok(out * 4096 > 48 << 20, `pages out: ${out}`);
+    assert.ok(m1.sandgate_swap_stored_bytes > 0 && m1.sandgate_swap_stored_bytes < m1.sandgate_swap_used_bytes,
+      `stored ${m1.sandgate_swap_stored_bytes} of ${m1.sandgate_swap_used_bytes}`);
+    console.log(`resident ${(before / 1048576).toFixed(1)} MiB before, ${(during / 1048576).toFixed(1)} MiB during the wait; ` +
+      `${out} pages out, zram stores ${(m1.sandgate_swap_used_bytes / 1048576).toFixed(1)} MiB in ` +
+      `${(m1.sandgate_swap_stored_bytes / 1048576).toFixed(1)} MiB`);
+    const r = await call;
+    assert.match(r.stdout, /chat\.completion/);
+    // Whole after the wait.
+    await sbx.commands.sendStdin(keeper.h.pid, 'go\n');
+    const done = await keeper.h.wait();
+    assert.equal(done.stdout.trim().split('\n')[1], keeper.hash, 'the 64 MiB hash the same after the wait');
+    // A second wait: what the first run touched comes back before the thaw.
+    const m2 = await metrics();
+    await slowCall(sbx, 3000);
+    const m3 = await until('the second resume', async () => {
+      const m = await metrics();
+      return m.sandgate_swap_offloads_total > m2.sandgate_swap_offloads_total ? m : null;
+    });
+    assert.ok(m3.sandgate_swap_out_pages_total > m2.sandgate_swap_out_pages_total);
+    console.log(`second wait: ${m3.sandgate_swap_in_pages_total - m2.sandgate_swap_in_pages_total} pages read back before the thaw`);
+  } finally {
+    await sbx.kill();
+  }
+});
+
+test('a sandbox killed while offloaded leaves nothing in the swap', async () => {
+  const m0 = await metrics();
+  const sbx = await Sandbox.create('base', { ...sg.opts, timeoutMs: 300_000 });
+  const keeper = await startKeeper(sbx);
+  const call = slowCall(sbx, 8000).catch(() => null);
+  const m1 = await until('the offload', async () => {
+    const m = await metrics();
+    return m.sandgate_swap_offloads_total > m0.sandgate_swap_offloads_total ? m : null;
+  });
+  assert.ok(m1.sandgate_swap_used_bytes > 48 << 20, `in swap: ${m1.sandgate_swap_used_bytes}`);
+  await sbx.kill();
+  await call;
+  void keeper;
+  // Its swapped pages are freed with its processes.
+  await until('the swap to empty', async () => (await metrics()).sandgate_swap_used_bytes < 4 << 20);
+});
+
+test('with --memory-offload off no swap device is made and a wait pause stays a freeze', async () => {
+  const off = await startSandgate(['--memory-offload', 'off']);
+  try {
+    const r = await fetch(off.url + '/metrics');
+    const text = await r.text();
+    assert.doesNotMatch(text, /sandgate_swap_/);
+    assert.ok(!existsSync(join(off.dir, 'data', 'swap-device')));
+  } finally {
+    assert.deepEqual(await off.stop(), { code: 0, signal: null });
+  }
+  // The first server's device is listed in /proc/swaps; it goes at its stop.
+  const rec = readFileSync(join(sg.dir, 'data', 'swap-device'), 'utf8').trim();
+  assert.match(readFileSync('/proc/swaps', 'utf8'), new RegExp(`zram${rec}\\b`));
+  void readdirSync;
+});
