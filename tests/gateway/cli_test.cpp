@@ -190,6 +190,11 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   Run off = cli(dir, {"serve", "--memory-offload", "sometimes"});
   CHECK(off.rc == 2);
   CHECK(off.err.find("--memory-offload wants auto, always or off") != std::string::npos);
+  Run swap = cli(dir, {"serve", "--process-swap", "disk"});
+  CHECK(swap.rc == 2);
+  CHECK(swap.err.find("--process-swap wants zram, host or off") != std::string::npos);
+  CHECK(cli(dir, {"serve", "--zram-mb", "8"}).rc == 2);
+  CHECK(cli(dir, {"serve", "--zram-mb", "x"}).rc == 2);
   Run disk = cli(dir, {"serve", "--disk-limit", "maybe"});
   CHECK(disk.rc == 2);
   CHECK(disk.err.find("--disk-limit wants auto, on or off") != std::string::npos);
