@@ -35,6 +35,9 @@ constexpr uint64_t kAdvisePages = (64ull << 20) / kPage;
 constexpr uint64_t kPagemapChunk = 32768;
 // A process's mappings file is bounded (a hostile sandbox can make many).
 constexpr size_t kMapsLimit = 64u << 20;
+// So is the address space one page-out scans (a sandbox can map terabytes
+// of writable memory it never touches): 128 GiB.
+constexpr uint64_t kScanLimitPages = (128ull << 30) / kPage;
 
 std::string zram_dir(int n) { return "/sys/block/zram" + std::to_string(n); }
 
@@ -162,12 +165,18 @@ Result<std::vector<Mapping>> anonymous_mappings(int pid) {
 struct PageCount {
   uint64_t present = 0, swapped = 0;
 };
-Result<PageCount> count_pages(int pagemap, const Mapping& m, std::vector<PageRange>* hot) {
+Result<PageCount> count_pages(int pagemap, const Mapping& m, std::vector<PageRange>* hot,
+                              const std::atomic<bool>& cancel, uint64_t& budget) {
   PageCount c;
+  uint64_t span = (m.end - m.start) / kPage;
+  if (span > budget)
+    return Error(ErrorKind::kQuota, "the sandbox maps more writable memory than an offload scans (128 GiB)");
+  budget -= span;
   std::vector<uint64_t> buf(kPagemapChunk);
   uint64_t first = m.start / kPage, last = m.end / kPage;
   PageRange run;
   for (uint64_t at = first; at < last;) {
+    if (cancel.load()) return Error(ErrorKind::kConflict, "cancelled");
     uint64_t n = std::min<uint64_t>(kPagemapChunk, last - at);
     ssize_t r = ::pread(pagemap, buf.data(), n * 8, static_cast<off_t>(at * 8));
     if (r < 0) {
@@ -333,6 +342,7 @@ Result<SwapStats> SwapDevice::stats() const {
 
 Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel) {
   PageOutResult out;
+  uint64_t budget = kScanLimitPages;
   for (int pid : pids) {
     if (cancel.load()) return Error(ErrorKind::kConflict, "cancelled");
     UniqueFd pidfd(pidfd_open(pid));
@@ -353,7 +363,7 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
     }
     ProcessPages hot{pid, {}};
     for (const Mapping& m : *maps) {
-      Result<PageCount> c = count_pages(pagemap.get(), m, &hot.ranges);
+      Result<PageCount> c = count_pages(pagemap.get(), m, &hot.ranges, cancel, budget);
       if (!c) return c.error();
       out.resident_pages += c->present;
     }
@@ -367,7 +377,8 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
     }
     // What went out: the hot runs now in swap.
     for (const PageRange& r : hot.ranges) {
-      Result<PageCount> c = count_pages(pagemap.get(), {r.start, r.start + r.pages * kPage}, nullptr);
+      uint64_t unlimited = r.pages;
+      Result<PageCount> c = count_pages(pagemap.get(), {r.start, r.start + r.pages * kPage}, nullptr, cancel, unlimited);
       if (!c) return c.error();
       out.out_pages += c->swapped;
       out.hot_pages += r.pages;
