@@ -36,6 +36,7 @@
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
 #include "sandbox-runtime/process/swap.h"
+#include "wait-engine/metrics/histogram.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/batch_writer.h"
 #include "storage/store.h"
@@ -587,13 +588,12 @@ std::function<void(std::string&)> swap_device_metrics(const process::SwapDevice*
   return [d](std::string& out) {
     Result<process::SwapStats> st = d->stats();
     if (!st) return;
-    auto gauge = [&out](const char* name, const char* help, uint64_t v) {
-      out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " gauge\n" + name + " " +
-             std::to_string(v) + "\n";
-    };
-    gauge("sandgate_swap_used_bytes", "Data in the offload swap, uncompressed (every user of the device).", st->used_bytes);
-    gauge("sandgate_swap_stored_bytes", "What that data takes stored (zram: compressed).", st->stored_bytes);
-    gauge("sandgate_swap_memory_bytes", "RAM the zram device takes now (0 for host swap).", st->memory_bytes);
+    metrics::render_count(out, "sandgate_swap_used_bytes", "gauge",
+                          "Data in the offload swap, uncompressed (every user of the device).", st->used_bytes);
+    metrics::render_count(out, "sandgate_swap_stored_bytes", "gauge", "What that data takes stored (zram: compressed).",
+                          st->stored_bytes);
+    metrics::render_count(out, "sandgate_swap_memory_bytes", "gauge", "RAM the zram device takes now (0 for host swap).",
+                          st->memory_bytes);
   };
 }
 

@@ -1,5 +1,6 @@
 // SandboxService implementation.
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
+#include "wait-engine/metrics/histogram.h"
 
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -625,29 +626,32 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
 
 void SandboxService::render_swap_metrics(std::string& out) {
   if (!cfg_.swap_offload) return;
-  auto header = [&out](const char* name, const char* type, const char* help) {
-    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
-  };
-  auto line = [&out](const std::string& name, uint64_t v) { out += name + " " + std::to_string(v) + "\n"; };
-  header("sandgate_swap_offloads_total", "counter", "Wait-paused process sandboxes whose memory went out to swap.");
-  line("sandgate_swap_offloads_total", swap_outs_.load());
-  header("sandgate_swap_out_pages_total", "counter", "4 KiB pages process sandboxes put out to swap.");
-  line("sandgate_swap_out_pages_total", swap_out_pages_.load());
-  header("sandgate_swap_in_pages_total", "counter", "4 KiB pages read back from swap before thaws.");
-  line("sandgate_swap_in_pages_total", swap_in_pages_.load());
-  header("sandgate_swap_out_seconds_total", "counter", "Time spent putting sandboxes' memory out to swap.");
-  out += "sandgate_swap_out_seconds_total " + std::to_string(static_cast<double>(swap_out_ns_.load()) / 1e9) + "\n";
-  header("sandgate_swap_in_seconds_total", "counter", "Time spent reading memory back before thaws.");
-  out += "sandgate_swap_in_seconds_total " + std::to_string(static_cast<double>(swap_in_ns_.load()) / 1e9) + "\n";
+  metrics::render_count(out, "sandgate_swap_offloads_total", "counter",
+                        "Wait-paused process sandboxes whose memory went out to swap.", swap_outs_.load());
+  metrics::render_count(out, "sandgate_swap_out_pages_total", "counter",
+                        "4 KiB pages process sandboxes put out to swap.", swap_out_pages_.load());
+  metrics::render_count(out, "sandgate_swap_in_pages_total", "counter",
+                        "4 KiB pages read back from swap before thaws.", swap_in_pages_.load());
+  metrics::render_header(out, "sandgate_swap_out_seconds_total", "counter",
+                         "Time spent putting sandboxes' memory out to swap.");
+  metrics::render_sample(out, "sandgate_swap_out_seconds_total", "", static_cast<double>(swap_out_ns_.load()) / 1e9);
+  metrics::render_header(out, "sandgate_swap_in_seconds_total", "counter", "Time spent reading memory back before thaws.");
+  metrics::render_sample(out, "sandgate_swap_in_seconds_total", "", static_cast<double>(swap_in_ns_.load()) / 1e9);
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> lives;
   {
     MutexLock g(mu_);
     for (auto& [id, live] : live_) lives.emplace_back(id, live);
   }
-  header("sandgate_sandbox_swap_out_pages", "gauge", "Pages the sandbox's last offload put out to swap.");
-  for (auto& [id, live] : lives) line("sandgate_sandbox_swap_out_pages{sandbox=\"" + id + "\"}", live->swap_out_pages.load());
-  header("sandgate_sandbox_swap_in_pages_total", "counter", "Pages read back into the sandbox before its thaws.");
-  for (auto& [id, live] : lives) line("sandgate_sandbox_swap_in_pages_total{sandbox=\"" + id + "\"}", live->swap_in_pages.load());
+  // Per sandbox, written exactly (as render_count).
+  auto per_sandbox = [&](const char* name, const char* type, const char* help, auto value) {
+    metrics::render_header(out, name, type, help);
+    for (auto& [id, live] : lives)
+      out += std::string(name) + "{sandbox=\"" + metrics::escape_label(id) + "\"} " + std::to_string(value(*live)) + "\n";
+  };
+  per_sandbox("sandgate_sandbox_swap_out_pages", "gauge", "Pages the sandbox's last offload put out to swap.",
+              [](const Live& l) { return l.swap_out_pages.load(); });
+  per_sandbox("sandgate_sandbox_swap_in_pages_total", "counter", "Pages read back into the sandbox before its thaws.",
+              [](const Live& l) { return l.swap_in_pages.load(); });
   if (cfg_.swap_device_metrics) cfg_.swap_device_metrics(out);
 }
 

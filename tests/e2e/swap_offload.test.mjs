@@ -153,7 +153,7 @@ test('a sandbox killed while offloaded leaves nothing in the swap', async () => 
   await until('the swap to empty', async () => (await metrics()).sandgate_swap_used_bytes < 4 << 20);
 });
 
-test('with --memory-offload off no swap device is made and a wait pause stays a freeze', async () => {
+test("with --memory-offload off no swap device is made; the first server's device is in /proc/swaps", async () => {
   const off = await startSandgate(['--memory-offload', 'off']);
   try {
     const r = await fetch(off.url + '/metrics');
