@@ -36,6 +36,7 @@
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
 #include "sandbox-runtime/process/swap.h"
+#include "wait-engine/memory/swap_audit.h"
 #include "wait-engine/metrics/histogram.h"
 #include "sandbox-runtime/templates/template_builder.h"
 #include "storage/batch_writer.h"
@@ -526,7 +527,8 @@ Result<std::unique_ptr<storage::Store>> open_store(const AppConfig& cfg) {
 }
 
 std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kvm,
-                                               const runtime::ServiceOpener& open_service, bool swap_offload = false) {
+                                               const runtime::ServiceOpener& open_service, bool swap_offload = false,
+                                               runtime::SwapObserver* swap_observer = nullptr) {
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;
     mcfg.state_root = cfg.data_dir + "/microvms";
@@ -546,6 +548,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
   }
   runtime::RuntimeConfig rcfg;
   rcfg.swap_offload = swap_offload;
+  rcfg.swap_observer = swap_observer;
   rcfg.open_service = open_service;
   rcfg.state_root = cfg.data_dir + "/sandboxes";
   rcfg.agent_path = cfg.agent_path;
@@ -582,10 +585,30 @@ std::unique_ptr<process::SwapDevice> open_process_swap(const AppConfig& cfg, boo
   return std::move(*d);
 }
 
-// The device's lines for /metrics.
-std::function<void(std::string&)> swap_device_metrics(const process::SwapDevice* d) {
+// The codec audit of the pages offloaded into d (--swap-codec-audit; null
+// without it or without a swap).
+std::unique_ptr<memory::SwapCodecAudit> open_swap_audit(const AppConfig& cfg, const process::SwapDevice* d) {
+  if (!cfg.swap_codec_audit) return nullptr;
+  if (!d) {
+    LOG_WARN("--swap-codec-audit: no process sandbox offloads into swap here; nothing to audit");
+    return nullptr;
+  }
+  memory::SwapAuditConfig acfg;
+  acfg.device_bytes = [d]() -> std::optional<std::pair<uint64_t, uint64_t>> {
+    Result<process::SwapStats> st = d->stats();
+    if (!st) return std::nullopt;
+    return std::make_pair(st->used_bytes, st->stored_bytes);
+  };
+  LOG_INFO("swap codec audit on: every page-out is read and encoded with the engine's codecs too");
+  return std::make_unique<memory::SwapCodecAudit>(std::move(acfg));
+}
+
+// The device's lines for /metrics (and the audit's, when on).
+std::function<void(std::string&)> swap_device_metrics(const process::SwapDevice* d,
+                                                      const memory::SwapCodecAudit* audit) {
   if (!d) return {};
-  return [d](std::string& out) {
+  return [d, audit](std::string& out) {
+    if (audit) audit->render_metrics(out);
     Result<process::SwapStats> st = d->stats();
     if (!st) return;
     metrics::render_count(out, "sandgate_swap_used_bytes", "gauge",
@@ -668,14 +691,14 @@ http::ServerConfig server_config(const AppConfig& cfg) {
 lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& egress_policies,
                                         bool memory_offload, memory::PressureGate& pressure,
                                         storage::BatchWriter& rows, lifecycle::PauseMemoryPacker* pause_packer,
-                                        const process::SwapDevice* swap) {
+                                        const process::SwapDevice* swap, const memory::SwapCodecAudit* audit) {
   lifecycle::ServiceConfig c;
   c.egress = cfg.egress;
   c.egress_policies = &egress_policies;
   c.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
   c.waits = wait_config(cfg, memory_offload || swap != nullptr, pressure);
   c.swap_offload = swap != nullptr;
-  c.swap_device_metrics = swap_device_metrics(swap);
+  c.swap_device_metrics = swap_device_metrics(swap, audit);
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   c.warm_pool.per_key = static_cast<size_t>(cfg.warm_pool >= 0 ? cfg.warm_pool : use_kvm ? 0 : 2);
@@ -896,7 +919,9 @@ int serve(const AppConfig& cfg_in) {
   // Before the runtime: its sandboxes' swapped pages come back (swapoff)
   // only once they are gone or left for the next start.
   std::unique_ptr<process::SwapDevice> swap = open_process_swap(cfg, *use_kvm);
-  std::unique_ptr<runtime::Runtime> rt = make_runtime(cfg, *use_kvm, services.opener(), swap != nullptr);
+  std::unique_ptr<memory::SwapCodecAudit> swap_audit = open_swap_audit(cfg, swap.get());
+  std::unique_ptr<runtime::Runtime> rt =
+      make_runtime(cfg, *use_kvm, services.opener(), swap != nullptr, swap_audit.get());
 
   tenancy::Tenants tenants(**store);
   std::string local_key;
@@ -916,7 +941,7 @@ int serve(const AppConfig& cfg_in) {
 
   lifecycle::SandboxService sandboxes(**store, *rt,
                                       service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows,
-                                                     &pause_packer, swap.get()),
+                                                     &pause_packer, swap.get(), swap_audit.get()),
                                       [] { return sys::unix_seconds(); }, memory_engine->get());
   TemplateBuilds template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);

@@ -86,6 +86,9 @@ struct AppConfig {
   // "host" (the host's active swap), "off".
   std::string process_swap = "zram";
   int64_t zram_mb = 0;
+  // Measure the memory engine's codecs on the pages process sandboxes
+  // offload (wait-engine/memory/swap_audit.h); costs CPU on every offload.
+  bool swap_codec_audit = false;
   // Size-limited writable layers on the process backend (the template's
   // disk size; sandbox-runtime/process/disk.h): "auto" where loop devices
   // and mkfs.ext4 are available, "on" (a create fails without them), "off".

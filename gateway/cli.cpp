@@ -112,6 +112,11 @@ serve options:
                                 host's active swap, or none (a freeze)
   --zram-mb N                   the zram device's capacity, uncompressed
                                 (default: half of RAM)
+  --swap-codec-audit            measure: encode every page a process
+                                sandbox's offload puts out with the memory
+                                engine's codecs too, beside what the swap
+                                stored (/metrics sandgate_swap_audit_*;
+                                costs CPU on every offload)
   --offload-min-wait-ms N       offload only when the expected remaining wait
                                 is at least N ms (0: every pause; default 2000)
   --memory-pool-mb N            RAM for offloaded pages before they spill to
@@ -179,7 +184,8 @@ struct Args {
 };
 
 // Options that take no value; "--flag=false" (or "=0") turns one off.
-const std::set<std::string> kFlags = {"help", "no-local-tenant", "no-llm-pause", "egress", "egress-allow-private"};
+const std::set<std::string> kFlags = {"help", "no-local-tenant", "no-llm-pause", "egress", "egress-allow-private",
+                                      "swap-codec-audit"};
 
 bool flag_on(const std::string& v) { return v != "false" && v != "0"; }
 
@@ -373,6 +379,7 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
   if (a.opts.count("no-local-tenant")) cfg.local_tenant = !flag_on(a.opts["no-local-tenant"]);
   if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
   if (a.opts.count("egress")) cfg.egress = flag_on(a.opts["egress"]);
+  if (a.opts.count("swap-codec-audit")) cfg.swap_codec_audit = flag_on(a.opts["swap-codec-audit"]);
   if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
   if (cfg.egress_allow_private && !cfg.egress) {
     err << "sandgate: --egress-allow-private needs --egress\n";
@@ -628,7 +635,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
-      "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
+      "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {

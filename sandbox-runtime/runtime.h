@@ -32,6 +32,8 @@ class Os;
 
 namespace sg::runtime {
 
+class SwapObserver;
+
 // Serves a stream a sandbox process opened to a gateway service: the agent
 // forwards each connection to 127.0.0.1:49982 inside the sandbox as a
 // channel stream {"service":"llm"} (docs/channel.md), and the sandbox's
@@ -92,6 +94,8 @@ struct RuntimeConfig {
   // Offload to swap (process backend, process/swap.h): Sandbox::swap_out
   // and swap_in work; the caller made the swap (a zram device) first.
   bool swap_offload = false;
+  // Sees every swap_out's pages (null: none); outlives the runtime.
+  SwapObserver* swap_observer = nullptr;
 };
 
 inline constexpr size_t kMaxTemplateLayers = 64;
@@ -154,9 +158,6 @@ struct GuestMemoryInfo {
   std::string template_memory;  // the snapshot memory file a clone started from; "" for a booted VM
 };
 
-// What release_guest_memory() hands over: on the first release, the
-// userfaultfd every missing page now faults to (the caller must serve it
-// for as long as the VMM lives), with its features.
 // What Sandbox::swap_out did (process backend, process/swap.h).
 struct SwapOutAccount {
   uint64_t resident_pages = 0;  // private anonymous pages resident before
@@ -164,6 +165,36 @@ struct SwapOutAccount {
   uint64_t hot_pages = 0;       // touched since the previous swap-out: read back before the thaw
 };
 
+// A run of resident pages in one mapping of a process (SwapObserver).
+struct SwapRun {
+  uint64_t start = 0;
+  uint64_t pages = 0;
+  std::string region;          // the mapping's name in /proc/PID/maps: "[heap]", "[stack]", "" (anonymous)
+  uint32_t region_index = 0;   // mappings of that name before it in the process
+  uint64_t region_offset = 0;  // start minus the mapping's start
+};
+
+// Sees the pages each Sandbox::swap_out pushes out (RuntimeConfig::
+// swap_observer; the codec audit, wait-engine/memory/swap_audit.h). One
+// swap_out calls begin, then for each process before() (the sandbox is
+// frozen, the advice not yet given) and after() (for each run of before(),
+// which of its pages are in swap now), then end(), also after an error.
+// Called on the swap_out's thread; swap_outs may run at once.
+class SwapObserver {
+ public:
+  virtual ~SwapObserver() = default;
+  // cohort: what siblings share (the template's root and layers).
+  virtual void begin(const std::string& sandbox_id, const std::string& cohort) = 0;
+  // process: the process's name and ordinal among the sandbox's processes
+  // of that name ("python3#0"), the same in siblings.
+  virtual void before(int pid, const std::string& process, const std::vector<SwapRun>& runs) = 0;
+  virtual void after(int pid, const std::vector<std::vector<bool>>& in_swap) = 0;
+  virtual void end() = 0;
+};
+
+// What release_guest_memory() hands over: on the first release, the
+// userfaultfd every missing page now faults to (the caller must serve it
+// for as long as the VMM lives), with its features.
 struct GuestMemoryRelease {
   UniqueFd uffd;
   uint64_t features = 0;

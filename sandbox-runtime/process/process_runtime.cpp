@@ -151,8 +151,26 @@ class ProcessSandbox final : public runtime::Sandbox {
     if (!*frozen) return conflict_error("swap out sandbox " + id_ + ": it is not paused");
     Result<std::vector<int>> pids = cgroup_.pids();
     if (!pids) return pids.error().with_context("swap out sandbox " + id_);
-    Result<PageOutResult> r = page_out(*pids, cancel);
+    // The observer's begin and end bracket the page-out, whatever happens.
+    struct Observing {
+      runtime::SwapObserver* o;
+      ~Observing() {
+        if (o) o->end();
+      }
+    } observing{swap_observer_};
+    if (swap_observer_) swap_observer_->begin(id_, cohort_);
+    Result<PageOutResult> r = page_out(*pids, cancel, swap_observer_);
     if (!r) return r.error().with_context("swap out sandbox " + id_);
+    // What was resident at a page-out is what the sandbox touched since the
+    // previous one, except at the first: then it is everything it ever
+    // touched, and reading all of it back before the thaw would undo the
+    // offload (pages read back and not used stay in the swap cache, in RAM
+    // and charged to the sandbox, where no later page-out sees them).
+    if (!swapped_out_before_) {
+      swapped_out_before_ = true;
+      r->hot.clear();
+      r->hot_pages = 0;
+    }
     hot_ = std::move(r->hot);
     runtime::SwapOutAccount a;
     a.resident_pages = r->resident_pages;
@@ -327,6 +345,9 @@ class ProcessSandbox final : public runtime::Sandbox {
   bool killed_ = false;     // GUARDED_BY(mu_)
   bool adopted_ = false;    // taken back after a restart: not our child
   bool swap_offload_ = false;
+  runtime::SwapObserver* swap_observer_ = nullptr;
+  std::string cohort_;  // the template's root and layers (the observer's cohort); "" after a recover
+  bool swapped_out_before_ = false;  // GUARDED_BY(mu_)
   std::vector<ProcessPages> hot_;  // GUARDED_BY(mu_): what the last swap_out found touched
 };
 
@@ -389,6 +410,7 @@ class ProcessRuntime final : public runtime::Runtime {
     auto sb = std::make_unique<ProcessSandbox>(id, dir, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
     sb->swap_offload_ = cfg_.swap_offload;
+    sb->swap_observer_ = cfg_.swap_observer;
     sb->adopted_ = true;
     sb->cgroup_ = Cgroup::attach(*layout_, cfg_.cgroup_parent, id, os_);
     sb->has_cgroup_ = true;
@@ -410,6 +432,9 @@ class ProcessRuntime final : public runtime::Runtime {
     auto sb = std::make_unique<ProcessSandbox>(spec.id, cfg_.state_root + "/" + spec.id, os_);
     std::lock_guard<std::mutex> l(sb->mu_);
     sb->swap_offload_ = cfg_.swap_offload;
+    sb->swap_observer_ = cfg_.swap_observer;
+    sb->cohort_ = spec.rootfs;
+    for (const std::string& layer : spec.layers) sb->cohort_ += "\n" + layer;
     bool created_dir = false;
     Status s = start(spec, *sb, t0, created_dir);
     if (!s) {

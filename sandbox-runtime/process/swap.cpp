@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <map>
 #include <sstream>
 
 #include "base/fd.h"
@@ -135,6 +136,8 @@ ssize_t process_madvise(int pidfd, const iovec* iov, size_t n, int advice) {
 
 struct Mapping {
   uint64_t start = 0, end = 0;
+  std::string name;    // as /proc/PID/maps names it ("" for an anonymous mapping)
+  uint32_t index = 0;  // mappings of that name before this one
 };
 
 // The private, writable, anonymous mappings of pid (heap, stacks, anonymous
@@ -145,6 +148,7 @@ Result<std::vector<Mapping>> anonymous_mappings(int pid) {
   Result<std::string> maps = sys::read_file(path, kMapsLimit);
   if (!maps) return maps.error();
   std::vector<Mapping> out;
+  std::map<std::string, uint32_t> seen;
   std::istringstream in(*maps);
   for (std::string line; std::getline(in, line);) {
     unsigned long long a = 0, b = 0, inode = 0;
@@ -155,7 +159,8 @@ Result<std::vector<Mapping>> anonymous_mappings(int pid) {
     std::string name = line.substr(std::min<size_t>(static_cast<size_t>(consumed), line.size()));
     if (name == "[vvar]" || name == "[vdso]" || name == "[vsyscall]" || name == "[vvar_vclock]") continue;
     if (b <= a || a % kPage || b % kPage) continue;
-    out.push_back({a, b});
+    uint32_t& index = seen[name];
+    out.push_back({a, b, name, index++});
   }
   return out;
 }
@@ -205,6 +210,32 @@ Result<PageCount> count_pages(int pagemap, const Mapping& m, std::vector<PageRan
   }
   if (hot && run.pages) hot->push_back(run);
   return c;
+}
+
+// The pages of r now in swap (not present, swapped), one bit each.
+Result<std::vector<bool>> in_swap(int pagemap, const PageRange& r) {
+  std::vector<bool> bits(r.pages);
+  std::vector<uint64_t> buf(std::min<uint64_t>(kPagemapChunk, r.pages));
+  uint64_t first = r.start / kPage;
+  for (uint64_t at = 0; at < r.pages;) {
+    uint64_t n = std::min<uint64_t>(kPagemapChunk, r.pages - at);
+    ssize_t got = ::pread(pagemap, buf.data(), n * 8, static_cast<off_t>((first + at) * 8));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return sys::errno_error("read", "pagemap");
+    }
+    if (got == 0) break;  // the process is gone
+    uint64_t m = static_cast<uint64_t>(got) / 8;
+    for (uint64_t i = 0; i < m; ++i) bits[at + i] = !(buf[i] & kPresent) && (buf[i] & kSwapped);
+    at += m;
+  }
+  return bits;
+}
+
+// The name of pid (its comm), for the observer's process key.
+std::string comm_of(int pid) {
+  Result<std::string> c = read_trimmed("/proc/" + std::to_string(pid) + "/comm");
+  return c ? *c : std::string("?");
 }
 
 // process_madvise over [start, start + pages) in pieces; ESRCH: gone.
@@ -340,9 +371,11 @@ Result<SwapStats> SwapDevice::stats() const {
   return s;
 }
 
-Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel) {
+Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,
+                               runtime::SwapObserver* observer) {
   PageOutResult out;
   uint64_t budget = kScanLimitPages;
+  std::map<std::string, uint32_t> names;  // the observer's process ordinals
   for (int pid : pids) {
     if (cancel.load()) return Error(ErrorKind::kConflict, "cancelled");
     UniqueFd pidfd(pidfd_open(pid));
@@ -362,10 +395,19 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
       return sys::errno_error("open", pm_path);
     }
     ProcessPages hot{pid, {}};
+    std::vector<runtime::SwapRun> runs;
     for (const Mapping& m : *maps) {
+      size_t first_run = hot.ranges.size();
       Result<PageCount> c = count_pages(pagemap.get(), m, &hot.ranges, cancel, budget);
       if (!c) return c.error();
       out.resident_pages += c->present;
+      if (observer)
+        for (size_t i = first_run; i < hot.ranges.size(); ++i)
+          runs.push_back({hot.ranges[i].start, hot.ranges[i].pages, m.name, m.index, hot.ranges[i].start - m.start});
+    }
+    if (observer) {
+      std::string name = comm_of(pid);
+      observer->before(pid, name + "#" + std::to_string(names[name]++), runs);
     }
     // Only what is resident needs advice (the hot runs).
     for (const PageRange& r : hot.ranges) {
@@ -376,13 +418,15 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
       }
     }
     // What went out: the hot runs now in swap.
+    std::vector<std::vector<bool>> gone;
     for (const PageRange& r : hot.ranges) {
-      uint64_t unlimited = r.pages;
-      Result<PageCount> c = count_pages(pagemap.get(), {r.start, r.start + r.pages * kPage}, nullptr, cancel, unlimited);
-      if (!c) return c.error();
-      out.out_pages += c->swapped;
+      Result<std::vector<bool>> bits = in_swap(pagemap.get(), r);
+      if (!bits) return bits.error();
+      out.out_pages += static_cast<uint64_t>(std::count(bits->begin(), bits->end(), true));
       out.hot_pages += r.pages;
+      if (observer) gone.push_back(std::move(*bits));
     }
+    if (observer) observer->after(pid, gone);
     if (!hot.ranges.empty()) out.hot.push_back(std::move(hot));
   }
   return out;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "sandbox-runtime/runtime.h"
 
 namespace sg::process {
 
@@ -92,7 +93,10 @@ struct PageOutResult {
 // processes) out to swap. A process that exits meanwhile is skipped.
 // kConflict when cancel is set before the end (what went out stays out and
 // faults back), other errors when a process cannot be read or advised.
-Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel);
+// observer (may be null) sees each process's resident runs before the
+// advice and which of their pages went out after it.
+Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,
+                               runtime::SwapObserver* observer = nullptr);
 
 // MADV_WILLNEED over hot (still the same processes): reads those pages
 // back from swap before the thaw. Returns the pages asked for; a process

@@ -5,6 +5,8 @@
 // resident memory drops during the wait, and after it a background
 // process's 64 MiB hash the same. A sandbox killed while offloaded leaves
 // nothing in the device. With --memory-offload off no device is made.
+// The server runs with --swap-codec-audit: the engine's codecs see the
+// same pages the device stores, and both figures are in /metrics.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync, readdirSync, existsSync, mkdtempSync, writeFileSync } from 'node:fs';
@@ -26,6 +28,7 @@ before(async () => {
     '--openai-base-url', mock.url, '--openai-key-file', keyFile,
     '--llm-grace-ms', '20', '--llm-cooldown-ms', '0',
     '--memory-offload', 'always', '--offload-min-wait-ms', '0', '--zram-mb', '1024',
+    '--swap-codec-audit',
   ]);
 });
 
@@ -116,20 +119,41 @@ test('a wait-paused sandbox goes out to zram and comes back whole', async () => 
     console.log(`resident ${(before / 1048576).toFixed(1)} MiB before, ${(during / 1048576).toFixed(1)} MiB during the wait; ` +
       `${out} pages out, zram stores ${(m1.sandgate_swap_used_bytes / 1048576).toFixed(1)} MiB in ` +
       `${(m1.sandgate_swap_stored_bytes / 1048576).toFixed(1)} MiB`);
+    // The audit read every page that went out, and the device's own count
+    // of what it took in is the same pages.
+    const audit = (codec) => m1[`sandgate_swap_audit_bytes{codec="${codec}"}`];
+    assert.equal(m1.sandgate_swap_audit_page_outs_total, 1);
+    assert.equal(m1.sandgate_swap_audit_pages_total + m1.sandgate_swap_audit_unread_pages_total, out,
+      'the audit counts the pages that went out');
+    assert.ok(m1.sandgate_swap_audit_unread_pages_total < out / 100, `unread: ${m1.sandgate_swap_audit_unread_pages_total}`);
+    assert.equal(audit('raw'), m1.sandgate_swap_audit_pages_total * 4096);
+    assert.ok(Math.abs(audit('device_uncompressed') - audit('raw')) < audit('raw') / 20,
+      `device took in ${audit('device_uncompressed')} bytes, the audit read ${audit('raw')}`);
+    // Half the keeper's data is random: neither side stores it in much less.
+    for (const c of ['device', 'engine_plain', 'engine_cohort'])
+      assert.ok(audit(c) > audit('raw') / 4 && audit(c) < audit('raw'), `${c}: ${audit(c)} of ${audit('raw')}`);
+    console.log(`audit: ${(audit('raw') / 1048576).toFixed(1)} MiB read; device ${(audit('device') / 1048576).toFixed(1)}, ` +
+      `engine plain ${(audit('engine_plain') / 1048576).toFixed(1)}, cohort ${(audit('engine_cohort') / 1048576).toFixed(1)} MiB`);
     const r = await call;
     assert.match(r.stdout, /chat\.completion/);
     // Whole after the wait.
     await sbx.commands.sendStdin(keeper.h.pid, 'go\n');
     const done = await keeper.h.wait();
     assert.equal(done.stdout.trim().split('\n')[1], keeper.hash, 'the 64 MiB hash the same after the wait');
-    // A second wait: what the first run touched comes back before the thaw.
+    // The first resume reads nothing back: what was resident at the first
+    // page-out is everything the sandbox ever touched, not what it uses.
     const m2 = await metrics();
+    assert.equal(m2.sandgate_swap_in_pages_total, m0.sandgate_swap_in_pages_total ?? 0, 'nothing read back after the first wait');
+    // A second wait: what was touched since the first comes back before the thaw.
     await slowCall(sbx, 3000);
     const m3 = await until('the second resume', async () => {
       const m = await metrics();
       return m.sandgate_swap_offloads_total > m2.sandgate_swap_offloads_total ? m : null;
     });
     assert.ok(m3.sandgate_swap_out_pages_total > m2.sandgate_swap_out_pages_total);
+    // (envd's, which ran the keeper to its end and the call; the keeper's
+    // own pages went with it.)
+    assert.ok(m3.sandgate_swap_in_pages_total > m2.sandgate_swap_in_pages_total, 'what envd touched comes back');
     console.log(`second wait: ${m3.sandgate_swap_in_pages_total - m2.sandgate_swap_in_pages_total} pages read back before the thaw`);
   } finally {
     await sbx.kill();
