@@ -162,7 +162,7 @@ struct GuestMemoryInfo {
 struct SwapOutAccount {
   uint64_t resident_pages = 0;  // private anonymous pages resident before
   uint64_t out_pages = 0;       // of those, in swap after
-  uint64_t hot_pages = 0;       // touched since the previous swap-out: read back before the thaw
+  uint64_t hot_pages = 0;       // read back before the thaw: resident at this swap-out and the one before
 };
 
 // A run of resident pages in one mapping of a process (SwapObserver).

@@ -603,7 +603,7 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
     swap_out_pages_ += out->out_pages;
     LOG_INFO("sandbox " << id << ": " << out->out_pages << " of " << out->resident_pages
                         << " resident pages out to swap in " << (sys::monotonic_ns() - t0) / 1000000 << " ms; "
-                        << out->hot_pages << " touched since the last offload");
+                        << out->hot_pages << " to read back before the thaw");
     return Status::Ok();
   }
   Result<runtime::GuestMemoryInfo> gm = live->sb->guest_memory();

@@ -163,19 +163,18 @@ class ProcessSandbox final : public runtime::Sandbox {
     if (!r) return r.error().with_context("swap out sandbox " + id_);
     // What was resident at a page-out is what the sandbox touched since the
     // previous one, except at the first: then it is everything it ever
-    // touched, and reading all of it back before the thaw would undo the
-    // offload (pages read back and not used stay in the swap cache, in RAM
-    // and charged to the sandbox, where no later page-out sees them).
-    if (!swapped_out_before_) {
-      swapped_out_before_ = true;
-      r->hot.clear();
-      r->hot_pages = 0;
-    }
-    hot_ = std::move(r->hot);
+    // touched. Reading back what was touched in one run period reads far
+    // more than the next touches (pages read back and not used stay in the
+    // swap cache, in RAM and charged to the sandbox, where no later
+    // page-out sees them); what was touched in the last two is read back.
+    hot_ = overlap(last_resident_, r->hot);
+    if (swapped_out_before_)
+      last_resident_ = std::move(r->hot);
+    swapped_out_before_ = true;
     runtime::SwapOutAccount a;
     a.resident_pages = r->resident_pages;
     a.out_pages = r->out_pages;
-    a.hot_pages = r->hot_pages;
+    a.hot_pages = page_count(hot_);
     return a;
   }
 
@@ -348,7 +347,8 @@ class ProcessSandbox final : public runtime::Sandbox {
   runtime::SwapObserver* swap_observer_ = nullptr;
   std::string cohort_;  // the template's root and layers (the observer's cohort); "" after a recover
   bool swapped_out_before_ = false;  // GUARDED_BY(mu_)
-  std::vector<ProcessPages> hot_;  // GUARDED_BY(mu_): what the last swap_out found touched
+  std::vector<ProcessPages> hot_;  // GUARDED_BY(mu_): what swap_in reads back
+  std::vector<ProcessPages> last_resident_;  // GUARDED_BY(mu_): resident at the last swap_out (none: the first)
 };
 
 Result<UniqueFd> high_fd(sys::Os& os, UniqueFd fd, const char* what) {

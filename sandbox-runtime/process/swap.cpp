@@ -432,6 +432,34 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
   return out;
 }
 
+std::vector<ProcessPages> overlap(const std::vector<ProcessPages>& a, const std::vector<ProcessPages>& b) {
+  std::vector<ProcessPages> out;
+  for (const ProcessPages& pa : a) {
+    auto pb = std::find_if(b.begin(), b.end(), [&](const ProcessPages& x) { return x.pid == pa.pid; });
+    if (pb == b.end()) continue;
+    ProcessPages both{pa.pid, {}};
+    size_t i = 0, j = 0;
+    while (i < pa.ranges.size() && j < pb->ranges.size()) {
+      const PageRange& x = pa.ranges[i];
+      const PageRange& y = pb->ranges[j];
+      uint64_t x_end = x.start + x.pages * kPage, y_end = y.start + y.pages * kPage;
+      uint64_t lo = std::max(x.start, y.start), hi = std::min(x_end, y_end);
+      if (lo < hi) both.ranges.push_back({lo, (hi - lo) / kPage});
+      if (x_end <= y_end) ++i;
+      if (y_end <= x_end) ++j;
+    }
+    if (!both.ranges.empty()) out.push_back(std::move(both));
+  }
+  return out;
+}
+
+uint64_t page_count(const std::vector<ProcessPages>& p) {
+  uint64_t n = 0;
+  for (const ProcessPages& x : p)
+    for (const PageRange& r : x.ranges) n += r.pages;
+  return n;
+}
+
 Result<uint64_t> page_in(const std::vector<ProcessPages>& hot) {
   uint64_t asked = 0;
   for (const ProcessPages& p : hot) {

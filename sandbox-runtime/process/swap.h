@@ -82,11 +82,12 @@ struct ProcessPages {
 struct PageOutResult {
   uint64_t resident_pages = 0;  // private anonymous pages resident before
   uint64_t out_pages = 0;       // of those, in swap after
-  // What was resident: touched since the previous page-out (MADV_WILLNEED
-  // reads pages back into the swap cache without mapping them, so a page
-  // read back but not used is not resident at the next page-out).
+  // The runs that were resident: touched since the previous page-out
+  // (MADV_WILLNEED reads pages back into the swap cache without mapping
+  // them, so a page read back but not used is not resident at the next
+  // page-out).
   std::vector<ProcessPages> hot;
-  uint64_t hot_pages = 0;
+  uint64_t hot_pages = 0;  // pages in hot
 };
 
 // Pushes the private anonymous memory of pids (a frozen sandbox's
@@ -97,6 +98,13 @@ struct PageOutResult {
 // advice and which of their pages went out after it.
 Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,
                                runtime::SwapObserver* observer = nullptr);
+
+// The pages in both a and b: per process (pid in both), the overlap of its
+// runs (each list sorted by start, as page_out returns them). What was
+// resident at two page-outs in a row is what the sandbox touched in both
+// run periods, the prefetch's guess at what it touches in the next.
+std::vector<ProcessPages> overlap(const std::vector<ProcessPages>& a, const std::vector<ProcessPages>& b);
+uint64_t page_count(const std::vector<ProcessPages>& p);
 
 // MADV_WILLNEED over hot (still the same processes): reads those pages
 // back from swap before the thaw. Returns the pages asked for; a process

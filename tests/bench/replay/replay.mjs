@@ -7,7 +7,7 @@
 // Format and method: docs/replay.md.
 //
 // usage: node tests/bench/replay/replay.mjs [--n N] [--mode rollout|group]
-//          [--trajectories coding,data] [--policies none,pause[,offload]]
+//          [--trajectories coding,data] [--policies none,pause[,offload][,audit]]
 //          (offload: microVMs into the memory engine, process sandboxes into zram swap)
 //          [--time-scale F] [--runtime process|kvm] [--out DIR] [--check]
 // Needs SANDGATE_BIN and SANDGATE_TESTS_TEMPLATES_DIR (as the e2e tests do;
@@ -50,7 +50,7 @@ function parseArgs(argv) {
   if (!['rollout', 'group'].includes(a.mode)) throw new Error('--mode wants rollout or group');
   if (!(a.timeScale > 0 && a.timeScale <= 10)) throw new Error('--time-scale wants a number in (0, 10]');
   a.policies = a.policies.split(',');
-  for (const p of a.policies) if (!POLICIES[p]) throw new Error(`unknown policy ${p} (none, pause, offload)`);
+  for (const p of a.policies) if (!POLICIES[p]) throw new Error(`unknown policy ${p} (${Object.keys(POLICIES).join(', ')})`);
   a.trajectories = a.trajectories.split(',');
   return a;
 }
@@ -60,7 +60,11 @@ const POLICIES = {
   none: ['--no-llm-pause'],
   pause: ['--memory-offload', 'off'],
   offload: ['--memory-offload', 'always', '--offload-min-wait-ms', '0'],
+  // offload, and the engine's codecs on every page that goes to zram
+  // (--swap-codec-audit, process backend): a measurement, not a timing run.
+  audit: ['--memory-offload', 'always', '--offload-min-wait-ms', '0', '--swap-codec-audit'],
 };
+const AUDIT_CODECS = ['raw', 'device_uncompressed', 'device', 'engine_plain', 'engine_cohort'];
 
 // ---- trajectories -------------------------------------------------------------
 
@@ -104,7 +108,7 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const MiB = (b) => (b / 1048576).toFixed(1);
 
 function metricValue(text, name) {
-  const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+  const m = new RegExp(`^${name.replace(/[{}]/g, '\\$&')} (\\S+)$`, 'm').exec(text);
   return m ? Number(m[1]) : null;
 }
 
@@ -242,7 +246,10 @@ async function runPolicy(args, policy, trajectories, progress) {
     result.model_call_added_ms = { n: added.length, p50: pct(added, 50), p99: pct(added, 99) };
     const metrics = await (await fetch(sg.url + '/metrics')).text();
     result.final_metrics = Object.fromEntries(['sandgate_wait_pauses_total', 'sandgate_memory_offloads_total',
-      'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total'].map((k) => [k, metricValue(metrics, k)]));
+      'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total', 'sandgate_swap_offloads_total',
+      'sandgate_swap_out_pages_total', 'sandgate_swap_in_pages_total', 'sandgate_swap_audit_pages_total',
+      'sandgate_swap_audit_unread_pages_total', ...AUDIT_CODECS.map((c) => `sandgate_swap_audit_bytes{codec="${c}"}`)]
+      .map((k) => [k, metricValue(metrics, k)]).filter(([, v]) => v !== null));
   } finally {
     state.stop = true;
     await sampler;
@@ -291,7 +298,7 @@ function compare(runs) {
 
 function svg(runs, title) {
   const W = 760, H = 360, L = 70, R = 20, T = 40, B = 50;
-  const colors = { none: '#d62728', pause: '#1f77b4', offload: '#2ca02c' };
+  const colors = { none: '#d62728', pause: '#1f77b4', offload: '#2ca02c', audit: '#9467bd' };
   const all = Object.values(runs).flatMap((r) => r.samples);
   const tmax = Math.max(1, ...all.map((s) => s[0]));
   const mmax = Math.max(1, ...all.map((s) => s[1])) * 1.1;
@@ -363,6 +370,12 @@ for (const [p, r] of Object.entries(report.policies)) {
     `pauses ${r.pauses}, offloads ${r.offloads}, resume p50 ${r.resume_latency_ms.p50?.toFixed(2) ?? '-'} ms ` +
     `p99 ${r.resume_latency_ms.p99?.toFixed(2) ?? '-'} ms, model share ${(100 * r.model_share).toFixed(0)} %` +
     (r.errors.length ? `, ${r.errors.length} errors` : ''));
+  const fm = r.final_metrics, raw = fm['sandgate_swap_audit_bytes{codec="raw"}'];
+  if (raw > 0) {
+    const pc = (c) => `${(100 * (1 - fm[`sandgate_swap_audit_bytes{codec="${c}"}`] / raw)).toFixed(1)} %`;
+    console.log(`  ${p} audit: ${MiB(raw)} MiB of pages went out (device took in ${MiB(fm['sandgate_swap_audit_bytes{codec="device_uncompressed"}'])}); ` +
+      `saved: zram ${pc('device')}, engine plain ${pc('engine_plain')}, engine cohort ${pc('engine_cohort')}`);
+  }
 }
 console.log(`outputs matched across policies: ${report.outputs_match}; report ${jsonPath}, plot ${svgPath}`);
 if (args.check) {
@@ -374,7 +387,7 @@ if (args.check) {
     if (r.samples.length < 2) problems.push(`${p}: ${r.samples.length} memory samples`);
     if (p === 'none' && r.pauses !== 0) problems.push(`none: ${r.pauses} pauses`);
     if (p !== 'none' && r.pauses === 0) problems.push(`${p}: no pause recorded`);
-    if (p === 'offload' && r.offloads === 0) problems.push('offload: no offload recorded');
+    if ((p === 'offload' || p === 'audit') && r.offloads === 0) problems.push(`${p}: no offload recorded`);
   }
   if (problems.length) {
     console.error(`replay --check FAILED:\n  ${problems.join('\n  ')}`);
