@@ -674,8 +674,10 @@ namespace {
 struct OffloadFake {
   std::mutex mu;
   std::condition_variable cv;
-  enum class Mode { kSucceed, kFail, kNoSlot, kUntilCancelled } mode = Mode::kSucceed;
+  enum class Mode { kSucceed, kFail, kNoSlot, kUntilCancelled, kOneSlot } mode = Mode::kSucceed;
   int calls = 0, returned = 0, saw_cancel = 0;
+  int running = 0;       // kOneSlot: offloads holding the one slot
+  bool release = false;  // kOneSlot: the slot's holder may finish
 
   void install(CoordinatorHooks& h) {
     h.offload = [this](const std::string&, const std::atomic<bool>& cancel) -> Status {
@@ -687,6 +689,14 @@ struct OffloadFake {
         s = Error(ErrorKind::kUnavailable, "pool full (injected)");
       } else if (mode == Mode::kNoSlot) {
         s = Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
+      } else if (mode == Mode::kOneSlot) {
+        if (running > 0) {
+          s = Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
+        } else {
+          ++running;
+          cv.wait_for(l, 5s, [&] { return release; });
+          --running;
+        }
       } else if (mode == Mode::kUntilCancelled) {
         // Polls the flag as the engine does between pages (nothing
         // notifies a flag), with a deadline.
@@ -842,6 +852,53 @@ TEST_CASE("offload: without the hook, or with a history that does not pay, a wai
     co.end(t, Outcome::kCancelled);
     CHECK(off.calls == 0);
   }
+}
+
+TEST_CASE("offload: a sandbox that found no CPU slot offloads when the offload holding it ends") {
+  OffloadRig r(OffloadFake::Mode::kOneSlot);
+  auto ta = r.co->begin("a", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.running == 1; }));  // a holds the slot
+  auto tb = r.co->begin("b", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.returned == 1; }));  // b found none
+  REQUIRE(r.fake.until([&] { return r.fake.entered("b", State::kPaused) == 2; }));
+  CHECK(r.co->state("b") == State::kPaused);
+  {
+    std::lock_guard<std::mutex> l(r.off.mu);
+    r.off.release = true;
+  }
+  r.off.cv.notify_all();
+  REQUIRE(r.fake.until([&] { return r.fake.entered("a", State::kOffloaded) == 1; }));
+  REQUIRE(r.fake.until([&] { return r.fake.entered("b", State::kOffloaded) == 1; }));
+  CHECK(r.co->state("b") == State::kOffloaded);
+  check_chain(r.fake.transitions_of("b"));
+  std::string m;
+  r.co->render_metrics(m);
+  CHECK(m.find("sandgate_wait_offloads_total{result=\"skipped\"} 1") != std::string::npos);
+  CHECK(m.find("sandgate_wait_offloads_total{result=\"done\"} 2") != std::string::npos);
+  r.co->end(ta, Outcome::kCancelled);
+  r.co->end(tb, Outcome::kCancelled);
+}
+
+TEST_CASE("offload: a sandbox resumed while it waited for a slot is not offloaded when one comes free") {
+  OffloadRig r(OffloadFake::Mode::kOneSlot);
+  auto ta = r.co->begin("a", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.running == 1; }));
+  auto tb = r.co->begin("b", "tenant-a/model-x");
+  REQUIRE(r.off.until([&] { return r.off.returned == 1; }));
+  REQUIRE(r.fake.until([&] { return r.fake.entered("b", State::kPaused) == 2; }));
+  r.co->end(tb, Outcome::kCancelled);  // b's wait is over: it resumes
+  REQUIRE(r.fake.until([&] { return r.fake.entered("b", State::kRunning) >= 1; }));
+  {
+    std::lock_guard<std::mutex> l(r.off.mu);
+    r.off.release = true;
+  }
+  r.off.cv.notify_all();
+  REQUIRE(r.fake.until([&] { return r.fake.entered("a", State::kOffloaded) == 1; }));
+  r.co->end(ta, Outcome::kCancelled);
+  REQUIRE(r.fake.until([&] { return r.fake.entered("a", State::kRunning) >= 1; }));
+  std::lock_guard<std::mutex> l(r.off.mu);
+  CHECK(r.off.calls == 2);  // a's, and b's refused one: none after
+  CHECK(r.fake.entered("b", State::kOffloading) == 1);
 }
 
 TEST_CASE("offload: no CPU slot is 'skipped' (the sandbox stays paused); a gate that says no means no offload") {

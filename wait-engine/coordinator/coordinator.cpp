@@ -249,8 +249,11 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
       offloads_cancelled_.fetch_add(1, std::memory_order_relaxed);
       LOG_DEBUG("sandbox " << sandbox << ": offload stopped: " << s.error().message());
     } else if (s.error().kind() == ErrorKind::kQuota) {
-      offloads_skipped_.fetch_add(1, std::memory_order_relaxed);  // no CPU slot: stays paused, whole
-      LOG_DEBUG("sandbox " << sandbox << ": offload skipped: " << s.error().message());
+      // No CPU slot: paused, whole, until an offload ends and offers its slot.
+      offloads_skipped_.fetch_add(1, std::memory_order_relaxed);
+      LOG_DEBUG("sandbox " << sandbox << ": offload waits for a slot: " << s.error().message());
+      std::lock_guard<std::mutex> g(mu_);
+      slot_waiters_.push_back(sandbox);
     } else {
       offload_failures_.fetch_add(1, std::memory_order_relaxed);
       LOG_WARN("sandbox " << sandbox << ": offload failed (it stays paused): " << s.error().message());
@@ -286,9 +289,38 @@ void WaitCoordinator::run_action(const std::string& sandbox, EntryPtr e, Action 
     after(sandbox, e, std::move(acts), now, fire);
   }
   for (auto& f : fire) f();
+  if (a == Action::kOffload && (s || s.error().kind() != ErrorKind::kQuota)) offer_offload_slot();
   if (a == Action::kResume && !s && hooks_.kill) {
     LOG_WARN("sandbox " << sandbox << ": could not be resumed after a wait pause; killing it");
     hooks_.kill(sandbox);
+  }
+}
+
+// The slot the offload that just ended held goes to the oldest sandbox
+// still paused that found none; those no longer paused drop out.
+void WaitCoordinator::offer_offload_slot() {
+  for (;;) {
+    std::string sandbox;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (slot_waiters_.empty()) return;
+      sandbox = std::move(slot_waiters_.front());
+      slot_waiters_.pop_front();
+    }
+    EntryPtr e = find(sandbox);
+    if (!e) continue;
+    std::vector<std::function<void()>> fire;
+    bool taken;
+    {
+      std::lock_guard<std::mutex> g(e->mu);
+      if (e->gone) continue;
+      TimeNs now = clock_();
+      std::vector<Action> acts = e->sw.on_offload_slot(now);
+      taken = !acts.empty();
+      after(sandbox, e, std::move(acts), now, fire);
+    }
+    for (auto& f : fire) f();
+    if (taken) return;
   }
 }
 
@@ -484,7 +516,7 @@ void WaitCoordinator::render_metrics(std::string& out) {
   pause_latency_.render(out, "sandgate_wait_pause_latency_seconds", "Time to pause a sandbox (freeze or vCPU stop).");
   resume_latency_.render(out, "sandgate_wait_resume_latency_seconds", "Time to resume a wait-paused sandbox.");
   paused_duration_.render(out, "sandgate_wait_paused_duration_seconds", "Length of each wait pause.");
-  render_header(out, "sandgate_wait_offloads_total", "counter", "Offloads of wait-paused sandboxes, by result.");
+  render_header(out, "sandgate_wait_offloads_total", "counter", "Offloads of wait-paused sandboxes, by result (skipped: no CPU slot then; it waits for one).");
   render_sample(out, "sandgate_wait_offloads_total", "result=\"done\"", static_cast<double>(offloads_done_.load()));
   render_sample(out, "sandgate_wait_offloads_total", "result=\"cancelled\"",
                 static_cast<double>(offloads_cancelled_.load()));

@@ -148,6 +148,7 @@ class WaitCoordinator {
              std::vector<std::function<void()>>& fire);
   void arm_timer(const std::string& sandbox, const EntryPtr& e, TimeNs at);
   void run_action(const std::string& sandbox, EntryPtr e, Action a);
+  void offer_offload_slot();
   void run_probe(const std::string& sandbox, EntryPtr e);
   void post(std::function<void()> fn);
   void action_loop();
@@ -161,6 +162,9 @@ class WaitCoordinator {
   std::unordered_map<std::string, EntryPtr> entries_;  // GUARDED_BY(mu_)
   uint64_t next_id_ = 1;                                // GUARDED_BY(mu_)
   WaitHistory history_;                                 // GUARDED_BY(mu_)
+  // Paused sandboxes whose offload found no slot (the owner's CPU budget),
+  // oldest first: each offload that ends offers its slot to the next.
+  std::deque<std::string> slot_waiters_;                // GUARDED_BY(mu_)
 
   std::mutex q_mu_;
   std::condition_variable q_cv_;

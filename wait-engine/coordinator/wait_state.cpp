@@ -162,6 +162,14 @@ std::vector<Action> SandboxWait::on_pause_done(bool ok, TimeNs now, std::optiona
   return {};
 }
 
+std::vector<Action> SandboxWait::on_offload_slot(TimeNs now) {
+  if (state_ != State::kPaused || !cfg_.offload_enabled || resume_wanted_ || requests_.empty() || !held_.empty())
+    return {};
+  go(State::kOffloading, now, "an offload slot came free");
+  ++stats_.offloads;
+  return {Action::kOffload};
+}
+
 std::vector<Action> SandboxWait::on_offload_done(bool ok, TimeNs now) {
   if (state_ != State::kOffloading) return {};
   if (resume_wanted_ || requests_.empty() || !held_.empty()) {

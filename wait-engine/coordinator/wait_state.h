@@ -97,6 +97,9 @@ class SandboxWait {
   std::vector<Action> on_pause_done(bool ok, TimeNs now, std::optional<TimeNs> expected_remaining_ns = {},
                                     bool offload_allowed = true);
   std::vector<Action> on_offload_done(bool ok, TimeNs now);
+  // An offload slot came free after this sandbox's offload found none: it
+  // offloads now if it is still paused with the wait ahead of it.
+  std::vector<Action> on_offload_slot(TimeNs now);
   std::vector<Action> on_resume_done(bool ok, TimeNs now);
   // Anything else for this sandbox (envd, a port): it must run first.
   std::vector<Action> on_other_traffic(TimeNs now);
