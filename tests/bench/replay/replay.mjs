@@ -10,10 +10,18 @@
 //          [--trajectories coding,data] [--policies none,pause[,offload][,audit]]
 //          (offload: microVMs into the memory engine, process sandboxes into zram swap)
 //          [--time-scale F] [--runtime process|kvm] [--out DIR] [--check]
+//          [--external] [--combine A.json,B.json,...]
 // Needs SANDGATE_BIN and SANDGATE_TESTS_TEMPLATES_DIR (as the e2e tests do;
 // scripts/replay.sh sets them), and SANDGATE_GUEST_DIR for --runtime kvm. --check exits 1 unless every step ran,
 // every tool step's output matched across policies, and the pause policy
 // paused (what CI asserts).
+// --external runs one policy against a sandgate started elsewhere with
+// that policy's flags (SANDGATE_E2E_URL and SANDGATE_E2E_KEY: the KVM
+// harness, scripts/replay-kvm.sh); its model calls are made from inside
+// each sandbox (curl to $OPENAI_BASE_URL), as no virtual key can be made
+// there. --combine merges such one-policy reports into one. Arguments may
+// also come in SANDGATE_REPLAY_ARGS (space-separated; the harness runs the
+// file with `node --test`, which passes none).
 import { readFileSync, writeFileSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { cpus, totalmem, release, tmpdir } from 'node:os';
@@ -44,6 +52,8 @@ function parseArgs(argv) {
     else if (k === '--out') a.out = v();
     else if (k === '--name') a.name = v();
     else if (k === '--check') a.check = true;
+    else if (k === '--external') a.external = true;
+    else if (k === '--combine') a.combine = v();
     else throw new Error(`unknown argument ${k} (see the usage at the top of replay.mjs)`);
   }
   if (!Number.isInteger(a.n) || a.n < 1 || a.n > 200) throw new Error('--n wants an integer from 1 to 200');
@@ -116,21 +126,27 @@ function metricValue(text, name) {
 
 async function runPolicy(args, policy, trajectories, progress) {
   const tmp = mkdtempSync(join(tmpdir(), 'sg-replay-'));
-  const mock = await startMockModelServer({ apiKey: 'sk-replay-upstream' });
-  const keyFile = join(tmp, 'upstream.key');
-  writeFileSync(keyFile, 'sk-replay-upstream\n', { mode: 0o600 });
-  const sg = await startSandgate([
-    '--runtime', args.runtime, '--rate', '0', '--create-rate', '0', '--llm-rate', '0', '--llm-tokens-per-min', '0',
-    '--openai-base-url', mock.url, '--openai-key-file', keyFile, ...POLICIES[policy],
-    ...(process.env.SANDGATE_GUEST_DIR ? ['--guest-dir', process.env.SANDGATE_GUEST_DIR] : []),
-  ]);
+  let mock = null, sg;
+  if (args.external) {
+    const { SANDGATE_E2E_URL: url, SANDGATE_E2E_KEY: key } = process.env;
+    sg = { url, key, opts: { apiUrl: url, sandboxUrl: url, apiKey: key } };
+  } else {
+    mock = await startMockModelServer({ apiKey: 'sk-replay-upstream' });
+    const keyFile = join(tmp, 'upstream.key');
+    writeFileSync(keyFile, 'sk-replay-upstream\n', { mode: 0o600 });
+    sg = await startSandgate([
+      '--runtime', args.runtime, '--rate', '0', '--create-rate', '0', '--llm-rate', '0', '--llm-tokens-per-min', '0',
+      '--openai-base-url', mock.url, '--openai-key-file', keyFile, ...POLICIES[policy],
+      ...(process.env.SANDGATE_GUEST_DIR ? ['--guest-dir', process.env.SANDGATE_GUEST_DIR] : []),
+    ]);
+  }
   const result = { policy, sandgate_args: POLICIES[policy], tasks: [], samples: [], errors: [] };
   const boxes = [];
   const state = { done: 0, steps: 0, totalSteps: 0, mem: 0, stop: false };
   let sampler;
   try {
-    const vkey = execFileSync(process.env.SANDGATE_BIN, ['llm', 'key', 'create', 'local', '--name', 'replay',
-      '--data-dir', join(sg.dir, 'data')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
+    const vkey = args.external ? null : execFileSync(process.env.SANDGATE_BIN, ['llm', 'key', 'create', 'local',
+      '--name', 'replay', '--data-dir', join(sg.dir, 'data')], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim();
     // The task list: rollout = N copies of each trajectory (seed 1), group =
     // N candidates with seeds 1..N.
     const tasks = [];
@@ -188,12 +204,23 @@ async function runPolicy(args, policy, trajectories, progress) {
           const body = JSON.stringify({ model: 'mock-gpt', max_completion_tokens: step.model.completion_tokens ?? 20,
             messages: [{ role: 'user', content: words }] });
           const m0 = performance.now();
-          const r = await fetch(sg.url + '/v1/chat/completions', { method: 'POST', body, headers: {
-            'content-type': 'application/json', authorization: `Bearer ${vkey}`,
-            'x-sandgate-sandbox': task.sbx.sandboxId, 'x-mock-latency-ms': String(latency) } });
-          const text = await r.text();
+          let status, text;
+          if (vkey) {
+            const r = await fetch(sg.url + '/v1/chat/completions', { method: 'POST', body, headers: {
+              'content-type': 'application/json', authorization: `Bearer ${vkey}`,
+              'x-sandgate-sandbox': task.sbx.sandboxId, 'x-mock-latency-ms': String(latency) } });
+            status = r.status;
+            text = await r.text();
+          } else {
+            // From inside the sandbox, through its own proxy address.
+            const r = await task.sbx.commands.run(`curl -sS -o /dev/null -w '%{http_code}' -H 'content-type: application/json' ` +
+              `-H 'x-mock-latency-ms: ${latency}' --data '${body}' "$OPENAI_BASE_URL/chat/completions"`,
+            { timeoutMs: 300_000 }).catch((e) => e);
+            status = Number(r.stdout ?? r.result?.stdout ?? 0);
+            text = r.stderr ?? r.message ?? '';
+          }
           const took = performance.now() - m0;
-          if (r.status !== 200) throw new Error(`${task.traj.name}#${task.index} step ${i}: model call ${r.status}: ${text.slice(0, 200)}`);
+          if (status !== 200) throw new Error(`${task.traj.name}#${task.index} step ${i}: model call ${status}: ${text.slice(0, 200)}`);
           rec.model_ms += took;
           rec.model_added_ms.push(took - latency);
         } else {
@@ -248,15 +275,18 @@ async function runPolicy(args, policy, trajectories, progress) {
     result.final_metrics = Object.fromEntries(['sandgate_wait_pauses_total', 'sandgate_memory_offloads_total',
       'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total', 'sandgate_swap_offloads_total',
       'sandgate_swap_out_pages_total', 'sandgate_swap_in_pages_total', 'sandgate_swap_audit_pages_total',
-      'sandgate_swap_audit_unread_pages_total', ...AUDIT_CODECS.map((c) => `sandgate_swap_audit_bytes{codec="${c}"}`)]
+      'sandgate_swap_audit_unread_pages_total', ...AUDIT_CODECS.map((c) => `sandgate_swap_audit_bytes{codec="${c}"}`),
+      'sandgate_swap_audit_pages_by_kind{codec="engine_plain",kind="zero"}']
       .map((k) => [k, metricValue(metrics, k)]).filter(([, v]) => v !== null));
   } finally {
     state.stop = true;
     await sampler;
     for (const b of boxes) await b.kill().catch(() => {});
-    const st = await sg.stop();
-    if (st.code !== 0) result.errors.push(`sandgate exited with ${JSON.stringify(st)}`);
-    await mock.close();
+    if (!args.external) {
+      const st = await sg.stop();
+      if (st.code !== 0) result.errors.push(`sandgate exited with ${JSON.stringify(st)}`);
+      await mock.close();
+    }
     rmSync(tmp, { recursive: true, force: true });
   }
   // Time-averaged memory: the samples' trapezoid integral over the window.
@@ -272,6 +302,23 @@ async function runPolicy(args, policy, trajectories, progress) {
 }
 
 // ---- report and plot ------------------------------------------------------------------
+
+// The codec audit's figures (policy audit): the pages that went out, and
+// what zram and the engine's codecs store for them. zram's change over a
+// page-out is net of what other sandboxes' faults freed meanwhile and
+// leaves out zero pages (zram keeps them as a flag): its estimate is its
+// measured ratio over the non-zero pages.
+function auditSummary(fm) {
+  const b = (c) => fm?.[`sandgate_swap_audit_bytes{codec="${c}"}`];
+  if (!(b('raw') > 0)) return undefined;
+  const zero = (fm['sandgate_swap_audit_pages_by_kind{codec="engine_plain",kind="zero"}'] ?? 0) * 4096;
+  const ratio = b('device_uncompressed') > 0 ? b('device') / b('device_uncompressed') : null;
+  return {
+    raw_bytes: b('raw'), zero_bytes: zero, device_uncompressed_bytes: b('device_uncompressed'), device_bytes: b('device'),
+    zram_ratio_nonzero: ratio, zram_bytes: ratio === null ? null : Math.round((b('raw') - zero) * ratio),
+    engine_plain_bytes: b('engine_plain'), engine_cohort_bytes: b('engine_cohort'),
+  };
+}
 
 function compare(runs) {
   const base = runs.none ?? Object.values(runs)[0];
@@ -325,10 +372,36 @@ function svg(runs, title) {
 
 // ---- main ---------------------------------------------------------------------------
 
-const args = parseArgs(process.argv.slice(2));
-if (!process.env.SANDGATE_BIN || !process.env.SANDGATE_TESTS_TEMPLATES_DIR) {
+const args = parseArgs([...process.argv.slice(2), ...(process.env.SANDGATE_REPLAY_ARGS ?? '').split(' ').filter(Boolean)]);
+if (args.external) {
+  if (!process.env.SANDGATE_E2E_URL || !process.env.SANDGATE_E2E_KEY) {
+    console.error('replay --external: set SANDGATE_E2E_URL and SANDGATE_E2E_KEY (the KVM harness does)');
+    process.exit(2);
+  }
+  if (args.policies.length !== 1) {
+    console.error('replay --external: one policy (the flags the sandgate at SANDGATE_E2E_URL runs with)');
+    process.exit(2);
+  }
+} else if (!args.combine && (!process.env.SANDGATE_BIN || !process.env.SANDGATE_TESTS_TEMPLATES_DIR)) {
   console.error('replay: set SANDGATE_BIN and SANDGATE_TESTS_TEMPLATES_DIR (scripts/replay.sh does)');
   process.exit(2);
+}
+const runs = {};
+let machine = { cpu: cpus()[0]?.model, cores: cpus().length, memory_bytes: totalmem(), kernel: release(), runtime: args.runtime };
+let config = { n: args.n, mode: args.mode, trajectories: args.trajectories, policies: args.policies, time_scale: args.timeScale,
+  external: Boolean(args.external) };
+if (args.combine) {
+  // One-policy reports (--external runs) into one: the same tasks, policy by policy.
+  const reports = args.combine.split(',').map((f) => JSON.parse(readFileSync(f, 'utf8')));
+  ({ machine, config } = reports[0]);
+  for (const rep of reports)
+    for (const [p, r] of Object.entries(rep.policies)) runs[p] = { ...r, policy: p };
+  config = { ...config, policies: Object.keys(runs) };
+  args.trajectories = config.trajectories;
+  args.n = config.n;
+  args.mode = config.mode;
+  args.runtime = machine.runtime;
+  args.timeScale = config.time_scale;
 }
 const trajectories = args.trajectories.map(loadTrajectory);
 const tty = process.stderr.isTTY;
@@ -339,17 +412,18 @@ const progress = (policy, st, t, final = false) => {
   if (tty) process.stderr.write(`\r${line}   ${final ? '\n' : ''}`);
   else if (final || t - lastLine >= 10) { process.stderr.write(line + '\n'); lastLine = t; }
 };
-const runs = {};
-for (const p of args.policies) {
-  lastLine = 0;
-  runs[p] = await runPolicy(args, p, trajectories, progress);
+if (!args.combine) {
+  for (const p of args.policies) {
+    lastLine = 0;
+    runs[p] = await runPolicy(args, p, trajectories, progress);
+  }
 }
 const mismatches = compare(runs);
 const report = {
   benchmark: 'replay of agent trajectories with model waits (docs/replay.md)',
   date: new Date().toISOString(),
-  machine: { cpu: cpus()[0]?.model, cores: cpus().length, memory_bytes: totalmem(), kernel: release(), runtime: args.runtime },
-  config: { n: args.n, mode: args.mode, trajectories: args.trajectories, policies: args.policies, time_scale: args.timeScale },
+  machine,
+  config,
   outputs_match: mismatches.length === 0,
   mismatches,
   policies: Object.fromEntries(Object.entries(runs).map(([p, r]) => [p, {
@@ -357,24 +431,23 @@ const report = {
     window_s: r.window_s, slowdown: r.slowdown, pauses: r.pauses, offloads: r.offloads,
     resume_latency_ms: r.resume_latency_ms, model_call_added_ms: r.model_call_added_ms,
     model_share: r.tasks.reduce((a, t) => a + t.model_ms, 0) / r.tasks.reduce((a, t) => a + t.wall_ms, 0),
-    final_metrics: r.final_metrics, errors: r.errors, tasks: r.tasks, samples: r.samples,
+    final_metrics: r.final_metrics, audit: auditSummary(r.final_metrics), errors: r.errors, tasks: r.tasks, samples: r.samples,
   }])),
 };
 mkdirSync(args.out, { recursive: true });
 const jsonPath = join(args.out, `${args.name}.json`), svgPath = join(args.out, `${args.name}.svg`);
 writeFileSync(jsonPath, JSON.stringify(report, null, 1) + '\n');
-writeFileSync(svgPath, svg(runs, `M(t), ${args.n} x {${args.trajectories.join(', ')}} (${args.mode}), ${args.runtime} backend, time scale ${args.timeScale}`));
+writeFileSync(svgPath, svg(runs, `M(t), ${args.n} x {${args.trajectories.join(', ')}} (${args.mode}), ${args.runtime} backend${config.external && args.runtime === 'kvm' ? ' in the KVM harness (times emulated)' : ''}, time scale ${args.timeScale}`));
 for (const [p, r] of Object.entries(report.policies)) {
   console.log(`${p}: M avg ${MiB(r.mem_avg_bytes)} MiB (x${r.mem_avg_vs_none.toFixed(3)} of none), peak ${MiB(r.mem_peak_bytes)} MiB, ` +
     `window ${r.window_s.toFixed(1)} s, slowdown mean x${r.slowdown.mean.toFixed(3)} max x${r.slowdown.max.toFixed(3)}, ` +
     `pauses ${r.pauses}, offloads ${r.offloads}, resume p50 ${r.resume_latency_ms.p50?.toFixed(2) ?? '-'} ms ` +
     `p99 ${r.resume_latency_ms.p99?.toFixed(2) ?? '-'} ms, model share ${(100 * r.model_share).toFixed(0)} %` +
     (r.errors.length ? `, ${r.errors.length} errors` : ''));
-  const fm = r.final_metrics, raw = fm['sandgate_swap_audit_bytes{codec="raw"}'];
-  if (raw > 0) {
-    const pc = (c) => `${(100 * (1 - fm[`sandgate_swap_audit_bytes{codec="${c}"}`] / raw)).toFixed(1)} %`;
-    console.log(`  ${p} audit: ${MiB(raw)} MiB of pages went out (device took in ${MiB(fm['sandgate_swap_audit_bytes{codec="device_uncompressed"}'])}); ` +
-      `saved: zram ${pc('device')}, engine plain ${pc('engine_plain')}, engine cohort ${pc('engine_cohort')}`);
+  if (r.audit) {
+    const a = r.audit, pc = (x) => `${(100 * (1 - x / a.raw_bytes)).toFixed(1)} %`;
+    console.log(`  ${p} audit: ${MiB(a.raw_bytes)} MiB went out (${MiB(a.zero_bytes)} MiB zero pages); saved: ` +
+      `zram ${pc(a.zram_bytes)} (est.), engine plain ${pc(a.engine_plain_bytes)}, engine cohort ${pc(a.engine_cohort_bytes)}`);
   }
 }
 console.log(`outputs matched across policies: ${report.outputs_match}; report ${jsonPath}, plot ${svgPath}`);
