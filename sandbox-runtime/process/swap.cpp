@@ -260,7 +260,7 @@ Status advise(int pidfd, uint64_t start, uint64_t pages, int advice, const std::
 Result<std::unique_ptr<SwapDevice>> SwapDevice::open(const SwapConfig& cfg) {
   std::unique_ptr<SwapDevice> d(new SwapDevice());
   if (cfg.mode == "host") {
-    Result<std::string> swaps = sys::read_file("/proc/swaps");
+    Result<std::string> swaps = sys::read_file(cfg.proc_swaps);
     if (!swaps) return swaps.error();
     std::istringstream in(*swaps);
     std::string line, names;
@@ -270,8 +270,9 @@ Result<std::unique_ptr<SwapDevice>> SwapDevice::open(const SwapConfig& cfg) {
       std::string name;
       if (l >> name) names += (names.empty() ? "" : ", ") + name;
     }
-    if (names.empty()) return Error(ErrorKind::kUnavailable, "the host has no active swap (/proc/swaps is empty)");
+    if (names.empty()) return Error(ErrorKind::kUnavailable, "the host has no active swap (" + cfg.proc_swaps + " is empty)");
     d->describe_ = "host swap (" + names + ")";
+    d->proc_swaps_ = cfg.proc_swaps;
     return d;
   }
   if (cfg.mode != "zram") return Error(ErrorKind::kInvalid, "swap mode " + cfg.mode + ": want zram or host");
@@ -356,7 +357,7 @@ Result<SwapStats> SwapDevice::stats() const {
     in >> s.used_bytes >> s.stored_bytes >> s.memory_bytes;
     return s;
   }
-  Result<std::string> swaps = sys::read_file("/proc/swaps");
+  Result<std::string> swaps = sys::read_file(proc_swaps_);
   if (!swaps) return swaps.error();
   std::istringstream in(*swaps);
   std::string line;

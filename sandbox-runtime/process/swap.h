@@ -38,6 +38,8 @@ struct SwapConfig {
   // zram: swap priority (0..32767), above the host's swap so that pages go
   // to the compressed device first.
   int priority = 32767;
+  // host: the swap table read (a test names its own).
+  std::string proc_swaps = "/proc/swaps";
 };
 
 struct SwapStats {
@@ -67,6 +69,7 @@ class SwapDevice {
   int zram_ = -1;      // zram device number; -1: host swap
   std::string node_;   // zram: the block device swapped on
   std::string record_;
+  std::string proc_swaps_;  // host swap: the table stats() reads
 };
 
 // A page-aligned address range in one process.

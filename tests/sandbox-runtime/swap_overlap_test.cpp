@@ -1,8 +1,11 @@
-// process::overlap, the prefetch's set (process/swap.h): the pages resident
-// at two page-outs in a row, per process.
+// process/swap.h without root: overlap, the prefetch's set (the pages
+// resident at two page-outs in a row, per process), and the host-swap mode
+// on a swap table of the test's own.
 #include <doctest/doctest.h>
 
+#include "base/sys.h"
 #include "sandbox-runtime/process/swap.h"
+#include "tests/support/temp_dir.h"
 
 namespace sg::process {
 namespace {
@@ -27,6 +30,31 @@ TEST_CASE("the prefetch reads back what two page-outs in a row found resident, p
   CHECK(overlap({}, b).empty());
   CHECK(overlap(a, {}).empty());
   CHECK(page_count({}) == 0);
+}
+
+TEST_CASE("--process-swap host: no active swap is kUnavailable with the reason; a listed one is used") {
+  test::TempDir dir;
+  SwapConfig cfg;
+  cfg.mode = "host";
+  cfg.proc_swaps = dir.path() + "/swaps";
+  std::string header = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n";
+  REQUIRE(sys::write_file(cfg.proc_swaps, header));
+  Result<std::unique_ptr<SwapDevice>> none = SwapDevice::open(cfg);
+  REQUIRE(!none);
+  CHECK(none.error().kind() == ErrorKind::kUnavailable);
+  CHECK(none.error().message().find("no active swap") != std::string::npos);
+  REQUIRE(sys::write_file(cfg.proc_swaps, header + "/swapfile                                file\t\t1048572\t\t2048\t\t-2\n"));
+  Result<std::unique_ptr<SwapDevice>> host = SwapDevice::open(cfg);
+  REQUIRE(host);
+  CHECK((*host)->describe() == "host swap (/swapfile)");
+  Result<SwapStats> st = (*host)->stats();
+  REQUIRE(st);
+  CHECK(st->used_bytes == 2048 * 1024);
+  CHECK(st->stored_bytes == st->used_bytes);
+  cfg.mode = "tmpfs";
+  Result<std::unique_ptr<SwapDevice>> bad = SwapDevice::open(cfg);
+  REQUIRE(!bad);
+  CHECK(bad.error().kind() == ErrorKind::kInvalid);
 }
 
 }  // namespace
