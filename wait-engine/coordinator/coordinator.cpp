@@ -516,7 +516,8 @@ void WaitCoordinator::render_metrics(std::string& out) {
   pause_latency_.render(out, "sandgate_wait_pause_latency_seconds", "Time to pause a sandbox (freeze or vCPU stop).");
   resume_latency_.render(out, "sandgate_wait_resume_latency_seconds", "Time to resume a wait-paused sandbox.");
   paused_duration_.render(out, "sandgate_wait_paused_duration_seconds", "Length of each wait pause.");
-  render_header(out, "sandgate_wait_offloads_total", "counter", "Offloads of wait-paused sandboxes, by result (skipped: no CPU slot then; it waits for one).");
+  render_header(out, "sandgate_wait_offloads_total", "counter",
+                "Offloads of wait-paused sandboxes, by result (skipped: no CPU slot then; it waits for one).");
   render_sample(out, "sandgate_wait_offloads_total", "result=\"done\"", static_cast<double>(offloads_done_.load()));
   render_sample(out, "sandgate_wait_offloads_total", "result=\"cancelled\"",
                 static_cast<double>(offloads_cancelled_.load()));
