@@ -424,7 +424,6 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
       Result<std::vector<bool>> bits = in_swap(pagemap.get(), r);
       if (!bits) return bits.error();
       out.out_pages += static_cast<uint64_t>(std::count(bits->begin(), bits->end(), true));
-      out.hot_pages += r.pages;
       if (observer) gone.push_back(std::move(*bits));
     }
     if (observer) observer->after(pid, gone);

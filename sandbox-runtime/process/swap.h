@@ -90,7 +90,6 @@ struct PageOutResult {
   // them, so a page read back but not used is not resident at the next
   // page-out).
   std::vector<ProcessPages> hot;
-  uint64_t hot_pages = 0;  // pages in hot
 };
 
 // Pushes the private anonymous memory of pids (a frozen sandbox's
