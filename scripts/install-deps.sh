@@ -12,6 +12,7 @@ PKGS=(
   e2fsprogs cpio busybox-static qemu-system-x86
   docker-registry bash-static apache2-utils zstd
   docker-compose python3-venv
+  etcd-server etcd-client
 )
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
 # guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
@@ -21,6 +22,8 @@ PKGS=(
 # template tests pull from, the image they push to it, its Basic auth.
 # docker-compose: `docker-compose config` validates compose/ in the
 # compose_check test (no container engine is needed for that).
+# etcd-server, etcd-client: cluster mode's coordination store (3.4, v3
+# API over its JSON gateway); the cluster tests start their own members.
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
 # image usually has them, Debian's packages are the fallback.
