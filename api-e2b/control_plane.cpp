@@ -98,6 +98,15 @@ bool ControlPlane::owns(const HttpRequest& req) {
   return false;
 }
 
+std::string ControlPlane::sandbox_id_of(const HttpRequest& req) {
+  std::vector<std::string> seg = path_segments(req.path);
+  size_t at = !seg.empty() && seg[0] == "v2" ? 1 : 0;
+  if (seg.size() < at + 2 || seg[at] != "sandboxes") return {};
+  // "/sandboxes/metrics" is E2B's list of metrics, not a sandbox.
+  if (seg.size() == at + 2 && seg[at + 1] == "metrics") return {};
+  return seg[at + 1];
+}
+
 // The routes: one row each, matched on method and path pattern ("{}"
 // matches one non-empty segment, captured in order). Rows are tried in
 // order, so a literal segment is listed before a capture in the same
@@ -201,7 +210,16 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     r.header("Retry-After", std::to_string(wait));
     return r;
   }
+  return route(req, seg, *tenant);
+}
 
+HttpResponse ControlPlane::handle_as(const HttpRequest& req, const storage::TenantRow& tenant) {
+  return route(req, path_segments(req.path), tenant);
+}
+
+HttpResponse ControlPlane::route(const HttpRequest& req, const std::vector<std::string>& seg,
+                                 const storage::TenantRow& tenant) {
+  const std::string& m = req.method;
   // Each route's pattern, split once.
   static const std::vector<std::vector<std::string>> kPatterns = [] {
     std::vector<std::vector<std::string>> p;
@@ -225,7 +243,7 @@ HttpResponse ControlPlane::handle(const HttpRequest& req) {
     const std::string& arg2 = args.size() < 2 ? kNone : args[1];
     if (std::string_view(r.pattern).rfind("/sandboxes/{}", 0) == 0 && (id.empty() || id.size() > 64))
       return http::json_error(404, "sandbox \"" + id + "\" not found");
-    return (this->*r.serve)(Call{req, *tenant, id, v2, arg2, r.pattern});
+    return (this->*r.serve)(Call{req, tenant, id, v2, arg2, r.pattern});
   }
   if (allow.empty()) return http::json_error(404, "no route for " + m + " " + req.path);
   HttpResponse r = http::json_error(405, "method " + m + " not allowed on " + req.path);

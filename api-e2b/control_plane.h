@@ -9,6 +9,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sandbox-runtime/builds/build_service.h"
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
@@ -45,6 +46,12 @@ class ControlPlane {
   // Health, then authentication and the request budget, then the route
   // table (control_plane.cpp, kRoutes): one handler per route.
   http::HttpResponse handle(const http::HttpRequest& req);
+  // The route table for a tenant authenticated elsewhere (a request
+  // another cluster node forwarded: that node checked the key and the
+  // request budget). The caller has verified the cluster credential.
+  http::HttpResponse handle_as(const http::HttpRequest& req, const storage::TenantRow& tenant);
+  // The sandbox id a request names ("/sandboxes/{id}...", v2 too), or "".
+  static std::string sandbox_id_of(const http::HttpRequest& req);
 
  private:
   // One authenticated request on its way to a route's handler.
@@ -58,6 +65,8 @@ class ControlPlane {
   };
   struct Route;
   static const Route kRoutes[];
+  http::HttpResponse route(const http::HttpRequest& req, const std::vector<std::string>& seg,
+                           const storage::TenantRow& tenant);
 
   http::HttpResponse create(const Call& c);
   http::HttpResponse list(const Call& c);

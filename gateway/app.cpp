@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +27,8 @@
 #include "api-e2b/control_plane.h"
 #include "sandbox-runtime/builds/build_service.h"
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
+#include "gateway/cluster.h"
+#include "gateway/cluster_routes.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
 #include "wait-engine/llm/model_gateway.h"
@@ -785,8 +788,13 @@ struct Routes {
   storage::Store& store;
   tenancy::RateLimiter& request_limit;
   api::ControlPlane& control;
+  // Cluster mode: routing across nodes; null on one host.
+  ClusterRoutes* cluster = nullptr;
+  Cluster* membership = nullptr;
 
   http::HttpResponse operator()(http::HttpRequest& req) const {
+    if (cluster)
+      if (std::optional<http::HttpResponse> r = cluster->handle(req)) return std::move(*r);
     if (req.path == "/metrics") {
       if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on /metrics");
       if (!metrics_authorized(req, metrics_token))
@@ -795,6 +803,7 @@ struct Routes {
       http::HttpResponse r;
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
       r.body = models.metrics();
+      if (membership) r.body += membership->metrics();
       return r;
     }
     if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, store, request_limit))
@@ -829,6 +838,44 @@ void print_banner(const AppConfig& cfg, uint16_t port, const std::string& backen
 int fail(const Error& e) {
   std::cerr << "sandgate: " << e.message() << "\n";
   return 1;
+}
+
+// Cluster mode's settings from the command line; the address is set once
+// the server is bound.
+Result<ClusterConfig> cluster_config(const AppConfig& cfg, bool use_kvm) {
+  ClusterConfig c;
+  Result<std::vector<net::Endpoint>> etcd = etcd::parse_endpoints(cfg.cluster);
+  if (!etcd) return etcd.error().with_context("--cluster");
+  c.etcd = *etcd;
+  if (!cfg.tls_cert_file.empty())
+    return invalid_error("--cluster with --tls-cert is not supported yet: nodes forward to each other over plain HTTP "
+                         "(docs/cluster.md); put TLS in front of the nodes instead");
+  if (cfg.cluster_secret_file.empty())
+    return invalid_error("--cluster needs --cluster-secret-file: a file holding the secret every node of the cluster shares");
+  Result<std::string> secret = tenancy::read_secret_file(cfg.cluster_secret_file, "the cluster secret");
+  if (!secret) return Error(secret.error().kind(), "--cluster-secret-file: " + secret.error().message());
+  if (secret->size() < 16) return invalid_error("--cluster-secret-file: the secret is shorter than 16 characters");
+  c.secret = *secret;
+  c.self.id = cfg.node_id;
+  if (c.self.id.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) return sys::errno_error("gethostname", "");
+    c.self.id = host;
+  }
+  if (c.self.id.size() > 64 || c.self.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
+    return invalid_error("--node-id \"" + c.self.id + "\": use 1 to 64 letters, digits, '.', '_' or '-'");
+  if (cfg.advertise.empty() && (cfg.listen_address == "0.0.0.0" || cfg.listen_address == "::"))
+    return invalid_error("--cluster with --listen " + cfg.listen_address + " needs --advertise HOST:PORT (where the other nodes reach this one)");
+  if (!cfg.advertise.empty())
+    if (Result<net::Endpoint> ep = net::parse_endpoint(cfg.advertise); !ep) return ep.error().with_context("--advertise");
+  c.self.backend = use_kvm ? "kvm" : "process";
+  c.self.cpus = std::max<long>(1, ::sysconf(_SC_NPROCESSORS_ONLN));
+  c.self.memory_mb = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * ::sysconf(_SC_PAGESIZE) / (1 << 20);
+  if (struct statvfs v{}; ::statvfs(cfg.data_dir.c_str(), &v) == 0)
+    c.self.disk_mb = static_cast<int64_t>(v.f_blocks * v.f_frsize / (1 << 20));
+  c.lease_ttl_s = std::max<int64_t>(2, cfg.cluster_lease_ttl_s);
+  c.lost_grace = std::chrono::seconds(std::max<int64_t>(0, cfg.cluster_lost_grace_s));
+  return c;
 }
 
 // Gateway services for sandbox processes: the model proxy at
@@ -956,16 +1003,45 @@ int serve(const AppConfig& cfg_in) {
   api::ControlPlane control(tenants, **store, sandboxes, template_builds.service.get(), request_limit, create_limit,
                             control_plane_config(cfg));
 
+  // Cluster mode: membership and routing across nodes (joined once the
+  // server is bound and its address known).
+  std::unique_ptr<Cluster> cluster;
+  std::unique_ptr<ClusterRoutes> cluster_routes;
+  if (!cfg.cluster.empty()) {
+    Result<ClusterConfig> cc = cluster_config(cfg, *use_kvm);
+    if (!cc) return fail(cc.error());
+    storage::Store& st = **store;
+    cluster = std::make_unique<Cluster>(std::move(*cc), [&st, &sandboxes] {
+      NodeLoad l;
+      if (Result<std::vector<storage::SandboxRow>> rows = st.list_live(); rows)
+        for (const storage::SandboxRow& r : *rows) l.sandbox_ids.push_back(r.id);
+      l.sandboxes = static_cast<int64_t>(l.sandbox_ids.size());
+      l.memory_used_mb = static_cast<int64_t>(sandboxes.memory_in_use() >> 20);
+      return l;
+    });
+    cluster_routes = std::make_unique<ClusterRoutes>(*cluster, control, tenants, **store, sandboxes, request_limit);
+  }
+
   http::ProxyHooks proxy;
   proxy.route = [domain = cfg.domain](const http::HttpRequest& head) { return http::route_to_sandbox(head, domain); };
   proxy.connect = [&](const http::ProxyTarget& t, const http::HttpRequest& head) {
+    if (cluster_routes) return cluster_routes->connect(t, head);
     return sandboxes.open_port(t.sandbox_id, t.port, head);
   };
+  if (cluster_routes) proxy.tunnel = [&](const http::HttpRequest& head) { return cluster_routes->tunnel(head); };
   http::HttpServer server(server_config(cfg),
-                          Routes{*metrics_token, **models, tenants, **store, request_limit, control}, proxy,
-                          (*models)->hooks());
+                          Routes{*metrics_token, **models, tenants, **store, request_limit, control,
+                                 cluster_routes.get(), cluster.get()},
+                          proxy, (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
   services.attach(&server);
+  if (cluster) {
+    cluster->set_address(cfg.advertise.empty() ? net::Endpoint{cfg.listen_address, server.port()}.str() : cfg.advertise);
+    if (Status s = cluster->join(); !s) {
+      stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
+      return fail(s.error());
+    }
+  }
 
   // The sweep re-arms itself after each run, so runs never overlap.
   std::function<void()> sweep;
@@ -985,6 +1061,9 @@ int serve(const AppConfig& cfg_in) {
   int sig = 0;
   sigwait(&sigs, &sig);
   LOG_INFO("signal " << sig << ": stopping");
+  // Out of the cluster first: the others stop sending work here. The
+  // catalog keeps this node's sandboxes (they come back with it).
+  if (cluster) cluster->leave();
   // No new connections; what is in progress finishes (an upgrade's stop).
   if (!server.drain(std::chrono::milliseconds(cfg.drain_timeout_ms)))
     LOG_WARN("requests still in progress after " << cfg.drain_timeout_ms << " ms; stopping anyway");

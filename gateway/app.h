@@ -116,6 +116,16 @@ struct AppConfig {
   int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
   int64_t memory_pool_mb = 1024;
   int64_t offload_concurrency = 1;
+
+  // Cluster mode (gateway/cluster.h, docs/cluster.md): empty, one host.
+  std::string cluster;              // etcd://host:port[,host:port...]
+  std::string cluster_secret_file;  // the secret every node holds (required)
+  std::string node_id;              // default: the host name
+  // host:port where the other nodes reach this one (default: the listen
+  // address and port; required when listening on a wildcard address).
+  std::string advertise;
+  int64_t cluster_lease_ttl_s = 5;
+  int64_t cluster_lost_grace_s = 30;
 };
 
 // Runs until SIGINT or SIGTERM. Returns the process exit code.

@@ -14,6 +14,8 @@
 #include <set>
 
 #include "gateway/app.h"
+#include "gateway/cluster.h"
+#include "storage/etcd.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "storage/store.h"
 #include "base/log.h"
@@ -56,6 +58,12 @@ commands:
   template image                build the base template's ext4 image (kvm backend)
   template build|image code-interpreter-v1
                                 the same for the code interpreter template
+  node list --cluster URL       the cluster's live nodes, capacity and load
+  node drain|undrain ID --cluster URL
+                                stop (or resume) placing new sandboxes on a
+                                node; its sandboxes run on
+  node remove ID --cluster URL  forget a node that is gone: its sandboxes are
+                                reported not found instead of lost
   kvm check                     say whether this host's /dev/kvm can run microVMs
                                 (exit 0: yes, 1: no, with the reason)
   version                       print the version
@@ -175,6 +183,20 @@ serve options:
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
                                 the port is public; default: open)
+  --cluster etcd://HOST:PORT[,HOST:PORT...]
+                                join a cluster coordinated by etcd
+                                (docs/cluster.md): any node serves every
+                                sandbox, creates are placed across nodes
+  --cluster-secret-file FILE    the secret all the cluster's nodes share
+                                (16+ characters; required with --cluster)
+  --node-id ID                  this node's name in the cluster (default:
+                                the host name)
+  --advertise HOST:PORT         where the other nodes reach this one
+                                (default: the --listen address)
+  --cluster-lease-ttl S         a silent node is dropped after S seconds
+                                (2-60, default 5)
+  --cluster-lost-grace S        its sandboxes answer 503 (retry) for S
+                                seconds, then 404 lost (default 30)
   --log-level debug|info|warn|error
 )";
 
@@ -222,6 +244,52 @@ bool to_int(const std::string& s, int64_t& out) {
   if (*end) return false;
   out = v;
   return true;
+}
+
+// `sandgate node ...`: the cluster's nodes, read and changed in etcd
+// (no node needs to be reached).
+int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std::ostream& err) {
+  std::string sub = p.size() > 1 ? p[1] : "";
+  bool list = sub == "list" && p.size() == 2;
+  bool one = (sub == "drain" || sub == "undrain" || sub == "remove") && p.size() == 3;
+  if ((!list && !one) || !a.opts.count("cluster")) {
+    err << "usage: sandgate node list|drain ID|undrain ID|remove ID --cluster etcd://HOST:PORT[,...]\n";
+    return 2;
+  }
+  Result<std::vector<net::Endpoint>> eps = etcd::parse_endpoints(a.opts["cluster"]);
+  if (!eps) {
+    err << "sandgate: --cluster: " << eps.error().message() << "\n";
+    return 2;
+  }
+  etcd::Client etcd(*eps);
+  const std::string prefix = "/sandgate/";
+  if (list) {
+    Result<std::vector<NodeInfo>> nodes = Cluster::list_nodes(etcd, prefix);
+    if (!nodes) {
+      err << "sandgate: " << nodes.error().message() << "\n";
+      return 1;
+    }
+    out << "ID\tADDRESS\tBACKEND\tSANDBOXES\tMEMORY_MB\tCPUS\tSTATE\n";
+    for (const NodeInfo& n : *nodes)
+      out << n.id << "\t" << n.address << "\t" << n.backend << "\t" << n.sandboxes << "\t" << n.memory_used_mb << "/"
+          << n.memory_mb << "\t" << n.cpus << "\t" << (n.draining ? "draining" : "ready") << "\n";
+    return 0;
+  }
+  if (sub == "remove") {
+    Result<int64_t> n = Cluster::remove_node(etcd, prefix, p[2]);
+    if (!n) {
+      err << "sandgate: node remove " << p[2] << ": " << n.error().message() << "\n";
+      return 1;
+    }
+    out << "node " << p[2] << " removed; " << *n << " of its sandboxes forgotten\n";
+    return 0;
+  }
+  if (Status s = Cluster::set_drain(etcd, prefix, p[2], sub == "drain"); !s) {
+    err << "sandgate: node " << sub << " " << p[2] << ": " << s.error().message() << "\n";
+    return 1;
+  }
+  out << "node " << p[2] << (sub == "drain" ? " draining: no new sandboxes are placed there\n" : " takes new sandboxes again\n");
+  return 0;
 }
 
 // `sandgate llm ...`: model-proxy keys, upstreams and usage. Provider keys
@@ -380,6 +448,10 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
   if (a.opts.count("no-llm-pause")) cfg.llm_pause = !flag_on(a.opts["no-llm-pause"]);
   if (a.opts.count("egress")) cfg.egress = flag_on(a.opts["egress"]);
   if (a.opts.count("swap-codec-audit")) cfg.swap_codec_audit = flag_on(a.opts["swap-codec-audit"]);
+  if (a.opts.count("cluster")) cfg.cluster = a.opts["cluster"];
+  if (a.opts.count("cluster-secret-file")) cfg.cluster_secret_file = a.opts["cluster-secret-file"];
+  if (a.opts.count("node-id")) cfg.node_id = a.opts["node-id"];
+  if (a.opts.count("advertise")) cfg.advertise = a.opts["advertise"];
   if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
   if (cfg.egress_allow_private && !cfg.egress) {
     err << "sandgate: --egress-allow-private needs --egress\n";
@@ -467,6 +539,8 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"template-build-timeout", 1, 86400, [&](int64_t v) { cfg.template_build_timeout_s = v; }},
       {"template-ready-timeout", 1, 3600, [&](int64_t v) { cfg.template_ready_timeout_s = v; }},
       {"warm-pool", 0, 64, [&](int64_t v) { cfg.warm_pool = v; }},
+      {"cluster-lease-ttl", 2, 60, [&](int64_t v) { cfg.cluster_lease_ttl_s = v; }},
+      {"cluster-lost-grace", 0, 86400, [&](int64_t v) { cfg.cluster_lost_grace_s = v; }},
       {"sandbox-uid-base", 65536, 4294967294LL - 65536,
        [&](int64_t v) { cfg.first_sandbox_uid = static_cast<uint32_t>(v); }},
   };
@@ -636,7 +710,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
-      "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox"};
+      "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox",
+      "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-lease-ttl", "cluster-lost-grace"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";
@@ -672,6 +747,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     return serve(cfg);
   }
   if (cmd == "kvm") return run_kvm(p, out, err);
+  if (cmd == "node") return run_node(p, a, out, err);
   if (cmd == "template") return run_template(p, a, data_dir, out, err);
   if (cmd != "tenant" && cmd != "key" && cmd != "llm") {
     err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;

@@ -116,6 +116,8 @@ struct HttpServer::Impl {
   // Relays one request to a sandbox; returns whether the client connection
   // may carry another request.
   template <class Stream>
+  asio::awaitable<void> tunnel(Stream& client, beast::flat_buffer& cbuf, const HttpRequest& head);
+  template <class Stream>
   asio::awaitable<bool> proxy(Stream& client, beast::flat_buffer& cbuf,
                               bhttp::request_parser<bhttp::empty_body>&& head, const HttpRequest& plain_head,
                               ProxyTarget target);
@@ -331,6 +333,51 @@ asio::awaitable<HttpResponse> HttpServer::Impl::dispatch(HttpRequest req) {
   }
   co_await asio::post(conn_exec, asio::use_awaitable);
   co_return res;
+}
+
+// A CONNECT from another cluster node (ProxyHooks::tunnel): once the hook
+// has a stream to the sandbox port, the connection is a byte pipe both
+// ways; what crosses it is the entry node's relayed HTTP.
+template <class Stream>
+asio::awaitable<void> HttpServer::Impl::tunnel(Stream& client, beast::flat_buffer& cbuf, const HttpRequest& head) {
+  auto& tcp_layer = beast::get_lowest_layer(client);
+  auto conn_exec = co_await asio::this_coro::executor;
+  co_await asio::post(workers.get_executor(), asio::use_awaitable);
+  Result<UniqueFd> fd = internal_error("no tunnel hook");
+  try {
+    fd = proxy_hooks.tunnel(head);
+  } catch (const std::exception& e) {
+    fd = internal_error(e.what());
+  }
+  co_await asio::post(conn_exec, asio::use_awaitable);
+  boost::system::error_code ec;
+  if (!fd) {
+    int status = 502;
+    switch (fd.error().kind()) {
+      case ErrorKind::kUnauthorized: status = 401; break;
+      case ErrorKind::kNotFound: status = 404; break;
+      case ErrorKind::kInvalid: status = 400; break;
+      case ErrorKind::kUnavailable: status = 503; break;
+      default: break;
+    }
+    auto res = to_beast(json_error(status, fd.error().message()), 11, false);
+    tcp_layer.expires_after(cfg.read_timeout);
+    co_await bhttp::async_write(client, res, asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec) co_await linger_close(client);
+    co_return;
+  }
+  asio::local::stream_protocol::socket up(conn_exec);
+  up.assign(asio::local::stream_protocol(), fd->release(), ec);
+  if (ec) co_return;
+  static constexpr std::string_view kEstablished = "HTTP/1.1 200 Connection established\r\n\r\n";
+  tcp_layer.expires_after(cfg.read_timeout);
+  co_await asio::async_write(client, asio::buffer(kEstablished.data(), kEstablished.size()),
+                             asio::redirect_error(asio::use_awaitable, ec));
+  if (ec) co_return;
+  tcp_layer.expires_never();
+  beast::flat_buffer ubuf;
+  using namespace asio::experimental::awaitable_operators;
+  co_await (relay::pump(client, up, cbuf) && relay::pump(up, client, ubuf));
 }
 
 template <class Stream>
@@ -667,6 +714,11 @@ asio::awaitable<void> HttpServer::Impl::serve(Stream& stream, const std::string&
         co_await fail(404, "no route for " + std::string(head.get().method_string()) + " " +
                                std::string(head.get().target().substr(0, 200)) +
                                " on the in-sandbox gateway address (only the model API is served here)");
+        break;
+      }
+      if (h.method == "CONNECT") {
+        if (!proxy_hooks.tunnel) co_await fail(405, "method CONNECT not allowed here");
+        else co_await tunnel(stream, buf, h);
         break;
       }
       if (proxy_hooks.route) {

@@ -68,6 +68,11 @@ struct ProxyHooks {
   // sandbox must see before it is resumed. kUnauthorized is answered 401,
   // any other error as E2B's 502.
   std::function<Result<UniqueFd>(const ProxyTarget& target, const HttpRequest& head)> connect;
+  // CONNECT requests (another cluster node's tunnel to a sandbox port,
+  // docs/cluster.md): a connected stream, then the connection is a pipe
+  // both ways. Errors answer kUnauthorized 401, kNotFound 404, kInvalid
+  // 400, kUnavailable 503, others 502. Unset: CONNECT is 405.
+  std::function<Result<UniqueFd>(const HttpRequest& head)> tunnel;
 };
 
 class HttpServer {
