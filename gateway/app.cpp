@@ -29,6 +29,7 @@
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "gateway/cluster.h"
 #include "gateway/cluster_routes.h"
+#include "gateway/cluster_tenants.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
 #include "wait-engine/llm/model_gateway.h"
@@ -98,6 +99,33 @@ Result<std::string> ensure_local_tenant(tenancy::Tenants& tenants, storage::Stor
   Result<tenancy::CreatedKey> k =
       tenants.create("local", tenancy::Quota{cfg.local_max_sandboxes, cfg.local_max_memory_mb});
   if (!k) return k.error();
+  if (Status s = sys::write_file_atomic(key_file, k->key + "\n"); !s) return s.error();
+  return k->key;
+}
+
+// In a cluster the "local" tenant is one for all nodes (in etcd, mirrored
+// here); each node adds a key of its own to it, kept in its key file, so
+// the key any node prints works on every node.
+Result<std::string> ensure_cluster_local_tenant(tenancy::Tenants& tenants, storage::Store& store, const AppConfig& cfg,
+                                                Cluster& cluster) {
+  std::string key_file = cfg.data_dir + "/local-api-key";
+  if (Result<std::string> saved = sys::read_file(key_file, 4096); saved) {
+    std::string key = *saved;
+    while (!key.empty() && (key.back() == '\n' || key.back() == ' ')) key.pop_back();
+    Result<storage::TenantRow> who = tenants.authenticate(key);
+    if (who && who->name == "local") return key;
+  }
+  Result<tenancy::CreatedKey> k = cluster_tenants::create_tenant(
+      cluster.etcd(), cluster.prefix(), "local", tenancy::Quota{cfg.local_max_sandboxes, cfg.local_max_memory_mb});
+  if (!k && k.error().kind() == ErrorKind::kConflict) k = cluster_tenants::add_key(cluster.etcd(), cluster.prefix(), "local");
+  if (!k) return k.error();
+  // Into this node's mirror at once (its watch brings the same rows).
+  Result<storage::TenantRow> t = cluster_tenants::find(cluster.etcd(), cluster.prefix(), "local");
+  if (!t) return t.error();
+  if (Status s = store.upsert_tenant(*t); !s)
+    return Error(s.error().kind(), "this data directory has a tenant \"local\" of its own, not the cluster's (" +
+                                       s.error().message() + "): start the node on a fresh data directory");
+  if (Status s = store.upsert_key(k->row); !s) return s.error();
   if (Status s = sys::write_file_atomic(key_file, k->key + "\n"); !s) return s.error();
   return k->key;
 }
@@ -972,7 +1000,8 @@ int serve(const AppConfig& cfg_in) {
 
   tenancy::Tenants tenants(**store);
   std::string local_key;
-  if (cfg.local_tenant) {
+  // In a cluster the local tenant is the cluster's (made once joined).
+  if (cfg.local_tenant && cfg.cluster.empty()) {
     Result<std::string> k = ensure_local_tenant(tenants, **store, cfg);
     if (!k) return fail(Error(k.error().kind(), "local tenant: " + k.error().message()));
     local_key = *k;
@@ -986,10 +1015,19 @@ int serve(const AppConfig& cfg_in) {
   if (!memory_engine) return fail(memory_engine.error());
   memory::PausePacker pause_packer;
 
-  lifecycle::SandboxService sandboxes(**store, *rt,
-                                      service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr, pressure, rows,
-                                                     &pause_packer, swap.get(), swap_audit.get()),
-                                      [] { return sys::unix_seconds(); }, memory_engine->get());
+  lifecycle::ServiceConfig service_cfg = service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr,
+                                                        pressure, rows, &pause_packer, swap.get(), swap_audit.get());
+  // Cluster mode: quotas hold across the nodes (set once joined; no create
+  // comes before).
+  std::atomic<Cluster*> quota_cluster{nullptr};
+  if (!cfg.cluster.empty())
+    service_cfg.reserve = [&quota_cluster](const storage::TenantRow& t, const storage::SandboxRow& row) -> Status {
+      Cluster* c = quota_cluster.load();
+      if (!c) return Error(ErrorKind::kUnavailable, "this node has not joined its cluster yet; retry");
+      return c->reserve(t, row.id, row.memory_mb);
+    };
+  lifecycle::SandboxService sandboxes(**store, *rt, std::move(service_cfg), [] { return sys::unix_seconds(); },
+                                      memory_engine->get());
   TemplateBuilds template_builds =
       make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
@@ -1018,7 +1056,7 @@ int serve(const AppConfig& cfg_in) {
       l.sandboxes = static_cast<int64_t>(l.sandbox_ids.size());
       l.memory_used_mb = static_cast<int64_t>(sandboxes.memory_in_use() >> 20);
       return l;
-    });
+    }, &st);
     cluster_routes = std::make_unique<ClusterRoutes>(*cluster, control, tenants, **store, sandboxes, request_limit);
   }
 
@@ -1037,10 +1075,18 @@ int serve(const AppConfig& cfg_in) {
   services.attach(&server);
   if (cluster) {
     cluster->set_address(cfg.advertise.empty() ? net::Endpoint{cfg.listen_address, server.port()}.str() : cfg.advertise);
-    if (Status s = cluster->join(); !s) {
-      stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
-      return fail(s.error());
+    Status joined = cluster->join();
+    if (joined && cfg.local_tenant) {
+      Result<std::string> k = ensure_cluster_local_tenant(tenants, **store, cfg, *cluster);
+      if (k) local_key = *k;
+      else joined = Error(k.error().kind(), "local tenant: " + k.error().message());
     }
+    if (!joined) {
+      cluster->leave();
+      stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
+      return fail(joined.error());
+    }
+    quota_cluster.store(cluster.get());
   }
 
   // The sweep re-arms itself after each run, so runs never overlap.

@@ -15,6 +15,7 @@
 
 #include "gateway/app.h"
 #include "gateway/cluster.h"
+#include "gateway/cluster_tenants.h"
 #include "storage/etcd.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "storage/store.h"
@@ -40,6 +41,8 @@ commands:
   key create TENANT             add an API key to a tenant; prints it
   key list TENANT               list a tenant's keys (prefixes only)
   key revoke KEY_ID             revoke one key
+                                (tenant and key commands with --cluster URL:
+                                the cluster's, in etcd, for every node)
   llm key create TENANT [--name LABEL]
                                 add a model-proxy key (sk-sg-...) to a tenant;
                                 prints it once
@@ -290,6 +293,90 @@ int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std:
   }
   out << "node " << p[2] << (sub == "drain" ? " draining: no new sandboxes are placed there\n" : " takes new sandboxes again\n");
   return 0;
+}
+
+// `sandgate tenant|key ... --cluster URL`: the cluster's tenants and keys,
+// in etcd (every node mirrors them; cluster_tenants.h).
+int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& out, std::ostream& err) {
+  Result<std::vector<net::Endpoint>> eps = etcd::parse_endpoints(a.opts["cluster"]);
+  if (!eps) {
+    err << "sandgate: --cluster: " << eps.error().message() << "\n";
+    return 2;
+  }
+  etcd::Client etcd(*eps);
+  const std::string prefix = "/sandgate/";
+  auto fail = [&](const Error& e) {
+    err << "sandgate: " << e.message() << "\n";
+    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
+  };
+  auto quota_opt = [&](const char* name, int64_t& v) {
+    auto it = a.opts.find(name);
+    if (it == a.opts.end()) return true;
+    if (!to_int(it->second, v) || v < 0) {
+      err << "sandgate: --" << name << " wants a non-negative integer\n";
+      return false;
+    }
+    return true;
+  };
+  std::string cmd = p[0], sub = p.size() > 1 ? p[1] : "";
+  if (cmd == "tenant" && sub == "create" && p.size() == 3) {
+    tenancy::Quota q;
+    if (!quota_opt("max-sandboxes", q.max_sandboxes) || !quota_opt("max-memory-mb", q.max_memory_mb)) return 2;
+    Result<tenancy::CreatedKey> k = cluster_tenants::create_tenant(etcd, prefix, p[2], q);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    err << "tenant " << p[2] << " created in the cluster (max " << q.max_sandboxes << " sandboxes, " << q.max_memory_mb
+        << " MB across all nodes); the key above is shown only once\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "list" && p.size() == 2) {
+    Result<std::vector<storage::TenantRow>> ts = cluster_tenants::list(etcd, prefix);
+    if (!ts) return fail(ts.error());
+    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
+    for (const auto& t : *ts)
+      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
+          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
+    Result<storage::TenantRow> t = cluster_tenants::find(etcd, prefix, p[2]);
+    if (!t) return fail(t.error());
+    tenancy::Quota q{t->max_sandboxes, t->max_memory_mb};
+    if (!quota_opt("max-sandboxes", q.max_sandboxes) || !quota_opt("max-memory-mb", q.max_memory_mb)) return 2;
+    if (Status s = cluster_tenants::set_quota(etcd, prefix, p[2], q); !s) return fail(s.error());
+    out << "tenant " << p[2] << ": max " << q.max_sandboxes << " sandboxes, " << q.max_memory_mb << " MB across the cluster\n";
+    return 0;
+  }
+  if (cmd == "tenant" && sub == "revoke" && p.size() == 3) {
+    Result<int64_t> n = cluster_tenants::revoke(etcd, prefix, p[2]);
+    if (!n) return fail(n.error());
+    out << "tenant " << p[2] << " revoked (" << *n << " keys); every node kills its sandboxes within a second\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "create" && p.size() == 3) {
+    Result<tenancy::CreatedKey> k = cluster_tenants::add_key(etcd, prefix, p[2]);
+    if (!k) return fail(k.error());
+    out << k->key << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "list" && p.size() == 3) {
+    Result<std::vector<storage::ApiKeyRow>> ks = cluster_tenants::list_keys(etcd, prefix, p[2]);
+    if (!ks) return fail(ks.error());
+    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
+    for (const auto& k : *ks)
+      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
+          << sys::format_rfc3339(k.created_at) << "\n";
+    return 0;
+  }
+  if (cmd == "key" && sub == "revoke" && p.size() == 3) {
+    Result<bool> r = cluster_tenants::revoke_key(etcd, prefix, p[2]);
+    if (!r) return fail(r.error());
+    if (!*r) return fail(not_found_error("no active key with id " + p[2] + " in the cluster"));
+    out << "key " << p[2] << " revoked\n";
+    return 0;
+  }
+  err << "sandgate: bad " << cmd << " command\n" << kUsage;
+  return 2;
 }
 
 // `sandgate llm ...`: model-proxy keys, upstreams and usage. Provider keys
@@ -753,6 +840,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   }
+  if ((cmd == "tenant" || cmd == "key") && a.opts.count("cluster")) return run_cluster_admin(p, a, out, err);
   if (Status s = sys::make_dirs(data_dir, 0700); !s) {
     err << "sandgate: " << s.error().message() << "\n";
     return 1;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "gateway/cluster_tenants.h"
 
 namespace sg::gateway {
 
@@ -62,8 +63,12 @@ double load_of(const NodeInfo& n) {
 }
 }  // namespace
 
-Cluster::Cluster(ClusterConfig cfg, std::function<NodeLoad()> load)
-    : cfg_(std::move(cfg)), load_(std::move(load)), etcd_(cfg_.etcd, cfg_.etcd_timeout), rng_(std::random_device{}()) {}
+Cluster::Cluster(ClusterConfig cfg, std::function<NodeLoad()> load, storage::Store* mirror)
+    : cfg_(std::move(cfg)),
+      load_(std::move(load)),
+      etcd_(cfg_.etcd, cfg_.etcd_timeout),
+      rng_(std::random_device{}()),
+      mirror_(mirror) {}
 
 Cluster::~Cluster() { leave(); }
 
@@ -109,7 +114,7 @@ Status Cluster::join() {
   if (!all) return all.error().with_context("read the cluster state");
   {
     std::lock_guard<std::mutex> g(mu_);
-    for (const etcd::KeyValue& kv : all->kvs) apply(kv.key, kv.value, kv.mod_revision);
+    apply_all(all->kvs);
     mirrored_ = true;
   }
   int64_t from = all->revision + 1;
@@ -139,7 +144,8 @@ Status Cluster::join() {
       nodes_.clear();
       drain_.clear();
       catalog_.clear();
-      for (const etcd::KeyValue& kv : again->kvs) apply(kv.key, kv.value, kv.mod_revision);
+      reservations_.clear();
+      apply_all(again->kvs);
       for (const auto& [id, n] : old_nodes)
         if (!nodes_.count(id) && !gone_.count(id)) gone_[id] = Clock::now();
       rev = again->revision + 1;
@@ -167,6 +173,14 @@ bool Cluster::sleep_for(std::chrono::milliseconds d) {
   return !stop_.load();
 }
 
+void Cluster::apply_all(const std::vector<etcd::KeyValue>& kvs) {
+  // Tenants before their keys (keys/ sorts first).
+  for (const etcd::KeyValue& kv : kvs)
+    if (kv.key.compare(0, cfg_.prefix.size() + 8, cfg_.prefix + "tenants/") == 0) apply(kv.key, kv.value, kv.mod_revision);
+  for (const etcd::KeyValue& kv : kvs)
+    if (kv.key.compare(0, cfg_.prefix.size() + 8, cfg_.prefix + "tenants/") != 0) apply(kv.key, kv.value, kv.mod_revision);
+}
+
 void Cluster::apply(const std::string& key, const std::optional<std::string>& value, int64_t mod_revision) {
   if (key.compare(0, cfg_.prefix.size(), cfg_.prefix) != 0) return;
   std::string rest = key.substr(cfg_.prefix.size());
@@ -192,6 +206,30 @@ void Cluster::apply(const std::string& key, const std::optional<std::string>& va
     if (value) drain_[id] = true;
     else drain_.erase(id);
     if (auto it = nodes_.find(id); it != nodes_.end()) it->second.draining = value.has_value();
+  } else if (under("tenants/", &id) || under("keys/", &id)) {
+    // Never deleted (revocation is a flag): only puts are mirrored.
+    if (!value || !mirror_) return;
+    bool tenant = rest.compare(0, 8, "tenants/") == 0;
+    Status s;
+    if (tenant) {
+      Result<storage::TenantRow> t = cluster_tenants::parse_tenant(*value);
+      s = t ? mirror_->upsert_tenant(*t) : Status(t.error());
+    } else {
+      Result<storage::ApiKeyRow> k = cluster_tenants::parse_key(*value);
+      s = k ? mirror_->upsert_key(*k) : Status(k.error());
+    }
+    if (!s) LOG_ERROR("cluster: mirror " << rest << ": " << s.error().message());
+  } else if (under("quota/", &id)) {
+    size_t slash = id.find('/');
+    if (slash == std::string::npos) return;  // a tenant's guard key
+    std::string sandbox = id.substr(slash + 1);
+    if (!value) {
+      reservations_.erase(sandbox);
+      return;
+    }
+    json j = json::parse(*value, nullptr, false);
+    if (!j.is_object()) return;
+    reservations_[sandbox] = Reservation{key, j.value("node", std::string()), mod_revision};
   } else if (under("sandboxes/", &id)) {
     if (!value) {
       catalog_.erase(id);
@@ -255,6 +293,57 @@ void Cluster::reconcile() {
     std::string key = sandbox_key(cfg_.prefix, id);
     (void)etcd_.txn({etcd::Compare{key, "MOD", "EQUAL", rev, {}}}, {etcd::Op::del(key)});
   }
+  // Reservations of sandboxes that are not live here (ended, or a create
+  // that failed after reserving): released at the second sighting.
+  std::vector<Reservation> stale;
+  std::set<std::string> suspect;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (const auto& [id, r] : reservations_) {
+      if (r.node != cfg_.self.id || std::binary_search(l.sandbox_ids.begin(), l.sandbox_ids.end(), id)) continue;
+      if (suspect_.count(id)) stale.push_back(r);
+      else suspect.insert(id);
+    }
+  }
+  suspect_ = std::move(suspect);
+  for (const Reservation& r : stale)
+    (void)etcd_.txn({etcd::Compare{r.key, "MOD", "EQUAL", r.mod_revision, {}}}, {etcd::Op::del(r.key)});
+}
+
+Status Cluster::reserve(const storage::TenantRow& tenant, const std::string& sandbox_id, int64_t memory_mb) {
+  const std::string guard = cfg_.prefix + "quota/" + tenant.name;
+  const std::string mine = guard + "/" + sandbox_id;
+  json value{{"node", cfg_.self.id}, {"memoryMB", memory_mb}};
+  for (int attempt = 0; attempt < 32; ++attempt) {
+    // The guard first: a reservation made after this read changes its
+    // version, so the transaction below fails and this reads again.
+    Result<etcd::RangeResult> g = etcd_.get(guard);
+    if (!g) return Error(ErrorKind::kUnavailable, "cluster quota: " + g.error().message());
+    int64_t version = g->kvs.empty() ? 0 : g->kvs[0].version;
+    Result<etcd::RangeResult> held = etcd_.get_prefix(guard + "/");
+    if (!held) return Error(ErrorKind::kUnavailable, "cluster quota: " + held.error().message());
+    int64_t count = 0, memory = 0;
+    for (const etcd::KeyValue& kv : held->kvs) {
+      ++count;
+      json j = json::parse(kv.value, nullptr, false);
+      if (j.is_object()) memory += j.value("memoryMB", int64_t{0});
+    }
+    if (count + 1 > tenant.max_sandboxes)
+      return Error(ErrorKind::kQuota, "sandbox quota exceeded: tenant '" + tenant.name + "' has " + std::to_string(count) +
+                                          " of " + std::to_string(tenant.max_sandboxes) + " sandboxes across the cluster");
+    if (memory + memory_mb > tenant.max_memory_mb)
+      return Error(ErrorKind::kQuota, "memory quota exceeded: tenant '" + tenant.name + "' uses " + std::to_string(memory) +
+                                          " of " + std::to_string(tenant.max_memory_mb) + " MiB across the cluster");
+    Result<etcd::TxnResult> t = etcd_.txn({etcd::Compare{guard, "VERSION", "EQUAL", version, {}}},
+                                          {etcd::Op::put(guard, sandbox_id), etcd::Op::put(mine, value.dump())});
+    if (!t) return Error(ErrorKind::kUnavailable, "cluster quota: " + t.error().message());
+    if (t->succeeded) {
+      std::lock_guard<std::mutex> lk(mu_);
+      reservations_[sandbox_id] = Reservation{mine, cfg_.self.id, t->revision};
+      return Status();
+    }
+  }
+  return Error(ErrorKind::kUnavailable, "cluster quota: too many concurrent creates for tenant '" + tenant.name + "'; retry");
 }
 
 std::vector<NodeInfo> Cluster::nodes() const {
@@ -315,7 +404,12 @@ Status Cluster::forget(const std::string& sandbox_id) {
   if (cur->kvs.empty()) return Status();
   json j = json::parse(cur->kvs[0].value, nullptr, false);
   if (!j.is_object() || j.value("node", std::string()) != cfg_.self.id) return Status();
-  Result<etcd::TxnResult> t = etcd_.txn({etcd::Compare{key, "MOD", "EQUAL", cur->kvs[0].mod_revision, {}}}, {etcd::Op::del(key)});
+  std::vector<etcd::Op> ops = {etcd::Op::del(key)};
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (auto it = reservations_.find(sandbox_id); it != reservations_.end()) ops.push_back(etcd::Op::del(it->second.key));
+  }
+  Result<etcd::TxnResult> t = etcd_.txn({etcd::Compare{key, "MOD", "EQUAL", cur->kvs[0].mod_revision, {}}}, ops);
   if (!t) return t.error();
   std::lock_guard<std::mutex> g(mu_);
   catalog_.erase(sandbox_id);
@@ -401,6 +495,15 @@ Result<int64_t> Cluster::remove_node(etcd::Client& etcd, const std::string& pref
         etcd.txn({etcd::Compare{kv.key, "MOD", "EQUAL", kv.mod_revision, {}}}, {etcd::Op::del(kv.key)});
     if (!t) return t.error();
     if (t->succeeded) ++removed;
+  }
+  Result<etcd::RangeResult> quota = etcd.get_prefix(prefix + "quota/");
+  if (!quota) return quota.error();
+  for (const etcd::KeyValue& kv : quota->kvs) {
+    json j = json::parse(kv.value, nullptr, false);
+    if (!j.is_object() || j.value("node", std::string()) != node_id) continue;
+    Result<etcd::TxnResult> t =
+        etcd.txn({etcd::Compare{kv.key, "MOD", "EQUAL", kv.mod_revision, {}}}, {etcd::Op::del(kv.key)});
+    if (!t) return t.error();
   }
   if (Result<int64_t> r = etcd.remove(drain_key(prefix, node_id)); !r) return r.error();
   return removed;

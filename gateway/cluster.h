@@ -8,6 +8,10 @@
 //                   {"node","tenant"}), no lease: it outlives its node, so
 //                   that the others can report the sandbox lost
 //   drain/<id>      set by `sandgate node drain`: place nothing there
+//   tenants/<name>, keys/<id>   global tenants and API keys (hashes),
+//                   mirrored into each node's SQLite (cluster_tenants.h)
+//   quota/<tenant>  the tenant's quota guard; quota/<tenant>/<sandbox>
+//                   one reservation per sandbox ({"node","memoryMB"})
 // Each node mirrors the whole prefix in memory (one list, then one watch
 // from the listed revision; again after any break), so a lookup is a map
 // read. The catalog is written by the node that holds a sandbox: at once
@@ -29,6 +33,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,6 +42,7 @@
 #include "base/status.h"
 #include "base/thread_annotations.h"
 #include "storage/etcd.h"
+#include "storage/store.h"
 
 namespace sg::gateway {
 
@@ -81,7 +87,9 @@ struct Owner {
 
 class Cluster {
  public:
-  Cluster(ClusterConfig cfg, std::function<NodeLoad()> load);
+  // mirror: the SQLite the cluster's tenants and keys are mirrored into
+  // (null: none, for tests of membership alone).
+  Cluster(ClusterConfig cfg, std::function<NodeLoad()> load, storage::Store* mirror = nullptr);
   ~Cluster();
   Cluster(const Cluster&) = delete;
   Cluster& operator=(const Cluster&) = delete;
@@ -98,6 +106,8 @@ class Cluster {
   // stops accepting creates).
   bool member() const { return member_.load(); }
   const NodeInfo& self() const { return cfg_.self; }
+  const std::string& prefix() const { return cfg_.prefix; }
+  etcd::Client& etcd() { return etcd_; }
   const std::string& secret() const { return cfg_.secret; }
 
   // Live nodes (registered), by id; draining ones included, flagged.
@@ -106,6 +116,12 @@ class Cluster {
   // Catalog writes for sandboxes this node holds.
   Status record(const std::string& sandbox_id, const std::string& tenant);
   Status forget(const std::string& sandbox_id);
+
+  // Reserves sandbox row.id against its tenant's limits across the
+  // cluster (quota/<tenant>/<id>, written in a transaction guarded by the
+  // tenant's quota key, so concurrent creates on different nodes cannot
+  // both take the last slot). kQuota when over; kUnavailable without etcd.
+  Status reserve(const storage::TenantRow& tenant, const std::string& sandbox_id, int64_t memory_mb);
 
   // The nodes to try for a create, in order: two live, non-draining nodes
   // with room for memory_mb drawn at random, the less loaded first, then
@@ -129,6 +145,7 @@ class Cluster {
   void reconcile();
   void apply(const std::string& key, const std::optional<std::string>& value, int64_t mod_revision)
       REQUIRES(mu_);
+  void apply_all(const std::vector<etcd::KeyValue>& kvs) REQUIRES(mu_);
   bool sleep_for(std::chrono::milliseconds d);  // false when stopping
 
   ClusterConfig cfg_;
@@ -149,6 +166,15 @@ class Cluster {
   std::map<std::string, NodeInfo> nodes_ GUARDED_BY(mu_);
   std::map<std::string, bool> drain_ GUARDED_BY(mu_);
   std::map<std::string, Entry> catalog_ GUARDED_BY(mu_);
+  struct Reservation {
+    std::string key, node;
+    int64_t mod_revision = 0;
+  };
+  std::map<std::string, Reservation> reservations_ GUARDED_BY(mu_);  // by sandbox id
+  // Reservations of this node with no live sandbox at the last reconcile:
+  // deleted if still so at the next (a create reserves before its row).
+  std::set<std::string> suspect_;  // the heartbeat thread's own
+  storage::Store* const mirror_;
   // Nodes whose registration went away, and when (for the lost grace).
   std::map<std::string, std::chrono::steady_clock::time_point> gone_ GUARDED_BY(mu_);
   bool mirrored_ GUARDED_BY(mu_) = false;

@@ -76,6 +76,28 @@ Status Store::insert_tenant(const TenantRow& t) {
   return st.run();
 }
 
+Status Store::upsert_tenant(const TenantRow& t) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "INSERT INTO tenants(id, name, created_at, max_sandboxes, max_memory_mb, disabled) "
+              "VALUES(?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET name = excluded.name, "
+              "max_sandboxes = excluded.max_sandboxes, max_memory_mb = excluded.max_memory_mb, "
+              "disabled = excluded.disabled");
+  st.bind(1, t.id).bind(2, t.name).bind(3, t.created_at).bind(4, t.max_sandboxes).bind(5, t.max_memory_mb)
+      .bind(6, t.disabled ? 1 : 0);
+  return st.run();
+}
+
+Status Store::upsert_key(const ApiKeyRow& k) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "INSERT INTO api_keys(id, tenant_id, key_hash, key_prefix, created_at, revoked_at) "
+              "VALUES(?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET revoked_at = excluded.revoked_at");
+  st.bind(1, k.id).bind(2, k.tenant_id).bind(3, k.key_hash).bind(4, k.key_prefix).bind(5, k.created_at)
+      .bind(6, k.revoked_at);
+  return st.run();
+}
+
 Result<std::optional<TenantRow>> Store::find_tenant_by_name(const std::string& name) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx, std::string("SELECT ") + kTenantCols + " FROM tenants WHERE name = ?");

@@ -310,6 +310,11 @@ class Store {
   Result<std::vector<TenantRow>> list_tenants();
   Status set_tenant_limits(const std::string& id, int64_t max_sandboxes, int64_t max_memory_mb);
   Status insert_key(const ApiKeyRow& k);
+  // Cluster mode's mirror of the tenants and keys in etcd: inserts, or
+  // updates what may change (a tenant's name, limits and disabled flag; a
+  // key's revocation). kInternal when another tenant holds the name here.
+  Status upsert_tenant(const TenantRow& t);
+  Status upsert_key(const ApiKeyRow& k);
   // The tenant owning an unrevoked key with this hash, if its tenant is enabled.
   Result<std::optional<TenantRow>> tenant_for_key_hash(const std::string& key_hash);
   Result<std::vector<ApiKeyRow>> list_keys(const std::string& tenant_id);

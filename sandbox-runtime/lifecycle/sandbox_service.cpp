@@ -378,7 +378,8 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
     pooled = pool_->take(WarmPool::key_of(tenant.id, t), WarmPool::Recipe{tenant, t});
   SandboxRow row = new_row(tenant, t, p);
   if (pooled) row.id = pooled->id;
-  Status inserted = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb);
+  Status inserted = cfg_.reserve ? cfg_.reserve(tenant, row) : Status::Ok();
+  if (inserted) inserted = store_.insert_sandbox_within_quota(row, tenant.max_sandboxes, tenant.max_memory_mb);
   count_creating(tenant.id, -1);
   if (Status s = inserted; !s) {
     if (pooled) {  // over quota: it goes, as a create would not have started one

@@ -118,6 +118,10 @@ struct ServiceConfig {
   // (storage/batch_writer.h); empty: not recorded. Called on the
   // coordinator's threads: must not block.
   std::function<void(storage::EventRow)> record_event;
+  // Cluster mode: reserves a new sandbox against its tenant's limits
+  // across every node (gateway/cluster.h), before the local row goes in;
+  // kQuota when over them. Empty: the local quota only.
+  std::function<Status(const storage::TenantRow& tenant, const storage::SandboxRow& row)> reserve;
 };
 
 // The in-sandbox model proxy address (the agent forwards it over the channel).

@@ -9,107 +9,59 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync, readFileSync } from 'node:fs';
-import { createServer } from 'node:net';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { randomBytes } from 'node:crypto';
 import WebSocket from 'ws';
 import { Sandbox } from 'e2b';
-import { startSandgate } from './server.mjs';
+import { startCluster, until } from './fixtures/cluster.mjs';
 
-const dir = mkdtempSync(join(tmpdir(), 'sandgate-cluster-'));
-const etcd = [];  // { name, client, peer, proc }
-const nodes = {};  // id -> server
-let opts;  // the SDK's options: n1 only
+let cluster;
+let nodes;  // id -> server
+let etcd;   // the members: { name, client, peer, proc }
 let etcdUrl;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.on('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-  });
-}
-
-async function etcdAnswers(port) {
-  try {
-    const r = await fetch(`http://127.0.0.1:${port}/v3/kv/range`, { method: 'POST', body: '{"key":"AA=="}' });
-    return r.status === 200;
-  } catch {
-    return false;
-  }
-}
-
-async function until(cond, what, ms = 30000) {
-  const deadline = Date.now() + ms;
-  for (;;) {
-    const v = await cond();
-    if (v) return v;
-    if (Date.now() > deadline) throw new Error('timed out waiting for ' + what);
-    await new Promise((r) => setTimeout(r, 100));
-  }
-}
-
-// The node the cluster catalog names for a sandbox (read from etcd).
-async function nodeOf(id) {
-  const key = Buffer.from(`/sandgate/sandboxes/${id}`).toString('base64');
-  for (const m of etcd) {
-    if (!m.proc) continue;
-    try {
-      const r = await fetch(`http://127.0.0.1:${m.client}/v3/kv/range`, { method: 'POST', body: JSON.stringify({ key }) });
-      const j = await r.json();
-      if (!j.kvs) return null;
-      return JSON.parse(Buffer.from(j.kvs[0].value, 'base64').toString()).node;
-    } catch {}
-  }
-  throw new Error('no etcd member answered');
-}
-
-async function drain(id, on) {
-  const key = Buffer.from(`/sandgate/drain/${id}`).toString('base64');
-  const m = etcd.find((x) => x.proc);
-  const path = on ? 'put' : 'deleterange';
-  const body = on ? { key, value: Buffer.from('1').toString('base64') } : { key };
-  const r = await fetch(`http://127.0.0.1:${m.client}/v3/kv/${path}`, { method: 'POST', body: JSON.stringify(body) });
-  assert.equal(r.status, 200);
-}
+let opts;  // the SDK's options: n1 only
+const nodeOf = (id) => cluster.nodeOf(id);
+const drain = (id, on) => cluster.drain(id, on);
 
 before(async () => {
-  for (let i = 0; i < 3; i++) etcd.push({ name: `e${i}`, client: await freePort(), peer: await freePort() });
-  const initial = etcd.map((m) => `${m.name}=http://127.0.0.1:${m.peer}`).join(',');
-  for (const m of etcd) {
-    m.proc = spawn('etcd', ['--name', m.name, '--data-dir', join(dir, m.name),
-      '--listen-client-urls', `http://127.0.0.1:${m.client}`, '--advertise-client-urls', `http://127.0.0.1:${m.client}`,
-      '--listen-peer-urls', `http://127.0.0.1:${m.peer}`, '--initial-advertise-peer-urls', `http://127.0.0.1:${m.peer}`,
-      '--initial-cluster', initial, '--initial-cluster-state', 'new', '--initial-cluster-token', 'sg-e2e',
-      '--heartbeat-interval', '50', '--election-timeout', '500', '--logger', 'zap', '--log-outputs', join(dir, m.name + '.log')],
-      { stdio: 'ignore' });
-  }
-  await until(async () => (await Promise.all(etcd.map((m) => etcdAnswers(m.client)))).every(Boolean), 'etcd');
-  etcdUrl = 'etcd://' + etcd.map((m) => `127.0.0.1:${m.client}`).join(',');
-  const secret = join(dir, 'cluster-secret');
-  writeFileSync(secret, randomBytes(24).toString('hex') + '\n', { mode: 0o600 });
-  for (const id of ['n1', 'n2', 'n3']) {
-    nodes[id] = await startSandgate(['--cluster', etcdUrl, '--cluster-secret-file', secret, '--node-id', id,
-      '--cluster-lease-ttl', '2', '--cluster-lost-grace', '0', '--warm-pool', '0', '--code-interpreter', 'off']);
-  }
+  cluster = await startCluster({ extra: ['--cluster-lease-ttl', '2', '--cluster-lost-grace', '0'] });
+  ({ nodes, etcd, etcdUrl } = cluster);
   opts = { ...nodes.n1.opts, timeoutMs: 300_000 };
 });
 
 after(async () => {
-  for (const s of Object.values(nodes)) {
-    try { await s.stop(); } catch {}
-  }
-  for (const m of etcd) if (m.proc) m.proc.kill('SIGKILL');
-  rmSync(dir, { recursive: true, force: true });
+  if (cluster) await cluster.stop();
 });
 
 const placed = {};  // node id -> a Sandbox created through n1 that landed there
+
+// A create through n1 that lands on node `id`: the other nodes drained
+// for it (placement reads the drain marks from its mirror of etcd).
+async function createOn(id, o = opts) {
+  const others = ['n1', 'n2', 'n3'].filter((x) => x !== id);
+  for (const x of others) await drain(x, true);
+  try {
+    return await until(async () => {
+      const s = await Sandbox.create('base', o);
+      if ((await nodeOf(s.sandboxId)) === id) return s;
+      await s.kill();
+      return null;
+    }, `a create on ${id}`);
+  } finally {
+    for (const x of others) await drain(x, false);
+  }
+}
+
+function cli(args) {
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.env.SANDGATE_BIN, args);
+    let out = '';
+    let err = '';
+    p.stdout.on('data', (c) => { out += c; });
+    p.stderr.on('data', (c) => { err += c; });
+    p.on('exit', (code) => (code === 0 ? resolve(out) : reject(new Error(`sandgate ${args.join(' ')}: ${code} ${err}`))));
+  });
+}
 
 test('creates through one node land on every node; node list shows them', async (t) => {
   const seen = new Set();
@@ -125,27 +77,54 @@ test('creates through one node land on every node; node list shows them', async 
   t.diagnostic(`6 creates through n1 landed on ${spread.join(' ')}`);
   assert.ok(seen.size >= 2, `6 creates all landed on ${[...seen]}`);
   // Each node gets at least one: the others drained for a create.
-  for (const id of ['n1', 'n2', 'n3']) {
-    if (placed[id]) continue;
-    const others = ['n1', 'n2', 'n3'].filter((x) => x !== id);
-    for (const o of others) await drain(o, true);
-    // Placement reads the drain marks from its mirror of etcd.
-    const sbx = await until(async () => {
-      const s = await Sandbox.create('base', opts);
-      if ((await nodeOf(s.sandboxId)) === id) return s;
-      await s.kill();
-      return null;
-    }, `a create on ${id}`);
-    placed[id] = sbx;
-    for (const o of others) await drain(o, false);
-  }
-  const out = await new Promise((resolve, reject) => {
-    const p = spawn(process.env.SANDGATE_BIN, ['node', 'list', '--cluster', etcdUrl]);
-    let s = '';
-    p.stdout.on('data', (c) => { s += c; });
-    p.on('exit', (code) => (code === 0 ? resolve(s) : reject(new Error('node list: ' + code))));
-  });
+  for (const id of ['n1', 'n2', 'n3']) placed[id] ??= await createOn(id);
+  const out = await cli(['node', 'list', '--cluster', etcdUrl]);
   for (const id of ['n1', 'n2', 'n3']) assert.match(out, new RegExp(`^${id}\\t127\\.0\\.0\\.1:\\d+\\tprocess\\t`, 'm'));
+});
+
+test('tenants and keys are the cluster\'s: any node\'s key works on every node', async () => {
+  // n3 printed its own key for tenant "local": it works through n1.
+  const viaN3Key = await Sandbox.create('base', { ...opts, apiKey: nodes.n3.key });
+  assert.equal((await viaN3Key.commands.run('echo k')).stdout, 'k\n');
+  await viaN3Key.kill();
+  const bad = await fetch(`${nodes.n2.url}/v2/sandboxes`, { headers: { 'X-API-KEY': 'e2b_' + '0'.repeat(40) } });
+  assert.equal(bad.status, 401);
+});
+
+test('a tenant\'s quota holds across nodes; revoking it reaches every node', async () => {
+  const key = (await cli(['tenant', 'create', 'team2', '--max-sandboxes', '3', '--cluster', etcdUrl])).trim();
+  assert.match(key, /^e2b_[0-9a-f]{40}$/);
+  const t2 = { ...opts, apiKey: key };
+  // One on each node: with per-node quotas each node would allow 3.
+  const boxes = [];
+  for (const id of ['n1', 'n2', 'n3']) boxes.push(await createOn(id, t2));
+  for (const b of boxes) assert.equal((await b.commands.run('echo q')).stdout, 'q\n');
+  // The fourth, through any node, is over the cluster-wide limit.
+  for (const entry of ['n1', 'n2']) {
+    const r = await fetch(`${nodes[entry].url}/sandboxes`, {
+      method: 'POST', headers: { 'X-API-KEY': key, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base' }),
+    });
+    assert.equal(r.status, 429, `create through ${entry}`);
+    assert.match((await r.json()).message, /across the cluster/);
+  }
+  // A kill frees a slot for a create anywhere.
+  await boxes[0].kill();
+  const again = await Sandbox.create('base', t2);
+  boxes[0] = again;
+  // Revoked in etcd: every node refuses the key and ends the sandboxes.
+  await cli(['tenant', 'revoke', 'team2', '--cluster', etcdUrl]);
+  for (const entry of ['n1', 'n2', 'n3']) {
+    await until(async () => (await fetch(`${nodes[entry].url}/v2/sandboxes`, { headers: { 'X-API-KEY': key } })).status === 401,
+      `${entry} refusing the revoked key`, 10000);
+  }
+  await until(async () => {
+    const r = await fetch(`${nodes.n1.url}/v2/sandboxes?state=running`, { headers: { 'X-API-KEY': nodes.n1.key } });
+    return r.status === 200;
+  }, 'n1 answering');
+  for (const b of boxes) {
+    await until(async () => (await nodeOf(b.sandboxId)) === null, `sandbox ${b.sandboxId} of the revoked tenant ended`, 15000);
+  }
 });
 
 test('commands, files, an HTTP and a WebSocket server in sandboxes on other nodes, through n1', async () => {
@@ -196,12 +175,7 @@ test('pause and resume, list and kill of sandboxes on other nodes, through n1', 
   const ids = new Set(listed.map((s) => s.sandboxId));
   for (const s of Object.values(placed)) assert.ok(ids.has(s.sandboxId), `list misses ${s.sandboxId}`);
 
-  const extra = await until(async () => {
-    const s = await Sandbox.create('base', opts);
-    if ((await nodeOf(s.sandboxId)) !== 'n1') return s;
-    await s.kill();
-    return null;
-  }, 'a create off n1');
+  const extra = await createOn('n2');
   await extra.kill();
   assert.equal(await nodeOf(extra.sandboxId), null);
   await assert.rejects(Sandbox.getInfo(extra.sandboxId, opts));
