@@ -2,15 +2,19 @@
 // against a real etcd member (tests/support/etcd_server.h), with made-up
 // node loads: two (or three) Cluster objects in one process.
 #include "gateway/cluster.h"
+#include "gateway/cluster_tenants.h"
 
 #include <doctest/doctest.h>
 
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "tests/support/etcd_server.h"
 #include "tests/support/eventually.h"
 #include "tests/support/temp_dir.h"
+#include "tests/support/test_store.h"
+#include "tenancy/tenants.h"
 
 namespace sg::gateway {
 namespace {
@@ -156,6 +160,107 @@ TEST_CASE("cluster: a node that loses etcd stops being a member (and so takes no
   etcd->kill_member(0);
   // No renewal for longer than the TTL (2 s): no longer a member.
   CHECK(test::eventually([&] { return !n.member(); }, 15));
+}
+
+TEST_CASE("cluster: tenants and keys in etcd, mirrored into each node's SQLite") {
+  test::TempDir dir;
+  test::EtcdCluster etcd(dir.path(), 1);
+  REQUIRE_MESSAGE(etcd.ok(), "etcd did not start (is etcd-server installed?)");
+  etcd::Client admin(etcd.endpoints());
+  const std::string prefix = "/sandgate/";
+  Result<tenancy::CreatedKey> k1 = cluster_tenants::create_tenant(admin, prefix, "team", tenancy::Quota{4, 2048});
+  REQUIRE(k1);
+  Result<tenancy::CreatedKey> dup = cluster_tenants::create_tenant(admin, prefix, "team", tenancy::Quota{});
+  REQUIRE_FALSE(dup);
+  CHECK(dup.error().kind() == ErrorKind::kConflict);
+  CHECK_FALSE(cluster_tenants::create_tenant(admin, prefix, "bad name", tenancy::Quota{}));
+  CHECK(cluster_tenants::add_key(admin, prefix, "nobody").error().kind() == ErrorKind::kNotFound);
+
+  // Two nodes' SQLite mirrors: a key made anywhere authenticates on both.
+  test::TempDir da, db;
+  std::unique_ptr<storage::Store> sa = test::open_store_with_base(da);
+  std::unique_ptr<storage::Store> sb = test::open_store_with_base(db);
+  FakeLoad load;
+  Cluster a(config(etcd, "a"), std::ref(load), sa.get());
+  Cluster b(config(etcd, "b"), std::ref(load), sb.get());
+  REQUIRE(a.join());
+  REQUIRE(b.join());
+  tenancy::Tenants ta(*sa), tb(*sb);
+  Result<storage::TenantRow> on_a = ta.authenticate(k1->key);
+  REQUIRE(on_a);  // mirrored by join's first read
+  CHECK(on_a->name == "team");
+  CHECK(on_a->max_sandboxes == 4);
+  Result<tenancy::CreatedKey> k2 = cluster_tenants::add_key(admin, prefix, "team");
+  REQUIRE(k2);
+  CHECK(test::eventually([&] { return tb.authenticate(k2->key).ok(); }, 10));
+  REQUIRE(cluster_tenants::set_quota(admin, prefix, "team", tenancy::Quota{2, 1024}));
+  CHECK(test::eventually([&] {
+    Result<storage::TenantRow> t = tb.authenticate(k1->key);
+    return t && t->max_sandboxes == 2;
+  }, 10));
+
+  // The quota across nodes: 2 sandboxes, reserved from both at once.
+  Result<storage::TenantRow> team = tb.authenticate(k1->key);
+  REQUIRE(team);
+  std::atomic<int> granted{0}, refused{0};
+  std::vector<std::thread> creators;
+  for (int i = 0; i < 6; ++i)
+    creators.emplace_back([&, i] {
+      Cluster& node = i % 2 ? a : b;
+      Status s = node.reserve(*team, "sbx-" + std::to_string(i), 256);
+      if (s) ++granted;
+      else if (s.error().kind() == ErrorKind::kQuota) ++refused;
+    });
+  for (std::thread& t : creators) t.join();
+  CHECK(granted.load() == 2);
+  CHECK(refused.load() == 4);
+  // Memory: 1024 MiB in all, 512 held.
+  REQUIRE(cluster_tenants::set_quota(admin, prefix, "team", tenancy::Quota{10, 1024}));
+  CHECK(test::eventually([&] {
+    Result<storage::TenantRow> t = ta.authenticate(k1->key);
+    return t && t->max_sandboxes == 10;
+  }, 10));
+  team = ta.authenticate(k1->key);
+  Status big = a.reserve(*team, "sbx-big", 600);
+  REQUIRE_FALSE(big);
+  CHECK(big.error().kind() == ErrorKind::kQuota);
+  CHECK(a.reserve(*team, "sbx-fits", 512));
+
+  // Revoked in etcd: no key of it authenticates on either node.
+  Result<int64_t> revoked = cluster_tenants::revoke(admin, prefix, "team");
+  REQUIRE(revoked);
+  CHECK(*revoked == 2);
+  CHECK(test::eventually([&] { return !ta.authenticate(k1->key) && !tb.authenticate(k2->key); }, 10));
+  Result<std::vector<storage::TenantRow>> all = cluster_tenants::list(admin, prefix);
+  REQUIRE(all);
+  REQUIRE(all->size() == 1);
+  CHECK(all->front().disabled);
+}
+
+TEST_CASE("cluster: reservations of sandboxes that are not live are released by the reconcile") {
+  test::TempDir dir;
+  test::EtcdCluster etcd(dir.path(), 1);
+  REQUIRE_MESSAGE(etcd.ok(), "etcd did not start (is etcd-server installed?)");
+  FakeLoad load;
+  Cluster n(config(etcd, "n"), std::ref(load));
+  REQUIRE(n.join());
+  storage::TenantRow t;
+  t.id = "tn_1";
+  t.name = "team";
+  t.max_sandboxes = 1;
+  t.max_memory_mb = 1024;
+  {
+    std::lock_guard<std::mutex> g(load.mu);
+    load.ids = {"live"};
+  }
+  REQUIRE(n.reserve(t, "live", 100));
+  CHECK(n.reserve(t, "second", 100).error().kind() == ErrorKind::kQuota);
+  // The live one ends: within two heartbeats its slot is free again.
+  {
+    std::lock_guard<std::mutex> g(load.mu);
+    load.ids.clear();
+  }
+  CHECK(test::eventually([&] { return n.reserve(t, "second", 100).ok(); }, 15));
 }
 
 }  // namespace

@@ -99,6 +99,25 @@ TEST_CASE("a revoked key or a disabled tenant no longer authenticates") {
   CHECK_FALSE((*(*s)->tenant_for_key_hash("h2")).has_value());
 }
 
+TEST_CASE("upserts (the cluster's mirror): insert, then update what may change; a name held by another id is refused") {
+  test::TempDir dir;
+  auto s = Store::open(dir.sub("u.db"));
+  REQUIRE(s.ok());
+  TenantRow t = tenant("t1");
+  REQUIRE((*s)->upsert_tenant(t).ok());
+  REQUIRE((*s)->upsert_key({"k1", "t1", "h1", "p", 1, std::nullopt}).ok());
+  CHECK((*(*s)->tenant_for_key_hash("h1")).has_value());
+  t.max_sandboxes = 7;
+  REQUIRE((*s)->upsert_tenant(t).ok());
+  CHECK((*(*s)->find_tenant("t1"))->max_sandboxes == 7);
+  REQUIRE((*s)->upsert_key({"k1", "t1", "h1", "p", 1, int64_t{9}}).ok());
+  CHECK_FALSE((*(*s)->tenant_for_key_hash("h1")).has_value());
+  TenantRow other = tenant("t2");
+  other.name = t.name;
+  CHECK_FALSE((*s)->upsert_tenant(other).ok());
+  CHECK((*(*s)->list_tenants()).size() == 1);
+}
+
 TEST_CASE("quota: the count and memory limits refuse the insert and change nothing") {
   test::TempDir dir;
   auto s = Store::open(dir.sub("q.db"));
