@@ -234,7 +234,9 @@ Result<std::pair<Response, std::string>> read_head(int fd, Clock::time_point dea
 }
 
 Result<UniqueFd> send_request(const Endpoint& ep, const Request& req, Clock::time_point deadline) {
-  Result<UniqueFd> fd = connect_tcp(ep, std::chrono::milliseconds(ms_left(deadline)));
+  // A peer that does not answer a connect at all (partitioned) is given
+  // up on early, whatever the whole call may take.
+  Result<UniqueFd> fd = connect_tcp(ep, std::chrono::milliseconds(std::min(ms_left(deadline), 5000)));
   if (!fd) return fd.error();
   if (Status s = write_all(fd->get(), serialize(req, ep), deadline); !s) return s.error();
   return fd;

@@ -4,7 +4,7 @@
 // (gateway/cluster.h).
 //
 // Every call has a deadline (connect, write and each read are bounded by
-// what is left of it), the response head is bounded (64 KiB) and so is a
+// what is left of it; a connect by 5 s at most), the response head is bounded (64 KiB) and so is a
 // whole body (body_limit). One request per connection ("Connection:
 // close"), which keeps framing trivial: a body may be Content-Length,
 // chunked, or run to EOF. Thread-safe: no shared state.

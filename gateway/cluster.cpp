@@ -120,6 +120,7 @@ Status Cluster::join() {
   int64_t from = all->revision + 1;
   watcher_ = std::thread([this, from] {
     int64_t rev = from;
+    int failures = 0;  // in a row: the first is logged, then every 20th
     while (!stop_.load()) {
       Status s = etcd_.watch_prefix(
           cfg_.prefix, rev,
@@ -134,11 +135,13 @@ Status Cluster::join() {
           },
           stop_);
       if (stop_.load()) break;
-      LOG_WARN("cluster: watch: " << s.error().message() << "; listing again");
+      if (failures++ % 20 == 0) LOG_WARN("cluster: watch: " << s.error().message() << "; listing again");
       if (!sleep_for(std::chrono::milliseconds(500))) break;
       // Re-list: what changed while the watch was down, deletes included.
       Result<etcd::RangeResult> again = etcd_.get_prefix(cfg_.prefix);
       if (!again) continue;
+      if (failures > 1) LOG_INFO("cluster: watching etcd again after " << failures << " failed tries");
+      failures = 0;
       std::lock_guard<std::mutex> g(mu_);
       std::map<std::string, NodeInfo> old_nodes = nodes_;
       nodes_.clear();
@@ -243,6 +246,7 @@ void Cluster::apply(const std::string& key, const std::optional<std::string>& va
 
 void Cluster::heartbeat_loop() {
   auto every = std::chrono::milliseconds(std::max<int64_t>(300, cfg_.lease_ttl_s * 1000 / 3));
+  int failures = 0;  // keepalives in a row that found no etcd: the first is logged, then every 20th
   while (sleep_for(every)) {
     int64_t lease = lease_.load();
     Result<int64_t> ttl = lease ? etcd_.keep_alive(lease) : Result<int64_t>(not_found_error("no lease"));
@@ -253,7 +257,7 @@ void Cluster::heartbeat_loop() {
         if (member_.exchange(false)) LOG_WARN("cluster: lease lost: " << ttl.error().message() << "; registering again");
         if (Status s = register_self(); !s) LOG_WARN("cluster: register: " << s.error().message());
       } else {
-        LOG_WARN("cluster: keepalive: " << ttl.error().message());
+        if (failures++ % 20 == 0) LOG_WARN("cluster: keepalive: " << ttl.error().message());
         // Not renewed within the TTL: it has expired for the others, who
         // stop sending creates here; so does this node.
         if (Clock::now() - last_renewal_ > std::chrono::seconds(cfg_.lease_ttl_s) && member_.exchange(false))
@@ -262,6 +266,7 @@ void Cluster::heartbeat_loop() {
       }
     }
     last_renewal_ = Clock::now();
+    failures = 0;
     member_.store(true);
     // Load and the catalog, with the lease renewed.
     NodeInfo me = cfg_.self;

@@ -1,10 +1,12 @@
 // Issue 22: cluster mode. Three sandgate nodes and a three-member etcd
-// cluster, all started here on loopback; the official E2B JS SDK talks to
+// cluster, all started here, each in a network namespace of its own with
+// its own address (tests/e2e/fixtures/cluster.mjs); the official E2B JS SDK talks to
 // one node only (n1, with n1's key) and reaches sandboxes on all three:
 // commands, files, an HTTP server and a WebSocket server in the sandbox,
-// pause/resume, list, kill. Then the faults: a forged forwarded request, an
-// etcd member lost, a node lost (its sandbox reported lost, never running;
-// creates go on elsewhere).
+// pause/resume, list, kill; tenants, keys and a quota that hold across the
+// nodes. Then the faults: a forged forwarded request, an etcd member lost,
+// a node partitioned away (and healed), a node lost (its sandbox reported
+// lost, never running; creates go on elsewhere).
 // Run by CTest (`e2e_js_cluster`).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
@@ -79,7 +81,9 @@ test('creates through one node land on every node; node list shows them', async 
   // Each node gets at least one: the others drained for a create.
   for (const id of ['n1', 'n2', 'n3']) placed[id] ??= await createOn(id);
   const out = await cli(['node', 'list', '--cluster', etcdUrl]);
-  for (const id of ['n1', 'n2', 'n3']) assert.match(out, new RegExp(`^${id}\\t127\\.0\\.0\\.1:\\d+\\tprocess\\t`, 'm'));
+  for (const id of ['n1', 'n2', 'n3']) {
+    assert.match(out, new RegExp(`^${id}\\t${cluster.spaces[id].addr.replaceAll('.', '\\.')}:3000\\tprocess\\t`, 'm'));
+  }
 });
 
 test('tenants and keys are the cluster\'s: any node\'s key works on every node', async () => {
@@ -194,9 +198,9 @@ test('a forwarded request or tunnel without the cluster key is refused', async (
   assert.equal(killed.status, 401);
   // A raw CONNECT tunnel with a wrong key.
   const { connect } = await import('node:net');
-  const port = Number(new URL(nodes.n2.url).port);
+  const { hostname, port } = new URL(nodes.n2.url);
   const answer = await new Promise((resolve, reject) => {
-    const s = connect(port, '127.0.0.1', () => {
+    const s = connect(Number(port), hostname, () => {
       s.write(`CONNECT ${target.sandboxId}:49983 HTTP/1.1\r\nHost: x\r\nX-Sandgate-Cluster-Key: wrong\r\n\r\n`);
     });
     let got = '';
@@ -215,6 +219,44 @@ test('an etcd member lost: the cluster goes on', async () => {
   assert.equal((await sbx.commands.run('echo ok')).stdout, 'ok\n');
   assert.ok(['n1', 'n2', 'n3'].includes(await nodeOf(sbx.sandboxId)));
   await sbx.kill();
+});
+
+test('a partitioned node stops taking creates and its sandbox is reported lost; healed, it serves it again', async () => {
+  const sbx = await createOn('n2');
+  await sbx.files.write('/home/user/p.txt', 'before\n');
+  const member = async (id) => /^sandgate_cluster_member 1$/m.test(await (await fetch(`${nodes[id].url}/metrics`)).text());
+  cluster.partition('n2');
+  try {
+    // n2 (which the test still reaches) counts itself out once its lease
+    // is gone, and refuses creates.
+    await until(async () => !(await member('n2')), 'n2 out of the cluster', 20000);
+    const refused = await fetch(`${nodes.n2.url}/sandboxes`, {
+      method: 'POST', headers: { 'X-API-KEY': nodes.n2.key, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'base' }),
+    });
+    assert.equal(refused.status, 503);
+    assert.match((await refused.json()).message, /lost contact with the cluster/);
+    // The others: n2's sandbox is lost (grace 0), never running; creates
+    // go to the nodes that are there.
+    await until(async () => {
+      const r = await fetch(`${nodes.n1.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': nodes.n1.key } });
+      const body = await r.json();
+      assert.notEqual(body.state, 'running');
+      return r.status === 404 && /lost/.test(body.message);
+    }, 'n1 reporting the sandbox on n2 lost', 20000);
+    const elsewhere = await Sandbox.create('base', opts);
+    assert.notEqual(await nodeOf(elsewhere.sandboxId), 'n2');
+    await elsewhere.kill();
+  } finally {
+    cluster.heal('n2');
+  }
+  // Healed: n2 registers again and serves its sandbox, files and all.
+  await until(async () => (await member('n2')), 'n2 back in the cluster', 20000);
+  await until(async () => (await fetch(`${nodes.n1.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': nodes.n1.key } })).status === 200,
+    'n1 serving the sandbox on n2 again', 20000);
+  const back = await Sandbox.connect(sbx.sandboxId, opts);
+  assert.equal(await back.files.read('/home/user/p.txt'), 'before\n');
+  await back.kill();
 });
 
 test('a node lost: its sandbox is reported lost, never running; creates go elsewhere', async () => {

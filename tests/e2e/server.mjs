@@ -12,8 +12,11 @@ import { randomBytes } from 'node:crypto';
 
 // Runs `sandgate serve` and resolves with its url and key once its banner
 // is out; rejects with its output when it exits first.
-function launch(bin, args) {
-  const proc = spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+function launch(bin, args, wrap = []) {
+  // wrap: a command the server runs under (nsenter into a network
+  // namespace); it execs sandgate, so the pid is sandgate's.
+  const proc = wrap.length ? spawn(wrap[0], [...wrap.slice(1), bin, ...args], { stdio: ['ignore', 'pipe', 'pipe'] })
+    : spawn(bin, args, { stdio: ['ignore', 'pipe', 'pipe'] });
   let err = '';
   proc.stderr.on('data', (chunk) => {
     err += chunk;
@@ -50,7 +53,7 @@ export async function startSandgate(extraArgs = [], options = {}) {
   const args = (keep) => ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(dir, 'data'),
     '--templates-dir', templates, '--cgroup-parent', cgroupParent, '--log-level', 'warn',
     '--keep-sandboxes', keep ? 'on' : 'off', ...extraArgs];
-  let { proc, started } = launch(bin, args(options.keep));
+  let { proc, started } = launch(bin, args(options.keep), options.wrap);
   const server = {
     dir, cgroupParent, args,
     ...(await started),
@@ -65,7 +68,7 @@ export async function startSandgate(extraArgs = [], options = {}) {
     // A new sandgate on the same data directory and cgroup parent, after
     // this one was stopped (keep: whether its sandboxes outlive it).
     async restart(keep = options.keep) {
-      ({ proc, started } = launch(bin, args(keep)));
+      ({ proc, started } = launch(bin, args(keep), options.wrap));
       Object.assign(server, await started);
       server.opts = { apiUrl: server.url, sandboxUrl: server.url, apiKey: server.key };
       return server;
