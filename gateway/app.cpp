@@ -841,6 +841,19 @@ struct Routes {
   }
 };
 
+// The cluster port (--cluster-listen): node-to-node traffic only. A
+// request without the cluster key is refused before anything else looks
+// at it; CONNECT tunnels check the key in their hook.
+struct ClusterPortRoutes {
+  ClusterRoutes& cluster;
+  http::HttpResponse operator()(http::HttpRequest& req) const {
+    if (!req.headers.count(cluster_wire::kSecretHeader))
+      return http::json_error(403, "this is sandgate's cluster port: it serves the other nodes only");
+    if (std::optional<http::HttpResponse> r = cluster.handle(req)) return std::move(*r);
+    return http::json_error(404, "no route for " + req.method + " " + req.path);
+  }
+};
+
 void print_banner(const AppConfig& cfg, uint16_t port, const std::string& backend, const std::string& local_key) {
   std::string url = cfg.public_url.empty() ? std::string(cfg.tls_cert_file.empty() ? "http://" : "https://") +
                                                  cfg.listen_address + ":" + std::to_string(port)
@@ -868,6 +881,8 @@ int fail(const Error& e) {
   return 1;
 }
 
+std::string cluster_server_host(const AppConfig& cfg) { return net::parse_endpoint(cfg.cluster_listen)->host; }
+
 // Cluster mode's settings from the command line; the address is set once
 // the server is bound.
 Result<ClusterConfig> cluster_config(const AppConfig& cfg, bool use_kvm) {
@@ -875,9 +890,11 @@ Result<ClusterConfig> cluster_config(const AppConfig& cfg, bool use_kvm) {
   Result<std::vector<net::Endpoint>> etcd = etcd::parse_endpoints(cfg.cluster);
   if (!etcd) return etcd.error().with_context("--cluster");
   c.etcd = *etcd;
-  if (!cfg.tls_cert_file.empty())
-    return invalid_error("--cluster with --tls-cert is not supported yet: nodes forward to each other over plain HTTP "
-                         "(docs/cluster.md); put TLS in front of the nodes instead");
+  if (!cfg.tls_cert_file.empty() && cfg.cluster_listen.empty())
+    return invalid_error("--cluster with --tls-cert needs --cluster-listen ADDR:PORT: the nodes forward to each other "
+                         "over plain HTTP on a port of their own (docs/cluster.md)");
+  if (!cfg.cluster_listen.empty())
+    if (Result<net::Endpoint> ep = net::parse_endpoint(cfg.cluster_listen); !ep) return ep.error().with_context("--cluster-listen");
   if (cfg.cluster_secret_file.empty())
     return invalid_error("--cluster needs --cluster-secret-file: a file holding the secret every node of the cluster shares");
   Result<std::string> secret = tenancy::read_secret_file(cfg.cluster_secret_file, "the cluster secret");
@@ -892,8 +909,9 @@ Result<ClusterConfig> cluster_config(const AppConfig& cfg, bool use_kvm) {
   }
   if (c.self.id.size() > 64 || c.self.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") != std::string::npos)
     return invalid_error("--node-id \"" + c.self.id + "\": use 1 to 64 letters, digits, '.', '_' or '-'");
-  if (cfg.advertise.empty() && (cfg.listen_address == "0.0.0.0" || cfg.listen_address == "::"))
-    return invalid_error("--cluster with --listen " + cfg.listen_address + " needs --advertise HOST:PORT (where the other nodes reach this one)");
+  std::string node_listen = cfg.cluster_listen.empty() ? cfg.listen_address : net::parse_endpoint(cfg.cluster_listen)->host;
+  if (cfg.advertise.empty() && (node_listen == "0.0.0.0" || node_listen == "::"))
+    return invalid_error("--cluster listening on " + node_listen + " needs --advertise HOST:PORT (where the other nodes reach this one)");
   if (!cfg.advertise.empty())
     if (Result<net::Endpoint> ep = net::parse_endpoint(cfg.advertise); !ep) return ep.error().with_context("--advertise");
   c.self.backend = use_kvm ? "kvm" : "process";
@@ -1073,8 +1091,29 @@ int serve(const AppConfig& cfg_in) {
                           proxy, (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
   services.attach(&server);
+  // The node-to-node port, when it is not the client port.
+  std::unique_ptr<http::HttpServer> cluster_server;
+  if (cluster && !cfg.cluster_listen.empty()) {
+    net::Endpoint ep = *net::parse_endpoint(cfg.cluster_listen);
+    http::ServerConfig ccfg = server_config(cfg);
+    ccfg.address = ep.host;
+    ccfg.port = ep.port;
+    ccfg.tls_cert_file.clear();
+    ccfg.tls_key_file.clear();
+    ccfg.body_limit_for = nullptr;
+    ccfg.worker_threads = std::max(2, cfg.worker_threads / 2);
+    http::ProxyHooks node_hooks;
+    node_hooks.tunnel = [&](const http::HttpRequest& head) { return cluster_routes->tunnel(head); };
+    cluster_server = std::make_unique<http::HttpServer>(ccfg, ClusterPortRoutes{*cluster_routes}, node_hooks);
+    if (Status s = cluster_server->start(); !s) {
+      stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
+      return fail(s.error().with_context("--cluster-listen"));
+    }
+  }
   if (cluster) {
-    cluster->set_address(cfg.advertise.empty() ? net::Endpoint{cfg.listen_address, server.port()}.str() : cfg.advertise);
+    std::string node_addr = cluster_server ? net::Endpoint{cluster_server_host(cfg), cluster_server->port()}.str()
+                                           : net::Endpoint{cfg.listen_address, server.port()}.str();
+    cluster->set_address(cfg.advertise.empty() ? node_addr : cfg.advertise);
     Status joined = cluster->join();
     if (joined && cfg.local_tenant) {
       Result<std::string> k = ensure_cluster_local_tenant(tenants, **store, cfg, *cluster);
@@ -1083,6 +1122,7 @@ int serve(const AppConfig& cfg_in) {
     }
     if (!joined) {
       cluster->leave();
+      if (cluster_server) cluster_server->stop();
       stop_all(services, server, sandboxes, template_builds, egress, **models, *rt);
       return fail(joined.error());
     }
@@ -1110,6 +1150,7 @@ int serve(const AppConfig& cfg_in) {
   // Out of the cluster first: the others stop sending work here. The
   // catalog keeps this node's sandboxes (they come back with it).
   if (cluster) cluster->leave();
+  if (cluster_server) cluster_server->stop();
   // No new connections; what is in progress finishes (an upgrade's stop).
   if (!server.drain(std::chrono::milliseconds(cfg.drain_timeout_ms)))
     LOG_WARN("requests still in progress after " << cfg.drain_timeout_ms << " ms; stopping anyway");

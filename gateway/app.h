@@ -124,6 +124,11 @@ struct AppConfig {
   // host:port where the other nodes reach this one (default: the listen
   // address and port; required when listening on a wildcard address).
   std::string advertise;
+  // A plain-HTTP listener for node-to-node traffic only (forwarded
+  // requests and tunnels, with the cluster key): required with TLS, where
+  // the client port speaks HTTPS; "" without TLS: the client port serves
+  // the nodes too.
+  std::string cluster_listen;
   int64_t cluster_lease_ttl_s = 5;
   int64_t cluster_lost_grace_s = 30;
 };

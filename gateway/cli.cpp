@@ -195,7 +195,10 @@ serve options:
   --node-id ID                  this node's name in the cluster (default:
                                 the host name)
   --advertise HOST:PORT         where the other nodes reach this one
-                                (default: the --listen address)
+                                (default: the node port's address)
+  --cluster-listen ADDR:PORT    a plain-HTTP port for the other nodes only
+                                (required with --tls-cert; default: the
+                                --listen port serves them too)
   --cluster-lease-ttl S         a silent node is dropped after S seconds
                                 (2-60, default 5)
   --cluster-lost-grace S        its sandboxes answer 503 (retry) for S
@@ -539,6 +542,7 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
   if (a.opts.count("cluster-secret-file")) cfg.cluster_secret_file = a.opts["cluster-secret-file"];
   if (a.opts.count("node-id")) cfg.node_id = a.opts["node-id"];
   if (a.opts.count("advertise")) cfg.advertise = a.opts["advertise"];
+  if (a.opts.count("cluster-listen")) cfg.cluster_listen = a.opts["cluster-listen"];
   if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
   if (cfg.egress_allow_private && !cfg.egress) {
     err << "sandgate: --egress-allow-private needs --egress\n";
@@ -798,7 +802,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox",
-      "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-lease-ttl", "cluster-lost-grace"};
+      "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-listen", "cluster-lease-ttl", "cluster-lost-grace"};
   for (const auto& [k, v] : a.opts)
     if (!kKnown.count(k)) {
       err << "sandgate: unknown option --" << k << " (see sandgate --help)\n";

@@ -67,8 +67,8 @@ Cluster::Cluster(ClusterConfig cfg, std::function<NodeLoad()> load, storage::Sto
     : cfg_(std::move(cfg)),
       load_(std::move(load)),
       etcd_(cfg_.etcd, cfg_.etcd_timeout),
-      rng_(std::random_device{}()),
-      mirror_(mirror) {}
+      mirror_(mirror),
+      rng_(std::random_device{}()) {}
 
 Cluster::~Cluster() { leave(); }
 

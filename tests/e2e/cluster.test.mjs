@@ -11,6 +11,9 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
+import http from 'node:http';
+import http2 from 'node:http2';
+import https from 'node:https';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
@@ -26,7 +29,7 @@ const nodeOf = (id) => cluster.nodeOf(id);
 const drain = (id, on) => cluster.drain(id, on);
 
 before(async () => {
-  cluster = await startCluster({ extra: ['--cluster-lease-ttl', '2', '--cluster-lost-grace', '0'] });
+  cluster = await startCluster({ extra: ['--cluster-lease-ttl', '2', '--cluster-lost-grace', '0'], tls: ['n3'] });
   ({ nodes, etcd, etcdUrl } = cluster);
   opts = { ...nodes.n1.opts, timeoutMs: 300_000 };
 });
@@ -52,6 +55,20 @@ async function createOn(id, o = opts) {
   } finally {
     for (const x of others) await drain(x, false);
   }
+}
+
+// The status of a GET at a node, over HTTPS with the test's certificate
+// where the node serves TLS (n3).
+function statusAt(id, path, headers) {
+  const url = new URL(nodes[id].url + path);
+  const mod = url.protocol === 'https:' ? https : http;
+  return new Promise((resolve, reject) => {
+    const req = mod.get(url, { headers, ca: cluster.tlsCert }, (res) => {
+      res.resume();
+      res.on('end', () => resolve(res.statusCode));
+    });
+    req.on('error', reject);
+  });
 }
 
 function cli(args) {
@@ -82,7 +99,9 @@ test('creates through one node land on every node; node list shows them', async 
   for (const id of ['n1', 'n2', 'n3']) placed[id] ??= await createOn(id);
   const out = await cli(['node', 'list', '--cluster', etcdUrl]);
   for (const id of ['n1', 'n2', 'n3']) {
-    assert.match(out, new RegExp(`^${id}\\t${cluster.spaces[id].addr.replaceAll('.', '\\.')}:3000\\tprocess\\t`, 'm'));
+    // n3 serves clients over TLS: the others reach it on its cluster port.
+    const port = id === 'n3' ? 3001 : 3000;
+    assert.match(out, new RegExp(`^${id}\\t${cluster.spaces[id].addr.replaceAll('.', '\\.')}:${port}\\tprocess\\t`, 'm'));
   }
 });
 
@@ -119,7 +138,7 @@ test('a tenant\'s quota holds across nodes; revoking it reaches every node', asy
   // Revoked in etcd: every node refuses the key and ends the sandboxes.
   await cli(['tenant', 'revoke', 'team2', '--cluster', etcdUrl]);
   for (const entry of ['n1', 'n2', 'n3']) {
-    await until(async () => (await fetch(`${nodes[entry].url}/v2/sandboxes`, { headers: { 'X-API-KEY': key } })).status === 401,
+    await until(async () => (await statusAt(entry, '/v2/sandboxes', { 'X-API-KEY': key })) === 401,
       `${entry} refusing the revoked key`, 10000);
   }
   await until(async () => {
@@ -162,6 +181,38 @@ test('commands, files, an HTTP and a WebSocket server in sandboxes on other node
   const echoedBig = await new Promise((resolve) => { ws.once('message', (m) => resolve(m.toString())); ws.send(big); });
   assert.equal(echoedBig.length, big.length);
   ws.close();
+});
+
+test('HTTP/2 over TLS at one node reaches a sandbox on another; the cluster port serves nodes only', async () => {
+  const sbx = placed.n1;
+  await sbx.commands.run('mkdir -p /tmp/h2 && echo over-h2 > /tmp/h2/x.txt');
+  await sbx.commands.run('cd /tmp/h2 && python3 -m http.server 8001 --bind 127.0.0.1 >/dev/null 2>&1', { background: true });
+  await sbx.commands.run('for i in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/8001) 2>/dev/null && exit 0; sleep 0.05; done; exit 1');
+  assert.match(nodes.n3.url, /^https:/);
+  const client = http2.connect(nodes.n3.url, { ca: cluster.tlsCert });
+  try {
+    const get = (path) => new Promise((resolve, reject) => {
+      const req = client.request({ ':path': path, 'e2b-sandbox-id': sbx.sandboxId, 'e2b-sandbox-port': '8001' });
+      let data = '';
+      let status;
+      req.on('response', (h) => { status = h[':status']; });
+      req.setEncoding('utf8');
+      req.on('data', (c) => { data += c; });
+      req.on('end', () => resolve({ status, data }));
+      req.on('error', reject);
+      req.end();
+    });
+    // Two streams at once on the one connection, each through the tunnel.
+    const [a, b] = await Promise.all([get('/x.txt'), get('/x.txt')]);
+    assert.equal(a.status, 200);
+    assert.equal(a.data, 'over-h2\n');
+    assert.equal(b.data, 'over-h2\n');
+  } finally {
+    client.close();
+  }
+  // The cluster port: no client requests, no sandbox traffic without the key.
+  const direct = await fetch(`http://${cluster.spaces.n3.addr}:3001/v2/sandboxes`, { headers: { 'X-API-KEY': nodes.n1.key } });
+  assert.equal(direct.status, 403);
 });
 
 test('pause and resume, list and kill of sandboxes on other nodes, through n1', async () => {
