@@ -320,15 +320,19 @@ Status Cluster::reserve(const storage::TenantRow& tenant, const std::string& san
   const std::string mine = guard + "/" + sandbox_id;
   json value{{"node", cfg_.self.id}, {"memoryMB", memory_mb}};
   for (int attempt = 0; attempt < 32; ++attempt) {
-    // The guard first: a reservation made after this read changes its
-    // version, so the transaction below fails and this reads again.
-    Result<etcd::RangeResult> g = etcd_.get(guard);
-    if (!g) return Error(ErrorKind::kUnavailable, "cluster quota: " + g.error().message());
-    int64_t version = g->kvs.empty() ? 0 : g->kvs[0].version;
-    Result<etcd::RangeResult> held = etcd_.get_prefix(guard + "/");
+    // The guard and the reservations in one read (one revision): a
+    // reservation made after it changes the guard's version, so the
+    // transaction below fails and this reads again. (The range also holds
+    // tenants whose names extend this one's: skipped.)
+    Result<etcd::RangeResult> held = etcd_.get_prefix(guard);
     if (!held) return Error(ErrorKind::kUnavailable, "cluster quota: " + held.error().message());
-    int64_t count = 0, memory = 0;
+    int64_t version = 0, count = 0, memory = 0;
     for (const etcd::KeyValue& kv : held->kvs) {
+      if (kv.key == guard) {
+        version = kv.version;
+        continue;
+      }
+      if (kv.key.compare(0, guard.size() + 1, guard + "/") != 0) continue;
       ++count;
       json j = json::parse(kv.value, nullptr, false);
       if (j.is_object()) memory += j.value("memoryMB", int64_t{0});

@@ -3,7 +3,7 @@
 # Results (committed: the latest numbers): docs/bench/create-latency.json,
 # docs/bench/commands.json, docs/bench/llm-proxy.json, docs/bench/memory-codecs.json,
 # docs/bench/memory-restore.json, docs/bench/vmm-seccomp.json, docs/bench/templates.json,
-# docs/bench/code-interpreter.json, docs/bench/durable.json.
+# docs/bench/code-interpreter.json, docs/bench/durable.json, docs/bench/cluster.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
@@ -29,4 +29,6 @@ SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PW
   node tests/e2e/bench/code_interpreter.bench.mjs docs/bench/code-interpreter.json 50
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/durable.bench.mjs docs/bench/durable.json 50 20
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/cluster.bench.mjs docs/bench/cluster.json 48
 node tests/e2e/bench/sdk_floor.bench.mjs | tee docs/bench/sdk-floor.txt

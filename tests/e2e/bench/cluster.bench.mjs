@@ -46,7 +46,7 @@ async function runs(sbx) {
 }
 
 const report = {
-  benchmark: 'cluster mode: 3 nodes + 3 etcd members on one machine, against one node; E2B JS SDK, process backend, loopback',
+  benchmark: 'cluster mode: 3 nodes + 3 etcd members on one machine, each in a network namespace on one bridge, against one node; E2B JS SDK, process backend',
   machine: { cpu: cpus()[0]?.model, cores: cpus().length, kernel: release() },
   date: new Date().toISOString(),
 };
