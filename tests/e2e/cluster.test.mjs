@@ -29,7 +29,7 @@ const nodeOf = (id) => cluster.nodeOf(id);
 const drain = (id, on) => cluster.drain(id, on);
 
 before(async () => {
-  cluster = await startCluster({ extra: ['--cluster-lease-ttl', '2', '--cluster-lost-grace', '0'], tls: ['n3'] });
+  cluster = await startCluster({ extra: ['--cluster-lease-ttl', '2', '--cluster-lost-grace', '0'], tls: ['n3'], keep: ['n2'] });
   ({ nodes, etcd, etcdUrl } = cluster);
   opts = { ...nodes.n1.opts, timeoutMs: 300_000 };
 });
@@ -270,6 +270,25 @@ test('an etcd member lost: the cluster goes on', async () => {
   assert.equal((await sbx.commands.run('echo ok')).stdout, 'ok\n');
   assert.ok(['n1', 'n2', 'n3'].includes(await nodeOf(sbx.sandboxId)));
   await sbx.kill();
+});
+
+test('a node restarted after a crash takes its id back and serves its sandboxes again', async () => {
+  const sbx = await createOn('n2');
+  await sbx.files.write('/home/user/r.txt', 'kept\n');
+  await nodes.n2.signal('SIGKILL');
+  // Started again at once: its old lease has not expired yet, and the same
+  // address takes the id back.
+  await nodes.n2.restart();
+  const back = await until(async () => {
+    try {
+      return await Sandbox.connect(sbx.sandboxId, opts);
+    } catch {
+      return null;
+    }
+  }, 'the sandbox on n2 served through n1 after the restart', 20000);
+  assert.equal(await back.files.read('/home/user/r.txt'), 'kept\n');
+  assert.equal((await back.commands.run('echo again')).stdout, 'again\n');
+  await back.kill();
 });
 
 test('a partitioned node stops taking creates and its sandbox is reported lost; healed, it serves it again', async () => {
