@@ -41,8 +41,9 @@ commands:
   key create TENANT             add an API key to a tenant; prints it
   key list TENANT               list a tenant's keys (prefixes only)
   key revoke KEY_ID             revoke one key
-                                (tenant and key commands with --cluster URL:
-                                the cluster's, in etcd, for every node)
+                                (tenant, key and llm key commands with
+                                --cluster URL: the cluster's, in etcd, for
+                                every node)
   llm key create TENANT [--name LABEL]
                                 add a model-proxy key (sk-sg-...) to a tenant;
                                 prints it once
@@ -377,6 +378,34 @@ int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& 
     if (!*r) return fail(not_found_error("no active key with id " + p[2] + " in the cluster"));
     out << "key " << p[2] << " revoked\n";
     return 0;
+  }
+  if (cmd == "llm" && sub == "key" && p.size() == 4) {
+    const std::string& what = p[2];
+    if (what == "create") {
+      std::string label = a.opts.count("name") ? a.opts["name"] : "";
+      Result<tenancy::CreatedLlmKey> k = cluster_tenants::create_llm_key(etcd, prefix, p[3], label);
+      if (!k) return fail(k.error());
+      out << k->key << "\n";
+      err << "model-proxy key " << k->row.id << " created for tenant " << p[3]
+          << " in the cluster; the key above is shown only once\n";
+      return 0;
+    }
+    if (what == "list") {
+      Result<std::vector<storage::LlmKeyRow>> ks = cluster_tenants::list_llm_keys(etcd, prefix, p[3]);
+      if (!ks) return fail(ks.error());
+      out << "ID\tPREFIX\tNAME\tSTATUS\tCREATED\n";
+      for (const auto& k : *ks)
+        out << k.id << "\t" << k.key_prefix << "\t" << (k.name.empty() ? "-" : k.name) << "\t"
+            << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
+      return 0;
+    }
+    if (what == "revoke") {
+      Result<bool> r = cluster_tenants::revoke_llm_key(etcd, prefix, p[3]);
+      if (!r) return fail(r.error());
+      if (!*r) return fail(not_found_error("no active model-proxy key with id " + p[3] + " in the cluster"));
+      out << "model-proxy key " << p[3] << " revoked\n";
+      return 0;
+    }
   }
   err << "sandgate: bad " << cmd << " command\n" << kUsage;
   return 2;
@@ -844,7 +873,8 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
     err << "sandgate: unknown command '" << cmd << "'\n" << kUsage;
     return 2;
   }
-  if ((cmd == "tenant" || cmd == "key") && a.opts.count("cluster")) return run_cluster_admin(p, a, out, err);
+  if ((cmd == "tenant" || cmd == "key" || (cmd == "llm" && p.size() > 1 && p[1] == "key")) && a.opts.count("cluster"))
+    return run_cluster_admin(p, a, out, err);
   if (Status s = sys::make_dirs(data_dir, 0700); !s) {
     err << "sandgate: " << s.error().message() << "\n";
     return 1;

@@ -209,7 +209,7 @@ void Cluster::apply(const std::string& key, const std::optional<std::string>& va
     if (value) drain_[id] = true;
     else drain_.erase(id);
     if (auto it = nodes_.find(id); it != nodes_.end()) it->second.draining = value.has_value();
-  } else if (under("tenants/", &id) || under("keys/", &id)) {
+  } else if (under("tenants/", &id) || under("keys/", &id) || under("llmkeys/", &id)) {
     // Never deleted (revocation is a flag): only puts are mirrored.
     if (!value || !mirror_) return;
     bool tenant = rest.compare(0, 8, "tenants/") == 0;
@@ -217,6 +217,9 @@ void Cluster::apply(const std::string& key, const std::optional<std::string>& va
     if (tenant) {
       Result<storage::TenantRow> t = cluster_tenants::parse_tenant(*value);
       s = t ? mirror_->upsert_tenant(*t) : Status(t.error());
+    } else if (rest.compare(0, 8, "llmkeys/") == 0) {
+      Result<storage::LlmKeyRow> k = cluster_tenants::parse_llm_key(*value);
+      s = k ? mirror_->upsert_llm_key(*k) : Status(k.error());
     } else {
       Result<storage::ApiKeyRow> k = cluster_tenants::parse_key(*value);
       s = k ? mirror_->upsert_key(*k) : Status(k.error());

@@ -5,6 +5,7 @@
 
 #include "base/sys.h"
 #include "tenancy/api_key.h"
+#include "tenancy/llm_keys.h"
 
 namespace sg::gateway::cluster_tenants {
 
@@ -165,6 +166,16 @@ Result<int64_t> revoke(etcd::Client& etcd, const std::string& prefix, const std:
     if (Result<int64_t> p = etcd.put(kv.key, key_json(*k)); !p) return p.error();
     ++n;
   }
+  // Its model-proxy keys too, as on one host.
+  Result<etcd::RangeResult> llm = etcd.get_prefix(prefix + "llmkeys/");
+  if (!llm) return llm.error();
+  for (const etcd::KeyValue& kv : llm->kvs) {
+    Result<storage::LlmKeyRow> k = parse_llm_key(kv.value);
+    if (!k || k->tenant_id != t->id || k->revoked_at) continue;
+    k->revoked_at = sys::unix_seconds();
+    if (Result<int64_t> p = etcd.put(kv.key, llm_key_json(*k)); !p) return p.error();
+    ++n;
+  }
   return n;
 }
 
@@ -190,6 +201,80 @@ Result<bool> revoke_key(etcd::Client& etcd, const std::string& prefix, const std
   if (k->revoked_at) return false;
   k->revoked_at = sys::unix_seconds();
   if (Result<int64_t> p = etcd.put(kk, key_json(*k)); !p) return p.error();
+  return true;
+}
+
+std::string llm_key_json(const storage::LlmKeyRow& k) {
+  json j{{"id", k.id}, {"tenantId", k.tenant_id}, {"hash", k.key_hash}, {"prefix", k.key_prefix},
+         {"name", k.name}, {"createdAt", k.created_at}};
+  if (k.revoked_at) j["revokedAt"] = *k.revoked_at;
+  return j.dump();
+}
+
+Result<storage::LlmKeyRow> parse_llm_key(const std::string& text) {
+  json j = json::parse(text, nullptr, false);
+  if (!j.is_object()) return invalid_error("malformed model-proxy key record");
+  storage::LlmKeyRow k;
+  k.id = str_of(j, "id");
+  k.tenant_id = str_of(j, "tenantId");
+  k.key_hash = str_of(j, "hash");
+  k.key_prefix = str_of(j, "prefix");
+  k.name = str_of(j, "name");
+  k.created_at = int_of(j, "createdAt");
+  if (j.contains("revokedAt")) k.revoked_at = int_of(j, "revokedAt");
+  if (k.id.empty() || k.tenant_id.empty() || k.key_hash.size() != 64) return invalid_error("malformed model-proxy key record");
+  return k;
+}
+
+Result<tenancy::CreatedLlmKey> create_llm_key(etcd::Client& etcd, const std::string& prefix, const std::string& tenant,
+                                              const std::string& label) {
+  if (label.size() > 64) return invalid_error("key name is longer than 64 characters");
+  for (char c : label)
+    if (c < 0x20 || c > 0x7e) return invalid_error("key name may hold only printable ASCII characters");
+  std::string tk = tenant_key(prefix, tenant);
+  Result<etcd::RangeResult> cur = etcd.get(tk);
+  if (!cur) return cur.error();
+  if (cur->kvs.empty()) return not_found_error("no tenant '" + tenant + "' in the cluster");
+  Result<storage::TenantRow> t = parse_tenant(cur->kvs[0].value);
+  if (!t) return t.error();
+  if (t->disabled) return conflict_error("tenant '" + tenant + "' is revoked");
+  tenancy::CreatedLlmKey k;
+  k.key = tenancy::generate_llm_key();
+  k.row.id = "lk_" + sys::random_hex(8);
+  k.row.tenant_id = t->id;
+  k.row.key_hash = tenancy::hash_api_key(k.key);
+  k.row.key_prefix = tenancy::llm_key_display_prefix(k.key);
+  k.row.name = label;
+  k.row.created_at = sys::unix_seconds();
+  Result<etcd::TxnResult> r = etcd.txn({etcd::Compare{tk, "MOD", "EQUAL", cur->kvs[0].mod_revision, {}}},
+                                       {etcd::Op::put(prefix + "llmkeys/" + k.row.id, llm_key_json(k.row))});
+  if (!r) return r.error();
+  if (!r->succeeded) return conflict_error("tenant '" + tenant + "' changed while adding a key; retry");
+  return k;
+}
+
+Result<std::vector<storage::LlmKeyRow>> list_llm_keys(etcd::Client& etcd, const std::string& prefix,
+                                                      const std::string& tenant) {
+  Result<storage::TenantRow> t = find(etcd, prefix, tenant);
+  if (!t) return t.error();
+  Result<etcd::RangeResult> keys = etcd.get_prefix(prefix + "llmkeys/");
+  if (!keys) return keys.error();
+  std::vector<storage::LlmKeyRow> out;
+  for (const etcd::KeyValue& kv : keys->kvs)
+    if (Result<storage::LlmKeyRow> k = parse_llm_key(kv.value); k && k->tenant_id == t->id) out.push_back(*k);
+  return out;
+}
+
+Result<bool> revoke_llm_key(etcd::Client& etcd, const std::string& prefix, const std::string& key_id) {
+  std::string kk = prefix + "llmkeys/" + key_id;
+  Result<etcd::RangeResult> cur = etcd.get(kk);
+  if (!cur) return cur.error();
+  if (cur->kvs.empty()) return false;
+  Result<storage::LlmKeyRow> k = parse_llm_key(cur->kvs[0].value);
+  if (!k) return k.error();
+  if (k->revoked_at) return false;
+  k->revoked_at = sys::unix_seconds();
+  if (Result<int64_t> p = etcd.put(kk, llm_key_json(*k)); !p) return p.error();
   return true;
 }
 

@@ -15,6 +15,7 @@
 
 #include "storage/etcd.h"
 #include "storage/store.h"
+#include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
 
 namespace sg::gateway::cluster_tenants {
@@ -38,5 +39,16 @@ Result<std::vector<storage::ApiKeyRow>> list_keys(etcd::Client& etcd, const std:
                                                   const std::string& name);
 // False when no unrevoked key has that id.
 Result<bool> revoke_key(etcd::Client& etcd, const std::string& prefix, const std::string& key_id);
+
+// Model-proxy keys (sk-sg-..., tenancy/llm_keys.h) in etcd: llmkeys/<id>,
+// the SHA-256 only; mirrored like API keys, so a sandbox's in-sandbox
+// model proxy accepts its tenant's keys on whichever node it runs.
+std::string llm_key_json(const storage::LlmKeyRow& k);
+Result<storage::LlmKeyRow> parse_llm_key(const std::string& json);
+Result<tenancy::CreatedLlmKey> create_llm_key(etcd::Client& etcd, const std::string& prefix, const std::string& tenant,
+                                              const std::string& label);
+Result<std::vector<storage::LlmKeyRow>> list_llm_keys(etcd::Client& etcd, const std::string& prefix,
+                                                      const std::string& tenant);
+Result<bool> revoke_llm_key(etcd::Client& etcd, const std::string& prefix, const std::string& key_id);
 
 }  // namespace sg::gateway::cluster_tenants

@@ -462,6 +462,8 @@ class Store {
   // Model-proxy keys (store_llm.cpp). Ids and hashes are random, so a
   // duplicate is an internal error.
   Status insert_llm_key(const LlmKeyRow& k);
+  // Cluster mode's mirror (as upsert_key): a key's name and revocation may change.
+  Status upsert_llm_key(const LlmKeyRow& k);
   // The tenant of an unrevoked key with this hash whose tenant is not
   // disabled; nullopt otherwise.
   Result<std::optional<TenantRow>> tenant_for_llm_key_hash(const std::string& key_hash);

@@ -95,6 +95,16 @@ Status Store::insert_llm_key(const LlmKeyRow& k) {
   return st.run();
 }
 
+Status Store::upsert_llm_key(const LlmKeyRow& k) {
+  auto tx = db_->lock();
+  SG_TRY_STMT(st, tx,
+              "INSERT INTO llm_keys(id, tenant_id, key_hash, key_prefix, name, created_at, revoked_at) "
+              "VALUES(?,?,?,?,?,?,?) ON CONFLICT(id) DO UPDATE SET name = excluded.name, revoked_at = excluded.revoked_at");
+  st.bind(1, k.id).bind(2, k.tenant_id).bind(3, k.key_hash).bind(4, k.key_prefix).bind(5, k.name)
+      .bind(6, k.created_at).bind(7, k.revoked_at);
+  return st.run();
+}
+
 Result<std::optional<TenantRow>> Store::tenant_for_llm_key_hash(const std::string& key_hash) {
   auto tx = db_->lock();
   SG_TRY_STMT(st, tx,

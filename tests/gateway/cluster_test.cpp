@@ -14,6 +14,7 @@
 #include "tests/support/eventually.h"
 #include "tests/support/temp_dir.h"
 #include "tests/support/test_store.h"
+#include "tenancy/llm_keys.h"
 #include "tenancy/tenants.h"
 
 namespace sg::gateway {
@@ -226,11 +227,22 @@ TEST_CASE("cluster: tenants and keys in etcd, mirrored into each node's SQLite")
   CHECK(big.error().kind() == ErrorKind::kQuota);
   CHECK(a.reserve(*team, "sbx-fits", 512));
 
+  // A model-proxy key made in etcd works on both nodes' model proxies.
+  Result<tenancy::CreatedLlmKey> lk = cluster_tenants::create_llm_key(admin, prefix, "team", "agent");
+  REQUIRE(lk);
+  tenancy::LlmKeys la(*sa), lb(*sb);
+  CHECK(test::eventually([&] { return la.authenticate(lk->key).ok() && lb.authenticate(lk->key).ok(); }, 10));
+  Result<std::vector<storage::LlmKeyRow>> lks = cluster_tenants::list_llm_keys(admin, prefix, "team");
+  REQUIRE(lks);
+  CHECK(lks->size() == 1);
+
   // Revoked in etcd: no key of it authenticates on either node.
   Result<int64_t> revoked = cluster_tenants::revoke(admin, prefix, "team");
   REQUIRE(revoked);
-  CHECK(*revoked == 2);
-  CHECK(test::eventually([&] { return !ta.authenticate(k1->key) && !tb.authenticate(k2->key); }, 10));
+  CHECK(*revoked == 3);
+  CHECK(test::eventually([&] {
+    return !ta.authenticate(k1->key) && !tb.authenticate(k2->key) && !lb.authenticate(lk->key);
+  }, 10));
   Result<std::vector<storage::TenantRow>> all = cluster_tenants::list(admin, prefix);
   REQUIRE(all);
   REQUIRE(all->size() == 1);
