@@ -253,6 +253,29 @@ bool to_int(const std::string& s, int64_t& out) {
   return true;
 }
 
+// The listings, one format for a node's own tenants and keys and the
+// cluster's.
+void print_tenants(std::ostream& out, const std::vector<storage::TenantRow>& ts) {
+  out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
+  for (const auto& t : ts)
+    out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
+        << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
+}
+
+void print_keys(std::ostream& out, const std::vector<storage::ApiKeyRow>& ks) {
+  out << "ID\tPREFIX\tSTATUS\tCREATED\n";
+  for (const auto& k : ks)
+    out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
+        << sys::format_rfc3339(k.created_at) << "\n";
+}
+
+void print_llm_keys(std::ostream& out, const std::vector<storage::LlmKeyRow>& ks) {
+  out << "ID\tPREFIX\tNAME\tSTATUS\tCREATED\n";
+  for (const auto& k : ks)
+    out << k.id << "\t" << k.key_prefix << "\t" << (k.name.empty() ? "-" : k.name) << "\t"
+        << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
+}
+
 // `sandgate node ...`: the cluster's nodes, read and changed in etcd
 // (no node needs to be reached).
 int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std::ostream& err) {
@@ -336,10 +359,7 @@ int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& 
   if (cmd == "tenant" && sub == "list" && p.size() == 2) {
     Result<std::vector<storage::TenantRow>> ts = cluster_tenants::list(etcd, prefix);
     if (!ts) return fail(ts.error());
-    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
-    for (const auto& t : *ts)
-      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
-          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
+    print_tenants(out, *ts);
     return 0;
   }
   if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
@@ -366,10 +386,7 @@ int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& 
   if (cmd == "key" && sub == "list" && p.size() == 3) {
     Result<std::vector<storage::ApiKeyRow>> ks = cluster_tenants::list_keys(etcd, prefix, p[2]);
     if (!ks) return fail(ks.error());
-    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
-    for (const auto& k : *ks)
-      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
-          << sys::format_rfc3339(k.created_at) << "\n";
+    print_keys(out, *ks);
     return 0;
   }
   if (cmd == "key" && sub == "revoke" && p.size() == 3) {
@@ -393,10 +410,7 @@ int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& 
     if (what == "list") {
       Result<std::vector<storage::LlmKeyRow>> ks = cluster_tenants::list_llm_keys(etcd, prefix, p[3]);
       if (!ks) return fail(ks.error());
-      out << "ID\tPREFIX\tNAME\tSTATUS\tCREATED\n";
-      for (const auto& k : *ks)
-        out << k.id << "\t" << k.key_prefix << "\t" << (k.name.empty() ? "-" : k.name) << "\t"
-            << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
+      print_llm_keys(out, *ks);
       return 0;
     }
     if (what == "revoke") {
@@ -454,10 +468,7 @@ int run_llm(const std::vector<std::string>& p, Args& a, storage::Store& store, c
     if (!t) return fail(t.error());
     Result<std::vector<storage::LlmKeyRow>> ks = store.list_llm_keys(t->id);
     if (!ks) return fail(ks.error());
-    out << "ID\tPREFIX\tNAME\tSTATUS\tCREATED\n";
-    for (const auto& k : *ks)
-      out << k.id << "\t" << k.key_prefix << "\t" << (k.name.empty() ? "-" : k.name) << "\t"
-          << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
+    print_llm_keys(out, *ks);
     return 0;
   }
   if (what == "key" && sub == "revoke" && p.size() == 4) {
@@ -758,10 +769,7 @@ int Admin::tenant(const std::vector<std::string>& p) {
   if (cmd == "tenant" && sub == "list" && p.size() == 2) {
     Result<std::vector<storage::TenantRow>> ts = store.list_tenants();
     if (!ts) return fail(ts.error());
-    out << "NAME\tID\tMAX_SANDBOXES\tMAX_MEMORY_MB\tSTATUS\tCREATED\n";
-    for (const auto& t : *ts)
-      out << t.name << "\t" << t.id << "\t" << t.max_sandboxes << "\t" << t.max_memory_mb << "\t"
-          << (t.disabled ? "revoked" : "active") << "\t" << sys::format_rfc3339(t.created_at) << "\n";
+    print_tenants(out, *ts);
     return 0;
   }
   if (cmd == "tenant" && sub == "set-quota" && p.size() == 3) {
@@ -798,10 +806,7 @@ int Admin::key(const std::vector<std::string>& p) {
     if (!t) return fail(t.error());
     Result<std::vector<storage::ApiKeyRow>> ks = store.list_keys(t->id);
     if (!ks) return fail(ks.error());
-    out << "ID\tPREFIX\tSTATUS\tCREATED\n";
-    for (const auto& k : *ks)
-      out << k.id << "\t" << k.key_prefix << "\t" << (k.revoked_at ? "revoked" : "active") << "\t"
-          << sys::format_rfc3339(k.created_at) << "\n";
+    print_keys(out, *ks);
     return 0;
   }
   if (cmd == "key" && sub == "revoke" && p.size() == 3) {

@@ -15,17 +15,6 @@ namespace {
 std::string tenant_key(const std::string& prefix, const std::string& name) { return prefix + "tenants/" + name; }
 std::string api_key_key(const std::string& prefix, const std::string& id) { return prefix + "keys/" + id; }
 
-tenancy::CreatedKey new_key(const std::string& tenant_id) {
-  tenancy::CreatedKey k;
-  k.key = tenancy::generate_api_key();
-  k.row.id = "key_" + sys::random_hex(8);
-  k.row.tenant_id = tenant_id;
-  k.row.key_hash = tenancy::hash_api_key(k.key);
-  k.row.key_prefix = tenancy::key_display_prefix(k.key);
-  k.row.created_at = sys::unix_seconds();
-  return k;
-}
-
 int64_t int_of(const json& j, const char* k) {
   auto it = j.find(k);
   return it != j.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
@@ -82,19 +71,12 @@ Result<storage::ApiKeyRow> parse_key(const std::string& text) {
 
 Result<tenancy::CreatedKey> create_tenant(etcd::Client& etcd, const std::string& prefix, const std::string& name,
                                           const tenancy::Quota& quota) {
-  if (!tenancy::valid_tenant_name(name))
-    return invalid_error("invalid tenant name '" + name + "': use 1-64 characters of A-Z a-z 0-9 _ . -");
-  if (quota.max_sandboxes < 0 || quota.max_memory_mb < 0) return invalid_error("quota limits must be >= 0");
-  storage::TenantRow t;
-  t.id = "tn_" + sys::random_hex(8);
-  t.name = name;
-  t.created_at = sys::unix_seconds();
-  t.max_sandboxes = quota.max_sandboxes;
-  t.max_memory_mb = quota.max_memory_mb;
-  tenancy::CreatedKey k = new_key(t.id);
+  Result<storage::TenantRow> t = tenancy::make_tenant_row(name, quota);
+  if (!t) return t.error();
+  tenancy::CreatedKey k = tenancy::make_key(t->id);
   std::string tk = tenant_key(prefix, name);
   Result<etcd::TxnResult> r = etcd.txn({etcd::Compare{tk, "VERSION", "EQUAL", 0, {}}},
-                                       {etcd::Op::put(tk, tenant_json(t)), etcd::Op::put(api_key_key(prefix, k.row.id), key_json(k.row))});
+                                       {etcd::Op::put(tk, tenant_json(*t)), etcd::Op::put(api_key_key(prefix, k.row.id), key_json(k.row))});
   if (!r) return r.error();
   if (!r->succeeded) return conflict_error("tenant '" + name + "' already exists in the cluster");
   return k;
@@ -115,7 +97,7 @@ Result<tenancy::CreatedKey> add_key(etcd::Client& etcd, const std::string& prefi
   Result<storage::TenantRow> t = parse_tenant(cur->kvs[0].value);
   if (!t) return t.error();
   if (t->disabled) return conflict_error("tenant '" + name + "' is revoked");
-  tenancy::CreatedKey k = new_key(t->id);
+  tenancy::CreatedKey k = tenancy::make_key(t->id);
   // Only while the tenant is as read (not revoked meanwhile).
   Result<etcd::TxnResult> r = etcd.txn({etcd::Compare{tk, "MOD", "EQUAL", cur->kvs[0].mod_revision, {}}},
                                        {etcd::Op::put(api_key_key(prefix, k.row.id), key_json(k.row))});
@@ -228,9 +210,6 @@ Result<storage::LlmKeyRow> parse_llm_key(const std::string& text) {
 
 Result<tenancy::CreatedLlmKey> create_llm_key(etcd::Client& etcd, const std::string& prefix, const std::string& tenant,
                                               const std::string& label) {
-  if (label.size() > 64) return invalid_error("key name is longer than 64 characters");
-  for (char c : label)
-    if (c < 0x20 || c > 0x7e) return invalid_error("key name may hold only printable ASCII characters");
   std::string tk = tenant_key(prefix, tenant);
   Result<etcd::RangeResult> cur = etcd.get(tk);
   if (!cur) return cur.error();
@@ -238,16 +217,10 @@ Result<tenancy::CreatedLlmKey> create_llm_key(etcd::Client& etcd, const std::str
   Result<storage::TenantRow> t = parse_tenant(cur->kvs[0].value);
   if (!t) return t.error();
   if (t->disabled) return conflict_error("tenant '" + tenant + "' is revoked");
-  tenancy::CreatedLlmKey k;
-  k.key = tenancy::generate_llm_key();
-  k.row.id = "lk_" + sys::random_hex(8);
-  k.row.tenant_id = t->id;
-  k.row.key_hash = tenancy::hash_api_key(k.key);
-  k.row.key_prefix = tenancy::llm_key_display_prefix(k.key);
-  k.row.name = label;
-  k.row.created_at = sys::unix_seconds();
+  Result<tenancy::CreatedLlmKey> k = tenancy::make_llm_key(t->id, label);
+  if (!k) return k.error();
   Result<etcd::TxnResult> r = etcd.txn({etcd::Compare{tk, "MOD", "EQUAL", cur->kvs[0].mod_revision, {}}},
-                                       {etcd::Op::put(prefix + "llmkeys/" + k.row.id, llm_key_json(k.row))});
+                                       {etcd::Op::put(prefix + "llmkeys/" + k->row.id, llm_key_json(k->row))});
   if (!r) return r.error();
   if (!r->succeeded) return conflict_error("tenant '" + tenant + "' changed while adding a key; retry");
   return k;

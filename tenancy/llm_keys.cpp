@@ -100,22 +100,28 @@ std::string llm_key_display_prefix(std::string_view key) {
   return std::string(key.substr(0, kLlmKeyPrefix.size() + 6)) + "...";
 }
 
-Result<CreatedLlmKey> LlmKeys::create(const std::string& tenant_name, const std::string& label) {
+Result<CreatedLlmKey> make_llm_key(const std::string& tenant_id, const std::string& label) {
   if (label.size() > kMaxLabel) return invalid_error("key name is longer than 64 characters");
   for (char c : label)
     if (c < 0x20 || c > 0x7e) return invalid_error("key name may hold only printable ASCII characters");
-  Result<storage::TenantRow> t = Tenants(store_).by_name(tenant_name);
-  if (!t) return t.error();
-  if (t->disabled) return conflict_error("tenant '" + tenant_name + "' is revoked");
   CreatedLlmKey k;
   k.key = generate_llm_key();
   k.row.id = "lk_" + sys::random_hex(8);
-  k.row.tenant_id = t->id;
+  k.row.tenant_id = tenant_id;
   k.row.key_hash = hash_api_key(k.key);
   k.row.key_prefix = llm_key_display_prefix(k.key);
   k.row.name = label;
   k.row.created_at = sys::unix_seconds();
-  if (Status s = store_.insert_llm_key(k.row); !s) return s.error();
+  return k;
+}
+
+Result<CreatedLlmKey> LlmKeys::create(const std::string& tenant_name, const std::string& label) {
+  Result<storage::TenantRow> t = Tenants(store_).by_name(tenant_name);
+  if (!t) return t.error();
+  if (t->disabled) return conflict_error("tenant '" + tenant_name + "' is revoked");
+  Result<CreatedLlmKey> k = make_llm_key(t->id, label);
+  if (!k) return k.error();
+  if (Status s = store_.insert_llm_key(k->row); !s) return s.error();
   return k;
 }
 

@@ -34,6 +34,10 @@ struct CreatedLlmKey {
   std::string key;  // the secret, returned once
 };
 
+// A fresh model-proxy key for a tenant and its row, not stored; kInvalid
+// for a label over 64 characters or not printable ASCII.
+Result<CreatedLlmKey> make_llm_key(const std::string& tenant_id, const std::string& label);
+
 // Thin service over storage::Store; blocks on SQLite, so worker threads
 // only. Thread-safe (the Store serialises).
 class LlmKeys {

@@ -15,7 +15,20 @@ bool valid_tenant_name(std::string_view name) {
   return true;
 }
 
-static Result<CreatedKey> new_key(storage::Store& store, const std::string& tenant_id) {
+Result<storage::TenantRow> make_tenant_row(const std::string& name, const Quota& quota) {
+  if (!valid_tenant_name(name))
+    return invalid_error("invalid tenant name '" + name + "': use 1-64 characters of A-Z a-z 0-9 _ . -");
+  if (quota.max_sandboxes < 0 || quota.max_memory_mb < 0) return invalid_error("quota limits must be >= 0");
+  storage::TenantRow t;
+  t.id = "tn_" + sys::random_hex(8);
+  t.name = name;
+  t.created_at = sys::unix_seconds();
+  t.max_sandboxes = quota.max_sandboxes;
+  t.max_memory_mb = quota.max_memory_mb;
+  return t;
+}
+
+CreatedKey make_key(const std::string& tenant_id) {
   CreatedKey k;
   k.key = generate_api_key();
   k.row.id = "key_" + sys::random_hex(8);
@@ -23,25 +36,23 @@ static Result<CreatedKey> new_key(storage::Store& store, const std::string& tena
   k.row.key_hash = hash_api_key(k.key);
   k.row.key_prefix = key_display_prefix(k.key);
   k.row.created_at = sys::unix_seconds();
+  return k;
+}
+
+static Result<CreatedKey> new_key(storage::Store& store, const std::string& tenant_id) {
+  CreatedKey k = make_key(tenant_id);
   if (Status s = store.insert_key(k.row); !s) return s.error();
   return k;
 }
 
 Result<CreatedKey> Tenants::create(const std::string& name, const Quota& quota) {
-  if (!valid_tenant_name(name))
-    return invalid_error("invalid tenant name '" + name + "': use 1-64 characters of A-Z a-z 0-9 _ . -");
-  if (quota.max_sandboxes < 0 || quota.max_memory_mb < 0) return invalid_error("quota limits must be >= 0");
+  Result<storage::TenantRow> t = make_tenant_row(name, quota);
+  if (!t) return t.error();
   Result<std::optional<storage::TenantRow>> existing = store_.find_tenant_by_name(name);
   if (!existing) return existing.error();
   if (*existing) return conflict_error("tenant '" + name + "' already exists");
-  storage::TenantRow t;
-  t.id = "tn_" + sys::random_hex(8);
-  t.name = name;
-  t.created_at = sys::unix_seconds();
-  t.max_sandboxes = quota.max_sandboxes;
-  t.max_memory_mb = quota.max_memory_mb;
-  if (Status s = store_.insert_tenant(t); !s) return s.error();
-  return new_key(store_, t.id);
+  if (Status s = store_.insert_tenant(*t); !s) return s.error();
+  return new_key(store_, t->id);
 }
 
 Result<CreatedKey> Tenants::add_key(const std::string& tenant_name) {

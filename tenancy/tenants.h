@@ -41,4 +41,10 @@ class Tenants {
 
 bool valid_tenant_name(std::string_view name);
 
+// A new tenant's row (fresh id, now), not stored; kInvalid for a bad name
+// or negative limits. Shared with the cluster's tenants in etcd.
+Result<storage::TenantRow> make_tenant_row(const std::string& name, const Quota& quota);
+// A fresh key for a tenant and its row (hash only), not stored.
+CreatedKey make_key(const std::string& tenant_id);
+
 }  // namespace sg::tenancy

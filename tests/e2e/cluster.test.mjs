@@ -112,6 +112,11 @@ test('tenants and keys are the cluster\'s: any node\'s key works on every node',
   await viaN3Key.kill();
   const bad = await fetch(`${nodes.n2.url}/v2/sandboxes`, { headers: { 'X-API-KEY': 'e2b_' + '0'.repeat(40) } });
   assert.equal(bad.status, 401);
+  // Keys of the cluster, listed from etcd; a model-proxy key likewise.
+  assert.equal((await cli(['key', 'list', 'local', '--cluster', etcdUrl])).match(/\tactive\t/g).length, 3);
+  const llmKey = (await cli(['llm', 'key', 'create', 'local', '--name', 'agent', '--cluster', etcdUrl])).trim();
+  assert.match(llmKey, /^sk-sg-[0-9a-f]{48}$/);
+  assert.match(await cli(['llm', 'key', 'list', 'local', '--cluster', etcdUrl]), /\tagent\tactive\t/);
 });
 
 test('a tenant\'s quota holds across nodes; revoking it reaches every node', async () => {
