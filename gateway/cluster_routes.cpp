@@ -108,6 +108,8 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
     Result<std::optional<storage::TenantRow>> t = store_.find_tenant_by_name(name);
     if (!t) return api::error_response(t.error());
     if (!*t) return http::json_error(401, "forwarded request for tenant \"" + name + "\", which node " + cluster_.self().id + " does not know");
+    // Revoked since the entry node checked (its mirror may lag this one's).
+    if ((*t)->disabled) return http::json_error(401, "tenant \"" + name + "\" is revoked");
     return served_here(req, &**t);
   }
   if (!api::ControlPlane::owns(req)) return std::nullopt;
