@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "base/sys.h"
 #include "gateway/cluster_tenants.h"
 
 namespace sg::gateway {
@@ -68,7 +69,8 @@ Cluster::Cluster(ClusterConfig cfg, std::function<NodeLoad()> load, storage::Sto
       load_(std::move(load)),
       etcd_(cfg_.etcd, cfg_.etcd_timeout),
       mirror_(mirror),
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()),
+      miss_lookups_(cfg_.miss_lookups_per_s, cfg_.miss_lookups_per_s * 2, [] { return sys::monotonic_ns(); }) {}
 
 Cluster::~Cluster() { leave(); }
 
@@ -373,7 +375,9 @@ Owner Cluster::owner_of(const std::string& sandbox_id) {
     if (auto it = catalog_.find(sandbox_id); it != catalog_.end()) node = it->second.node;
   }
   if (node.empty()) {
-    // Not mirrored yet (created a moment ago elsewhere): ask etcd.
+    // Not mirrored yet (created a moment ago elsewhere): ask etcd, within
+    // the budget for misses.
+    if (miss_lookups_.acquire("miss") > 0) return o;
     Result<etcd::RangeResult> r = etcd_.get(sandbox_key(cfg_.prefix, sandbox_id));
     if (!r || r->kvs.empty()) return o;
     json j = json::parse(r->kvs[0].value, nullptr, false);

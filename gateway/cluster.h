@@ -43,6 +43,7 @@
 #include "base/thread_annotations.h"
 #include "storage/etcd.h"
 #include "storage/store.h"
+#include "tenancy/rate_limiter.h"
 
 namespace sg::gateway {
 
@@ -70,6 +71,10 @@ struct ClusterConfig {
   // unreachable" (503, retry) for this long, then "lost" (404).
   std::chrono::milliseconds lost_grace{30000};
   std::chrono::milliseconds etcd_timeout{2000};
+  // Lookups of sandbox ids the mirror does not hold go to etcd (a sandbox
+  // made elsewhere a moment ago); at most this many a second, so a
+  // client probing made-up ids cannot turn its requests into etcd load.
+  double miss_lookups_per_s = 200;
 };
 
 // What the node reports each heartbeat.
@@ -180,6 +185,7 @@ class Cluster {
   bool mirrored_ GUARDED_BY(mu_) = false;
   std::mt19937_64 rng_ GUARDED_BY(mu_);
 
+  tenancy::RateLimiter miss_lookups_;
   std::thread heartbeat_, watcher_;
 };
 
