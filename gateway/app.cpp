@@ -169,19 +169,20 @@ Status register_template(storage::Store& store, const ServerTemplate& st) {
 //   GET /sandboxes/{id}/events   the sandbox's recorded events (lifecycle
 //                                and wait transitions), oldest first
 //   GET /llm/usage[?sandboxID=]  the tenant's model usage rows and totals
-std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& req, tenancy::Tenants& tenants,
-                                                      storage::Store& store, tenancy::RateLimiter& request_limit) {
-  bool events = req.path.rfind("/sandboxes/", 0) == 0 && req.path.size() > 18 &&
-                req.path.compare(req.path.size() - 7, 7, "/events") == 0;
-  bool usage = req.path == "/llm/usage";
-  if (!events && !usage) return std::nullopt;
+bool is_extension(const http::HttpRequest& req, bool* events) {
+  *events = req.path.rfind("/sandboxes/", 0) == 0 && req.path.size() > 18 &&
+            req.path.compare(req.path.size() - 7, 7, "/events") == 0;
+  return *events || req.path == "/llm/usage";
+}
+
+// sandgate's own routes for an authenticated tenant (a request from a
+// client, or one another cluster node forwarded).
+std::optional<http::HttpResponse> extension_for(const http::HttpRequest& req, const storage::TenantRow& tenant,
+                                                storage::Store& store) {
+  bool events = false;
+  if (!is_extension(req, &events)) return std::nullopt;
   if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on " + req.path);
-  Result<storage::TenantRow> who = tenants.authenticate(req.header("x-api-key"));
-  if (!who) return http::json_error(401, who.error().message());
-  // The tenant's request budget, as on the E2B routes.
-  if (int64_t wait = request_limit.acquire(who->id); wait > 0)
-    return http::json_error(429, "rate limit exceeded: too many requests for this team; retry later")
-        .header("Retry-After", std::to_string(wait));
+  const storage::TenantRow* who = &tenant;
   if (events) {
     std::string id = req.path.substr(11, req.path.size() - 11 - 7);
     if (id.empty() || id.find('/') != std::string::npos) return http::json_error(404, "no route for GET " + req.path);
@@ -223,6 +224,20 @@ std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& r
                           {"output_tokens", tot->output_tokens}, {"cache_read_tokens", tot->cache_read_tokens},
                           {"cache_write_tokens", tot->cache_write_tokens}}}};
   return http::json_body(200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+std::optional<http::HttpResponse> sandgate_extensions(const http::HttpRequest& req, tenancy::Tenants& tenants,
+                                                      storage::Store& store, tenancy::RateLimiter& request_limit) {
+  bool events = false;
+  if (!is_extension(req, &events)) return std::nullopt;
+  if (req.method != "GET") return http::json_error(405, "method " + req.method + " not allowed on " + req.path);
+  Result<storage::TenantRow> who = tenants.authenticate(req.header("x-api-key"));
+  if (!who) return http::json_error(401, who.error().message());
+  // The tenant's request budget, as on the E2B routes.
+  if (int64_t wait = request_limit.acquire(who->id); wait > 0)
+    return http::json_error(429, "rate limit exceeded: too many requests for this team; retry later")
+        .header("Retry-After", std::to_string(wait));
+  return extension_for(req, *who, store);
 }
 
 // Every sandbox's envd holds one inotify instance while it has directory
@@ -1075,7 +1090,9 @@ int serve(const AppConfig& cfg_in) {
       l.memory_used_mb = static_cast<int64_t>(sandboxes.memory_in_use() >> 20);
       return l;
     }, &st);
-    cluster_routes = std::make_unique<ClusterRoutes>(*cluster, control, tenants, **store, sandboxes, request_limit);
+    cluster_routes = std::make_unique<ClusterRoutes>(
+        *cluster, control, tenants, **store, sandboxes, request_limit,
+        [&st](const http::HttpRequest& req, const storage::TenantRow& t) { return extension_for(req, t, st); });
   }
 
   http::ProxyHooks proxy;

@@ -97,8 +97,14 @@ Result<UniqueFd> open_tunnel(const NodeInfo& node, const std::string& secret, co
 
 ClusterRoutes::ClusterRoutes(Cluster& cluster, api::ControlPlane& control, tenancy::Tenants& tenants,
                              storage::Store& store, lifecycle::SandboxService& sandboxes,
-                             tenancy::RateLimiter& requests)
-    : cluster_(cluster), control_(control), tenants_(tenants), store_(store), sandboxes_(sandboxes), requests_(requests) {}
+                             tenancy::RateLimiter& requests, Extensions extensions)
+    : cluster_(cluster),
+      control_(control),
+      tenants_(tenants),
+      store_(store),
+      sandboxes_(sandboxes),
+      requests_(requests),
+      extensions_(std::move(extensions)) {}
 
 std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest& req) {
   if (req.headers.count(wire::kSecretHeader)) {
@@ -110,13 +116,14 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
     if (!*t) return http::json_error(401, "forwarded request for tenant \"" + name + "\", which node " + cluster_.self().id + " does not know");
     // Revoked since the entry node checked (its mirror may lag this one's).
     if ((*t)->disabled) return http::json_error(401, "tenant \"" + name + "\" is revoked");
-    return served_here(req, &**t);
+    return served_here(req, **t, true);
   }
-  if (!api::ControlPlane::owns(req)) return std::nullopt;
+  bool usage = req.method == "GET" && req.path == "/llm/usage";
+  if (!api::ControlPlane::owns(req) && !usage) return std::nullopt;
   bool create = req.method == "POST" && is_collection(req);
   bool list = req.method == "GET" && is_collection(req);
   std::string id = api::ControlPlane::sandbox_id_of(req);
-  if (!create && !list && id.empty()) return std::nullopt;
+  if (!create && !list && !usage && id.empty()) return std::nullopt;
   // Authenticated here as the control plane would; a request that fails
   // is left to it, for its answer.
   std::string key = req.header("x-api-key");
@@ -125,6 +132,7 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
   if (!tenant) return std::nullopt;
   if (create) return this->create(req, *tenant);
   if (list) return this->list(req, *tenant);
+  if (usage) return this->usage(req, *tenant);
 
   Owner o = cluster_.owner_of(id);
   switch (o.where) {
@@ -141,18 +149,16 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
     case Owner::Where::kUnknown:
       break;
   }
-  return served_here(req, nullptr);
+  // Here: served as on one host, with the catalog told of a kill.
+  if (req.method == "DELETE") return served_here(req, *tenant, false);
+  return std::nullopt;
 }
 
-http::HttpResponse ClusterRoutes::served_here(const http::HttpRequest& req, const storage::TenantRow* tenant) {
-  http::HttpResponse r = tenant ? control_.handle_as(req, *tenant) : control_.handle(req);
-  std::string name;
-  if (tenant) {
-    name = tenant->name;
-  } else if (Result<storage::TenantRow> t = tenants_.authenticate(req.header("x-api-key")); t) {
-    name = t->name;
-  }
-  after(req, r, name);
+http::HttpResponse ClusterRoutes::served_here(const http::HttpRequest& req, const storage::TenantRow& tenant,
+                                              bool forwarded) {
+  std::optional<http::HttpResponse> ext = forwarded && extensions_ ? extensions_(req, tenant) : std::nullopt;
+  http::HttpResponse r = ext ? std::move(*ext) : forwarded ? control_.handle_as(req, tenant) : control_.handle(req);
+  after(req, r, tenant.name);
   return r;
 }
 
@@ -181,7 +187,7 @@ http::HttpResponse ClusterRoutes::create(const http::HttpRequest& req, const sto
   for (const NodeInfo& node : order) {
     http::HttpResponse r;
     if (node.id == cluster_.self().id) {
-      r = served_here(req, nullptr);
+      r = served_here(req, tenant, false);
     } else {
       Result<http::HttpResponse> f = forward(node, req, tenant);
       if (!f) {
@@ -201,7 +207,7 @@ http::HttpResponse ClusterRoutes::create(const http::HttpRequest& req, const sto
 }
 
 http::HttpResponse ClusterRoutes::list(const http::HttpRequest& req, const storage::TenantRow& tenant) {
-  http::HttpResponse mine = served_here(req, nullptr);
+  http::HttpResponse mine = served_here(req, tenant, false);
   if (mine.status != 200) return mine;
   json all = json::parse(mine.body, nullptr, false);
   if (!all.is_array()) return mine;
@@ -209,7 +215,7 @@ http::HttpResponse ClusterRoutes::list(const http::HttpRequest& req, const stora
   size_t from_peers = 0;
   for (const NodeInfo& node : cluster_.nodes()) {
     if (node.id == cluster_.self().id) continue;
-    Result<http::HttpResponse> r = forward(node, req, tenant);
+    Result<http::HttpResponse> r = forward(node, req, tenant, false);
     json theirs = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
     if (!theirs.is_array()) {
       missing += (missing.empty() ? "" : ",") + node.id;
@@ -232,9 +238,40 @@ http::HttpResponse ClusterRoutes::list(const http::HttpRequest& req, const stora
   return out;
 }
 
-Result<http::HttpResponse> ClusterRoutes::forward(const NodeInfo& node, const http::HttpRequest& req,
-                                                  const storage::TenantRow& tenant) {
+http::HttpResponse ClusterRoutes::usage(const http::HttpRequest& req, const storage::TenantRow& tenant) {
   if (int64_t wait = requests_.acquire(tenant.id); wait > 0) {
+    http::HttpResponse r = http::json_error(429, "rate limit exceeded: too many requests for this team; retry later");
+    r.header("Retry-After", std::to_string(wait));
+    return r;
+  }
+  std::optional<http::HttpResponse> mine = extensions_ ? extensions_(req, tenant) : std::nullopt;
+  if (!mine) return http::json_error(404, "no route for GET /llm/usage");
+  if (mine->status != 200) return std::move(*mine);
+  json all = json::parse(mine->body, nullptr, false);
+  if (!all.is_object() || !all["requests"].is_array() || !all["totals"].is_object()) return std::move(*mine);
+  std::string missing;
+  for (const NodeInfo& node : cluster_.nodes()) {
+    if (node.id == cluster_.self().id) continue;
+    Result<http::HttpResponse> r = forward(node, req, tenant, false);
+    json theirs = r && r->status == 200 ? json::parse(r->body, nullptr, false) : json();
+    if (!theirs.is_object() || !theirs["requests"].is_array() || !theirs["totals"].is_object()) {
+      missing += (missing.empty() ? "" : ",") + node.id;
+      continue;
+    }
+    for (json& u : theirs["requests"]) all["requests"].push_back(std::move(u));
+    for (auto& [k, v] : theirs["totals"].items())
+      if (v.is_number_integer() && all["totals"][k].is_number_integer())
+        all["totals"][k] = all["totals"][k].get<int64_t>() + v.get<int64_t>();
+  }
+  http::HttpResponse out = http::json_body(200, all.dump(-1, ' ', false, json::error_handler_t::replace));
+  if (!missing.empty()) out.header("X-Sandgate-Missing-Nodes", missing);
+  return out;
+}
+
+Result<http::HttpResponse> ClusterRoutes::forward(const NodeInfo& node, const http::HttpRequest& req,
+                                                  const storage::TenantRow& tenant, bool charge) {
+  int64_t wait = charge ? requests_.acquire(tenant.id) : 0;
+  if (wait > 0) {
     http::HttpResponse r = http::json_error(429, "rate limit exceeded: too many requests for this team; retry later");
     r.header("Retry-After", std::to_string(wait));
     return r;

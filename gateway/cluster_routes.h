@@ -21,6 +21,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -37,8 +38,12 @@ namespace sg::gateway {
 
 class ClusterRoutes {
  public:
+  // sandgate's own routes (/sandboxes/{id}/events, /llm/usage) for an
+  // authenticated tenant; nullopt for any other path.
+  using Extensions = std::function<std::optional<http::HttpResponse>(const http::HttpRequest&, const storage::TenantRow&)>;
+
   ClusterRoutes(Cluster& cluster, api::ControlPlane& control, tenancy::Tenants& tenants, storage::Store& store,
-                lifecycle::SandboxService& sandboxes, tenancy::RateLimiter& requests);
+                lifecycle::SandboxService& sandboxes, tenancy::RateLimiter& requests, Extensions extensions);
 
   // A control-plane request: the answer when the cluster decides it
   // (forwarded, placed, fanned out, or served here for a forwarding node),
@@ -54,10 +59,16 @@ class ClusterRoutes {
   static constexpr std::chrono::milliseconds kForwardTimeout{300000};
 
  private:
-  http::HttpResponse served_here(const http::HttpRequest& req, const storage::TenantRow* tenant);
+  // forwarded: the tenant was asserted by another node (no key here).
+  http::HttpResponse served_here(const http::HttpRequest& req, const storage::TenantRow& tenant, bool forwarded);
   http::HttpResponse create(const http::HttpRequest& req, const storage::TenantRow& tenant);
   http::HttpResponse list(const http::HttpRequest& req, const storage::TenantRow& tenant);
-  Result<http::HttpResponse> forward(const NodeInfo& node, const http::HttpRequest& req, const storage::TenantRow& tenant);
+  // /llm/usage: every node's records for the tenant, merged.
+  http::HttpResponse usage(const http::HttpRequest& req, const storage::TenantRow& tenant);
+  // charge: take a token of the tenant's request budget (once per client
+  // request, not per node a fan-out reaches).
+  Result<http::HttpResponse> forward(const NodeInfo& node, const http::HttpRequest& req, const storage::TenantRow& tenant,
+                                     bool charge = true);
   // The catalog after a request this node served: a create's sandbox is
   // recorded, a killed one forgotten.
   void after(const http::HttpRequest& req, const http::HttpResponse& res, const std::string& tenant);
@@ -68,6 +79,7 @@ class ClusterRoutes {
   storage::Store& store_;
   lifecycle::SandboxService& sandboxes_;
   tenancy::RateLimiter& requests_;
+  Extensions extensions_;
 };
 
 }  // namespace sg::gateway

@@ -228,6 +228,16 @@ test('pause and resume, list and kill of sandboxes on other nodes, through n1', 
   const back = await Sandbox.connect(sbx.sandboxId, opts);
   assert.equal(await back.files.read('/home/user/kept.txt'), 'kept\n');
   assert.equal((await Sandbox.getInfo(sbx.sandboxId, opts)).state, 'running');
+  // sandgate's own routes: the sandbox's events from its node, model usage
+  // from every node.
+  const ev = await fetch(`${nodes.n1.url}/sandboxes/${sbx.sandboxId}/events`, { headers: { 'X-API-KEY': nodes.n1.key } });
+  assert.equal(ev.status, 200);
+  const kinds = (await ev.json()).map((e) => e.kind);
+  for (const k of ['created', 'paused', 'resumed']) assert.ok(kinds.includes(k), `events: ${kinds.join(',')}`);
+  const usage = await fetch(`${nodes.n1.url}/llm/usage`, { headers: { 'X-API-KEY': nodes.n1.key } });
+  assert.equal(usage.status, 200);
+  assert.equal(usage.headers.get('x-sandgate-missing-nodes'), null);
+  assert.ok(Array.isArray((await usage.json()).requests));
 
   const listed = [];
   const paginator = Sandbox.list(opts);
