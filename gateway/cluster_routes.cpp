@@ -34,6 +34,10 @@ bool hop_header(const std::string& k) {
 
 bool is_collection(const http::HttpRequest& req) { return req.path == "/sandboxes" || req.path == "/v2/sandboxes"; }
 
+bool is_fork(const http::HttpRequest& req) {
+  return req.method == "POST" && req.path.size() > 5 && req.path.compare(req.path.size() - 5, 5, "/fork") == 0;
+}
+
 // A create a node declined (full, draining, no such template there, its
 // runtime down): the next node is tried.
 bool refused(int status) { return status == 503 || status == 507 || status == 404; }
@@ -149,8 +153,9 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
     case Owner::Where::kUnknown:
       break;
   }
-  // Here: served as on one host, with the catalog told of a kill.
-  if (req.method == "DELETE") return served_here(req, *tenant, false);
+  // Here: served as on one host, with the catalog told of a kill and of
+  // a fork's new sandboxes.
+  if (req.method == "DELETE" || is_fork(req)) return served_here(req, *tenant, false);
   return std::nullopt;
 }
 
@@ -168,6 +173,17 @@ void ClusterRoutes::after(const http::HttpRequest& req, const http::HttpResponse
     if (j.is_object() && j.contains("sandboxID") && j["sandboxID"].is_string()) {
       std::string id = j["sandboxID"].get<std::string>();
       // Not fatal: the next heartbeat's reconcile records it.
+      if (Status s = cluster_.record(id, tenant); !s) LOG_WARN("cluster: record sandbox " << id << ": " << s.error().message());
+    }
+  } else if (is_fork(req) && res.status == 201) {
+    // A fork's sandboxes: [{"sandbox": {...}} | {"error": {...}}, ...].
+    json arr = json::parse(res.body, nullptr, false);
+    if (!arr.is_array()) return;
+    for (const json& item : arr) {
+      if (!item.is_object() || !item.contains("sandbox") || !item["sandbox"].is_object()) continue;
+      const json& sb = item["sandbox"];
+      if (!sb.contains("sandboxID") || !sb["sandboxID"].is_string()) continue;
+      std::string id = sb["sandboxID"].get<std::string>();
       if (Status s = cluster_.record(id, tenant); !s) LOG_WARN("cluster: record sandbox " << id << ": " << s.error().message());
     }
   } else if (req.method == "DELETE" && res.status / 100 == 2) {

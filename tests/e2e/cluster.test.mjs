@@ -239,6 +239,16 @@ test('pause and resume, list and kill of sandboxes on other nodes, through n1', 
   assert.equal(usage.headers.get('x-sandgate-missing-nodes'), null);
   assert.ok(Array.isArray((await usage.json()).requests));
 
+  // A fork of it, through n1: the forks are on its node and in the
+  // catalog at once.
+  const forks = await sbx.fork({ count: 2, timeoutMs: 120_000 });
+  assert.equal(forks.length, 2);
+  for (const f of forks) {
+    assert.equal(await cluster.nodeOf(f.sandboxId), 'n2');
+    assert.equal(await f.files.read('/home/user/kept.txt'), 'kept\n');
+    await f.kill();
+  }
+
   const listed = [];
   const paginator = Sandbox.list(opts);
   while (paginator.hasNext) listed.push(...(await paginator.nextItems()));
