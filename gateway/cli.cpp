@@ -276,6 +276,16 @@ void print_llm_keys(std::ostream& out, const std::vector<storage::LlmKeyRow>& ks
         << (k.revoked_at ? "revoked" : "active") << "\t" << sys::format_rfc3339(k.created_at) << "\n";
 }
 
+// The etcd client of --cluster URL, or nullopt after saying why.
+std::optional<etcd::Client> cluster_client(Args& a, std::ostream& err) {
+  Result<std::vector<net::Endpoint>> eps = etcd::parse_endpoints(a.opts["cluster"]);
+  if (!eps) {
+    err << "sandgate: --cluster: " << eps.error().message() << "\n";
+    return std::nullopt;
+  }
+  return std::optional<etcd::Client>(std::in_place, *eps);
+}
+
 // `sandgate node ...`: the cluster's nodes, read and changed in etcd
 // (no node needs to be reached).
 int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std::ostream& err) {
@@ -286,13 +296,10 @@ int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std:
     err << "usage: sandgate node list|drain ID|undrain ID|remove ID --cluster etcd://HOST:PORT[,...]\n";
     return 2;
   }
-  Result<std::vector<net::Endpoint>> eps = etcd::parse_endpoints(a.opts["cluster"]);
-  if (!eps) {
-    err << "sandgate: --cluster: " << eps.error().message() << "\n";
-    return 2;
-  }
-  etcd::Client etcd(*eps);
-  const std::string prefix = "/sandgate/";
+  std::optional<etcd::Client> client = cluster_client(a, err);
+  if (!client) return 2;
+  etcd::Client& etcd = *client;
+  const std::string prefix = kClusterPrefix;
   if (list) {
     Result<std::vector<NodeInfo>> nodes = Cluster::list_nodes(etcd, prefix);
     if (!nodes) {
@@ -325,13 +332,10 @@ int run_node(const std::vector<std::string>& p, Args& a, std::ostream& out, std:
 // `sandgate tenant|key ... --cluster URL`: the cluster's tenants and keys,
 // in etcd (every node mirrors them; cluster_tenants.h).
 int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& out, std::ostream& err) {
-  Result<std::vector<net::Endpoint>> eps = etcd::parse_endpoints(a.opts["cluster"]);
-  if (!eps) {
-    err << "sandgate: --cluster: " << eps.error().message() << "\n";
-    return 2;
-  }
-  etcd::Client etcd(*eps);
-  const std::string prefix = "/sandgate/";
+  std::optional<etcd::Client> client = cluster_client(a, err);
+  if (!client) return 2;
+  etcd::Client& etcd = *client;
+  const std::string prefix = kClusterPrefix;
   auto fail = [&](const Error& e) {
     err << "sandgate: " << e.message() << "\n";
     return e.kind() == ErrorKind::kInvalid ? 2 : 1;

@@ -61,9 +61,12 @@ struct NodeInfo {
 std::string node_json(const NodeInfo& n);
 Result<NodeInfo> parse_node(const std::string& json);
 
+// Where everything of a cluster lives in etcd.
+inline constexpr const char* kClusterPrefix = "/sandgate/";
+
 struct ClusterConfig {
   std::vector<net::Endpoint> etcd;
-  std::string prefix = "/sandgate/";
+  std::string prefix = kClusterPrefix;
   NodeInfo self;  // id, address, backend, capacity
   std::string secret;  // the cluster secret every forwarded request carries
   int64_t lease_ttl_s = 5;
