@@ -233,13 +233,23 @@ Result<std::pair<Response, std::string>> read_head(int fd, Clock::time_point dea
   }
 }
 
-Result<UniqueFd> send_request(const Endpoint& ep, const Request& req, Clock::time_point deadline) {
+// A request sent and its answer's head read: the connection, the head,
+// and the bytes read past the head (the body's start).
+struct Exchange {
+  UniqueFd fd;
+  Response head;
+  std::string leftover;
+};
+
+Result<Exchange> exchange(const Endpoint& ep, const Request& req, Clock::time_point deadline) {
   // A peer that does not answer a connect at all (partitioned) is given
   // up on early, whatever the whole call may take.
   Result<UniqueFd> fd = connect_tcp(ep, std::chrono::milliseconds(std::min(ms_left(deadline), 5000)));
   if (!fd) return fd.error();
   if (Status s = write_all(fd->get(), serialize(req, ep), deadline); !s) return s.error();
-  return fd;
+  auto head = read_head(fd->get(), deadline, ep.str());
+  if (!head) return head.error();
+  return Exchange{std::move(*fd), std::move(head->first), std::move(head->second)};
 }
 
 }  // namespace
@@ -357,13 +367,11 @@ Result<Response> request(const Endpoint& ep, const Request& req, std::chrono::mi
                          size_t body_limit) {
   Clock::time_point deadline = Clock::now() + timeout_ms;
   std::string what = ep.str();
-  Result<UniqueFd> fd = send_request(ep, req, deadline);
-  if (!fd) return fd.error();
-  auto head = read_head(fd->get(), deadline, what);
-  if (!head) return head.error();
-  Response r = std::move(head->first);
+  Result<Exchange> x = exchange(ep, req, deadline);
+  if (!x) return x.error();
+  Response r = std::move(x->head);
   if (req.method == "HEAD" || r.status == 204 || r.status == 304 || r.status / 100 == 1) return r;
-  BodyReader body(fd->get(), std::move(head->second), what);
+  BodyReader body(x->fd.get(), std::move(x->leftover), what);
   bool too_big = false;
   Status s = body.run(
       r,
@@ -386,17 +394,15 @@ Status stream(const Endpoint& ep, const Request& req, std::chrono::milliseconds 
               std::chrono::milliseconds poll_interval) {
   Clock::time_point deadline = Clock::now() + timeout_ms;
   std::string what = ep.str();
-  Result<UniqueFd> fd = send_request(ep, req, deadline);
-  if (!fd) return fd.error();
-  auto head = read_head(fd->get(), deadline, what);
-  if (!head) return head.error();
-  Response r = std::move(head->first);
+  Result<Exchange> x = exchange(ep, req, deadline);
+  if (!x) return x.error();
+  Response r = std::move(x->head);
   if (r.status / 100 != 2) {
-    std::string body = head->second.substr(0, 512);
+    std::string body = x->leftover.substr(0, 512);
     return Error(r.status / 100 == 5 ? ErrorKind::kUnavailable : ErrorKind::kInvalid,
                  what + " answered " + std::to_string(r.status) + ": " + body);
   }
-  BodyReader body(fd->get(), std::move(head->second), what);
+  BodyReader body(x->fd.get(), std::move(x->leftover), what);
   // Each read waits one poll interval; a quiet one is retried (hard_ is
   // the far future) unless stop is set.
   body.hard_ = Clock::time_point::max();

@@ -253,6 +253,24 @@ bool to_int(const std::string& s, int64_t& out) {
   return true;
 }
 
+// An admin command's error: said, and exit 2 for bad input, else 1.
+int admin_fail(std::ostream& err, const Error& e) {
+  err << "sandgate: " << e.message() << "\n";
+  return e.kind() == ErrorKind::kInvalid ? 2 : 1;
+}
+
+// A quota option (--max-sandboxes, --max-memory-mb) into v if given; false
+// (said) when it is not a non-negative integer.
+bool read_quota_opt(Args& a, std::ostream& err, const char* name, int64_t& v) {
+  auto it = a.opts.find(name);
+  if (it == a.opts.end()) return true;
+  if (!to_int(it->second, v) || v < 0) {
+    err << "sandgate: --" << name << " wants a non-negative integer\n";
+    return false;
+  }
+  return true;
+}
+
 // The listings, one format for a node's own tenants and keys and the
 // cluster's.
 void print_tenants(std::ostream& out, const std::vector<storage::TenantRow>& ts) {
@@ -336,19 +354,8 @@ int run_cluster_admin(const std::vector<std::string>& p, Args& a, std::ostream& 
   if (!client) return 2;
   etcd::Client& etcd = *client;
   const std::string prefix = kClusterPrefix;
-  auto fail = [&](const Error& e) {
-    err << "sandgate: " << e.message() << "\n";
-    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
-  };
-  auto quota_opt = [&](const char* name, int64_t& v) {
-    auto it = a.opts.find(name);
-    if (it == a.opts.end()) return true;
-    if (!to_int(it->second, v) || v < 0) {
-      err << "sandgate: --" << name << " wants a non-negative integer\n";
-      return false;
-    }
-    return true;
-  };
+  auto fail = [&](const Error& e) { return admin_fail(err, e); };
+  auto quota_opt = [&](const char* name, int64_t& v) { return read_quota_opt(a, err, name, v); };
   std::string cmd = p[0], sub = p.size() > 1 ? p[1] : "";
   if (cmd == "tenant" && sub == "create" && p.size() == 3) {
     tenancy::Quota q;
@@ -740,19 +747,8 @@ struct Admin {
   std::ostream& out;
   std::ostream& err;
 
-  int fail(const Error& e) {
-    err << "sandgate: " << e.message() << "\n";
-    return e.kind() == ErrorKind::kInvalid ? 2 : 1;
-  }
-  bool quota_opt(const char* name, int64_t& v) {
-    auto it = a.opts.find(name);
-    if (it == a.opts.end()) return true;
-    if (!to_int(it->second, v) || v < 0) {
-      err << "sandgate: --" << name << " wants a non-negative integer\n";
-      return false;
-    }
-    return true;
-  }
+  int fail(const Error& e) { return admin_fail(err, e); }
+  bool quota_opt(const char* name, int64_t& v) { return read_quota_opt(a, err, name, v); }
   int tenant(const std::vector<std::string>& p);
   int key(const std::vector<std::string>& p);
 };

@@ -287,6 +287,9 @@ void Cluster::heartbeat_loop() {
 }
 
 void Cluster::reconcile() {
+  // The catalog first, then this node's sandboxes (read again, not the
+  // heartbeat's load from before its put): a sandbox made in between is
+  // then in the second and not the first, and is recorded, never dropped.
   std::map<std::string, int64_t> listed;  // ours in the catalog: id -> mod revision
   {
     std::lock_guard<std::mutex> g(mu_);
@@ -365,6 +368,12 @@ std::vector<NodeInfo> Cluster::nodes() const {
   std::vector<NodeInfo> out;
   for (const auto& [id, n] : nodes_) out.push_back(n);
   return out;
+}
+
+bool Cluster::mirrored_here(const std::string& sandbox_id) const {
+  std::lock_guard<std::mutex> g(mu_);
+  auto it = catalog_.find(sandbox_id);
+  return it != catalog_.end() && it->second.node == cfg_.self.id;
 }
 
 Owner Cluster::owner_of(const std::string& sandbox_id) {

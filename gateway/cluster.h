@@ -121,6 +121,8 @@ class Cluster {
   // Live nodes (registered), by id; draining ones included, flagged.
   std::vector<NodeInfo> nodes() const;
   Owner owner_of(const std::string& sandbox_id);
+  // True when the mirror places the sandbox on this node (no etcd read).
+  bool mirrored_here(const std::string& sandbox_id) const;
   // Catalog writes for sandboxes this node holds.
   Status record(const std::string& sandbox_id, const std::string& tenant);
   Status forget(const std::string& sandbox_id);

@@ -128,6 +128,10 @@ std::optional<http::HttpResponse> ClusterRoutes::handle(const http::HttpRequest&
   bool list = req.method == "GET" && is_collection(req);
   std::string id = api::ControlPlane::sandbox_id_of(req);
   if (!create && !list && !usage && id.empty()) return std::nullopt;
+  // A sandbox of this node, as the mirror says: served as on one host
+  // (the control plane authenticates it once), unless the catalog must
+  // hear of it (a kill, a fork).
+  if (!id.empty() && req.method != "DELETE" && !is_fork(req) && cluster_.mirrored_here(id)) return std::nullopt;
   // Authenticated here as the control plane would; a request that fails
   // is left to it, for its answer.
   std::string key = req.header("x-api-key");
