@@ -1014,6 +1014,13 @@ int serve(const AppConfig& cfg_in) {
   if (!locks) return fail(locks.error());
   Result<bool> use_kvm = choose_backend(cfg);
   if (!use_kvm) return fail(use_kvm.error());
+  // Cluster flags checked before anything is made (store, runtime, swap).
+  std::optional<ClusterConfig> cluster_cfg;
+  if (!cfg.cluster.empty()) {
+    Result<ClusterConfig> cc = cluster_config(cfg, *use_kvm);
+    if (!cc) return fail(cc.error());
+    cluster_cfg = std::move(*cc);
+  }
   Result<std::unique_ptr<storage::Store>> store = open_store(cfg);
   if (!store) return fail(store.error());
   CodeInterpreterTemplate code_interpreter(cfg, **store);
@@ -1078,11 +1085,9 @@ int serve(const AppConfig& cfg_in) {
   // server is bound and its address known).
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<ClusterRoutes> cluster_routes;
-  if (!cfg.cluster.empty()) {
-    Result<ClusterConfig> cc = cluster_config(cfg, *use_kvm);
-    if (!cc) return fail(cc.error());
+  if (cluster_cfg) {
     storage::Store& st = **store;
-    cluster = std::make_unique<Cluster>(std::move(*cc), [&st, &sandboxes] {
+    cluster = std::make_unique<Cluster>(std::move(*cluster_cfg), [&st, &sandboxes] {
       NodeLoad l;
       if (Result<std::vector<storage::SandboxRow>> rows = st.list_live(); rows)
         for (const storage::SandboxRow& r : *rows) l.sandbox_ids.push_back(r.id);

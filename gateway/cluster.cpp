@@ -510,28 +510,27 @@ Result<int64_t> Cluster::remove_node(etcd::Client& etcd, const std::string& pref
   if (!live) return live.error();
   if (!live->kvs.empty())
     return conflict_error("node \"" + node_id + "\" is live: stop it (or drain it) first; its registration goes with its lease");
-  Result<etcd::RangeResult> all = etcd.get_prefix(prefix + "sandboxes/");
-  if (!all) return all.error();
-  int64_t removed = 0;
-  for (const etcd::KeyValue& kv : all->kvs) {
-    json j = json::parse(kv.value, nullptr, false);
-    if (!j.is_object() || j.value("node", std::string()) != node_id) continue;
-    Result<etcd::TxnResult> t =
-        etcd.txn({etcd::Compare{kv.key, "MOD", "EQUAL", kv.mod_revision, {}}}, {etcd::Op::del(kv.key)});
-    if (!t) return t.error();
-    if (t->succeeded) ++removed;
-  }
-  Result<etcd::RangeResult> quota = etcd.get_prefix(prefix + "quota/");
-  if (!quota) return quota.error();
-  for (const etcd::KeyValue& kv : quota->kvs) {
-    json j = json::parse(kv.value, nullptr, false);
-    if (!j.is_object() || j.value("node", std::string()) != node_id) continue;
-    Result<etcd::TxnResult> t =
-        etcd.txn({etcd::Compare{kv.key, "MOD", "EQUAL", kv.mod_revision, {}}}, {etcd::Op::del(kv.key)});
-    if (!t) return t.error();
-  }
+  // Its catalog entries and quota reservations, each unless rewritten
+  // meanwhile; the count is of the catalog's.
+  auto drop_entries_of = [&](const std::string& dir) -> Result<int64_t> {
+    Result<etcd::RangeResult> all = etcd.get_prefix(prefix + dir);
+    if (!all) return all.error();
+    int64_t dropped = 0;
+    for (const etcd::KeyValue& kv : all->kvs) {
+      json j = json::parse(kv.value, nullptr, false);
+      if (!j.is_object() || j.value("node", std::string()) != node_id) continue;
+      Result<etcd::TxnResult> t =
+          etcd.txn({etcd::Compare{kv.key, "MOD", "EQUAL", kv.mod_revision, {}}}, {etcd::Op::del(kv.key)});
+      if (!t) return t.error();
+      if (t->succeeded) ++dropped;
+    }
+    return dropped;
+  };
+  Result<int64_t> removed = drop_entries_of("sandboxes/");
+  if (!removed) return removed.error();
+  if (Result<int64_t> q = drop_entries_of("quota/"); !q) return q.error();
   if (Result<int64_t> r = etcd.remove(drain_key(prefix, node_id)); !r) return r.error();
-  return removed;
+  return *removed;
 }
 
 }  // namespace sg::gateway

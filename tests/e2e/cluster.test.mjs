@@ -10,11 +10,13 @@
 // Run by CTest (`e2e_js_cluster`).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
+import { spawn, spawnSync } from 'node:child_process';
 import http from 'node:http';
 import http2 from 'node:http2';
 import https from 'node:https';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
 import { Sandbox } from 'e2b';
@@ -152,6 +154,39 @@ test('a tenant\'s quota holds across nodes; revoking it reaches every node', asy
   }, 'n1 answering');
   for (const b of boxes) {
     await until(async () => (await nodeOf(b.sandboxId)) === null, `sandbox ${b.sandboxId} of the revoked tenant ended`, 15000);
+  }
+  // A forwarded request for it, with the right cluster key, is refused too.
+  const secret = readFileSync(join(cluster.dir, 'cluster-secret'), 'utf8').trim();
+  const forwarded = await fetch(`${nodes.n2.url}/v2/sandboxes`, {
+    headers: { 'X-Sandgate-Cluster-Key': secret, 'X-Sandgate-Tenant': 'team2' },
+  });
+  assert.equal(forwarded.status, 401);
+  assert.match((await forwarded.json()).message, /revoked/);
+});
+
+test('bad cluster flags are refused at start with a clear error', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'sandgate-cluster-flags-'));
+  try {
+    const short = join(dir, 'short');
+    writeFileSync(short, 'tooshort\n', { mode: 0o600 });
+    const good = join(dir, 'good');
+    writeFileSync(good, 'x'.repeat(32) + '\n', { mode: 0o600 });
+    const cases = [
+      [['--cluster', etcdUrl], /needs --cluster-secret-file/],
+      [['--cluster', etcdUrl, '--cluster-secret-file', short], /shorter than 16 characters/],
+      [['--cluster', 'etcd://no-port', '--cluster-secret-file', good], /--cluster: etcd endpoint: malformed address/],
+      [['--cluster', etcdUrl, '--cluster-secret-file', good, '--node-id', 'bad id'], /--node-id "bad id"/],
+      [['--cluster', etcdUrl, '--cluster-secret-file', good, '--tls-cert', good, '--tls-key', good], /needs --cluster-listen/],
+    ];
+    for (const [flags, message] of cases) {
+      const r = spawnSync(process.env.SANDGATE_BIN, ['serve', '--listen', '127.0.0.1:0', '--data-dir', join(dir, 'data'),
+        '--cgroup-parent', 'sgflags-' + process.pid, '--process-swap', 'off', '--code-interpreter', 'off', ...flags],
+      { encoding: 'utf8', timeout: 60000 });
+      assert.equal(r.status, 1, `${flags.join(' ')}: ${r.stderr}`);
+      assert.match(r.stderr, message);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });
 

@@ -148,6 +148,26 @@ TEST_CASE("cluster: membership, catalog, placement, drain, loss and removal on r
   CHECK(b.metrics().find("sandgate_cluster_nodes 1") != std::string::npos);
 }
 
+TEST_CASE("cluster: lookups of ids the mirror lacks read etcd only within their budget") {
+  test::TempDir dir;
+  test::EtcdCluster etcd(dir.path(), 1);
+  REQUIRE_MESSAGE(etcd.ok(), "etcd did not start (is etcd-server installed?)");
+  etcd::Client admin(etcd.endpoints());
+  REQUIRE(admin.put("/sandgate/sandboxes/sbx-x", R"({"node":"gone"})"));
+  FakeLoad load;
+  // Not joined: no mirror, so every lookup is a miss. Within the budget
+  // the miss reads etcd and finds the entry (its node is not live: lost);
+  // past it, etcd is not read and the id is unknown.
+  Cluster reads(config(etcd, "r"), std::ref(load));
+  CHECK(reads.owner_of("sbx-x").where == Owner::Where::kLost);
+  CHECK(reads.owner_of("sbx-x").where == Owner::Where::kLost);
+  ClusterConfig stingy = config(etcd, "s");
+  stingy.miss_lookups_per_s = 0.001;  // one token (the smallest bucket), then one per 1000 s
+  Cluster none(stingy, std::ref(load));
+  CHECK(none.owner_of("sbx-x").where == Owner::Where::kLost);
+  CHECK(none.owner_of("sbx-x").where == Owner::Where::kUnknown);
+}
+
 TEST_CASE("cluster: a node that loses etcd stops being a member (and so takes no creates)") {
   test::TempDir dir;
   auto etcd = std::make_unique<test::EtcdCluster>(dir.path(), 1);
