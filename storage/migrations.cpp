@@ -236,6 +236,13 @@ CREATE TABLE snapshots (
 );
 CREATE INDEX snapshots_tenant ON snapshots(tenant_id, seq);
 )sql"},
+      // Cluster mode (issue 22): a template copied from the node that
+      // built it names that node and the revision of its record in etcd.
+      {10, "template copies",
+       R"sql(
+ALTER TABLE templates ADD COLUMN origin_node TEXT;
+ALTER TABLE templates ADD COLUMN origin_revision INTEGER NOT NULL DEFAULT 0;
+)sql"},
   };
   return kList;
 }

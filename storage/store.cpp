@@ -252,7 +252,7 @@ namespace {
 // The template the tenant owns, within tx; kNotFound when it cannot see
 // it, kInvalid when it sees but does not own it.
 Status check_owner(Db::Tx& tx, const std::string& tenant_id, const std::string& id) {
-  SG_TRY_STMT(st, tx, "SELECT tenant_id, public FROM templates WHERE id = ? AND status != 'deleted'");
+  SG_TRY_STMT(st, tx, "SELECT tenant_id, public, origin_node FROM templates WHERE id = ? AND status != 'deleted'");
   st.bind(1, id);
   Result<bool> row = st.step();
   if (!row) return row.error();
@@ -261,6 +261,7 @@ Status check_owner(Db::Tx& tx, const std::string& tenant_id, const std::string& 
   if (st.is_null(0) || st.text(0) != tenant_id)
     return invalid_error("template '" + id + "' belongs to " +
                          std::string(st.is_null(0) ? "this server" : "another team") + ": only its owner can change it");
+  if (!st.is_null(2)) return internal::copy_error(id, st.text(2));
   return Status::Ok();
 }
 }  // namespace

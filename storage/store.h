@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,10 @@ struct TemplateRow {
   std::string layers = "[]";
   std::string config = "{}";
   std::optional<std::string> build_id;
+  // Cluster mode: a copy of a template another node built (that node's
+  // id), made from its etcd record at origin_revision; nullopt: made here.
+  std::optional<std::string> origin_node;
+  int64_t origin_revision = 0;
 };
 
 // Template build states (E2B's TemplateBuildStatus).
@@ -113,6 +118,18 @@ struct TagRow {
   std::string tag;
   std::string build_id;
   int64_t created_at = 0;
+};
+
+// Cluster mode (docs/cluster.md, "Templates between nodes"): a template
+// as nodes share it, its row and each tag's build.
+struct SharedBuild {
+  std::string tag, build_id, rootfs_path, layers, config;
+  int64_t cpu_count = 0, memory_mb = 0;
+};
+struct SharedTemplate {
+  TemplateRow row;
+  std::string team;  // the owner tenant's name
+  std::vector<SharedBuild> tags;
 };
 
 // A template as clients name it: "[team/]name[:tag]" (or its id for name).
@@ -428,6 +445,20 @@ class Store {
   // (kConflict) while a sandbox of it is creating, running or paused.
   // The row stays for the sandboxes that ran it.
   Status delete_template(const std::string& tenant_id, const std::string& id, int64_t now);
+
+  // Cluster mode. The tenants' ready templates made here (built, or
+  // snapshots; not pauses, not copies), each with its tags' builds.
+  Result<std::vector<SharedTemplate>> shared_templates();
+  // Installs a copy of another node's template (row.origin_node and
+  // origin_revision set): the row, a ready build per tag, the tags exactly
+  // those, in one transaction (a copy of an older revision is replaced).
+  // kConflict when a template made here has its id or name.
+  Status install_template_copy(const SharedTemplate& t);
+  // The copies not deleted: id -> origin_revision.
+  Result<std::map<std::string, int64_t>> template_copies();
+  // Marks a copy deleted (its origin changed or deleted it); sandboxes
+  // running it keep its files until they end (the collector).
+  Status drop_template_copy(const std::string& id, int64_t now);
 
   // Sandboxes.
   // Inserts the row (state "creating") if the tenant stays within

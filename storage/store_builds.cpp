@@ -50,7 +50,7 @@ BuildRow build_from(const Stmt& s) {
 // its id, or kNotFound; kInvalid when the tenant does not own it.
 Result<std::string> owned_template(Db::Tx& tx, const std::string& tenant_id, const std::string& name) {
   SG_TRY_STMT(st, tx,
-              "SELECT id, tenant_id FROM templates WHERE (id = ?1 OR name = ?1) AND status != 'deleted' "
+              "SELECT id, tenant_id, origin_node FROM templates WHERE (id = ?1 OR name = ?1) AND status != 'deleted' "
               "AND (tenant_id IS NULL OR tenant_id = ?2 OR public != 0) "
               "ORDER BY (id = ?1) DESC, (tenant_id = ?2) DESC LIMIT 1");
   st.bind(1, name).bind(2, tenant_id);
@@ -60,6 +60,7 @@ Result<std::string> owned_template(Db::Tx& tx, const std::string& tenant_id, con
   if (st.is_null(1) || st.text(1) != tenant_id)
     return invalid_error("template '" + name + "' belongs to " +
                          std::string(st.is_null(1) ? "this server" : "another team") + ": only its owner can tag it");
+  if (!st.is_null(2)) return copy_error(name, st.text(2));
   return st.text(0);
 }
 
@@ -132,7 +133,7 @@ Result<std::optional<TemplateRow>> Store::resolve_template(const std::string& te
   if (!row) return row.error();
   if (!*row) return std::optional<TemplateRow>();
   TemplateRow t = template_from(st);
-  if (!r->team.empty() && (st.is_null(14) || st.text(14) != r->team)) return std::optional<TemplateRow>();
+  if (!r->team.empty() && (st.is_null(16) || st.text(16) != r->team)) return std::optional<TemplateRow>();
   SG_TRY_STMT(g, tx,
               "SELECT b.id, b.rootfs_path, b.layers, b.config, b.cpu_count, b.memory_mb FROM template_tags g "
               "JOIN template_builds b ON b.id = g.build_id WHERE g.template_id = ? AND g.tag = ?");
@@ -225,6 +226,7 @@ Result<TemplateRow> Store::request_build(const std::string& tenant_id, const std
     if (t.tenant_id != tenant_id)
       return conflict_error("template name '" + name + "' is taken" +
                             std::string(t.tenant_id ? " by another team" : " by this server's own template"));
+    if (t.origin_node) return copy_error(name, *t.origin_node);
     SG_TRY_STMT(b, tx, "SELECT COUNT(*) FROM template_builds WHERE template_id = ? AND status = 'building'");
     b.bind(1, t.id);
     Result<bool> row = b.step();

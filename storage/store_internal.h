@@ -43,7 +43,7 @@ inline TenantRow tenant_from(const Stmt& s, int o = 0) {
 
 inline constexpr const char* kTemplateCols =
     "id, name, tenant_id, status, rootfs_path, cpu_count, memory_mb, disk_size_mb, created_at, updated_at, public, "
-    "layers, config, build_id";
+    "layers, config, build_id, origin_node, origin_revision";
 
 inline TemplateRow template_from(const Stmt& s) {
   TemplateRow t;
@@ -61,6 +61,8 @@ inline TemplateRow template_from(const Stmt& s) {
   t.layers = s.text(11);
   t.config = s.text(12);
   if (!s.is_null(13)) t.build_id = s.text(13);
+  if (!s.is_null(14)) t.origin_node = s.text(14);
+  t.origin_revision = s.int64(15);
   return t;
 }
 
@@ -73,6 +75,12 @@ Result<std::vector<T>> collect(Stmt& st, F from) {
     if (!*row) return out;
     out.push_back(from(st));
   }
+}
+
+// A change asked of a cluster node's copy of another node's template.
+inline Error copy_error(const std::string& name, const std::string& origin) {
+  return conflict_error("template '" + name + "' was built on cluster node " + origin +
+                        " and is a copy here: change it through that node");
 }
 
 template <typename T, typename F>

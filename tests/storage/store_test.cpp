@@ -352,3 +352,100 @@ TEST_CASE("build logs: by time, in either direction, from a level up") {
   CHECK((*back)[0].message == "line 3");
   CHECK((*back)[1].message == "line 2");
 }
+
+TEST_CASE("template copies: shared with their tags, installed whole, refusing changes, dropped") {
+  auto opened = Store::open(":memory:");
+  REQUIRE(opened.ok());
+  Store& s = **opened;
+  REQUIRE(s.insert_tenant(tenant("t1")).ok());
+  REQUIRE(s.upsert_template(base_template()).ok());
+  std::string b1 = built(s, "t1", "app", {}, "[\"/l1\"]", 10);
+  std::string b2 = built(s, "t1", "app", {"v2"}, "[\"/l2\"]", 20);
+
+  // What this node shares: the tenant's template, not the server's base.
+  auto shared = s.shared_templates();
+  REQUIRE(shared.ok());
+  REQUIRE(shared->size() == 1);
+  SharedTemplate t = (*shared)[0];
+  CHECK(t.row.id == "tpl-app");
+  CHECK(t.team == "name-t1");
+  REQUIRE(t.tags.size() == 2);
+  CHECK(((t.tags[0].tag == "default" && t.tags[0].build_id == b1 && t.tags[0].layers == "[\"/l1\"]")));
+  CHECK(((t.tags[1].tag == "v2" && t.tags[1].build_id == b2 && t.tags[1].memory_mb == 2048)));
+
+  // Another node installs it as a copy.
+  auto other_opened = Store::open(":memory:");
+  REQUIRE(other_opened.ok());
+  Store& o = **other_opened;
+  REQUIRE(o.insert_tenant(tenant("t1")).ok());
+  SharedTemplate copy = t;
+  copy.row.origin_node = "n1";
+  copy.row.origin_revision = 7;
+  CHECK(o.install_template_copy(t).error().kind() == ErrorKind::kInvalid);  // no origin
+  REQUIRE(o.install_template_copy(copy).ok());
+  REQUIRE(o.install_template_copy(copy).ok());  // again: the same, no duplicate builds
+  auto v2 = o.resolve_template("t1", "app:v2");
+  REQUIRE((v2.ok() && v2->has_value()));
+  CHECK((*v2)->layers == "[\"/l2\"]");
+  CHECK((*v2)->status == "ready");
+  CHECK(o.list_tags("tpl-app")->size() == 2);
+  CHECK(o.list_builds("tpl-app")->size() == 2);
+  auto copies = o.template_copies();
+  REQUIRE(copies.ok());
+  CHECK(*copies == std::map<std::string, int64_t>{{"tpl-app", 7}});
+  // A copy is not shared on by the node that holds it.
+  CHECK(o.shared_templates()->empty());
+
+  // Changes go through the origin: each refused here, nothing changed.
+  Error del = o.delete_template("t1", "tpl-app", 30).error();
+  CHECK(del.kind() == ErrorKind::kConflict);
+  CHECK(del.message().find("cluster node n1") != std::string::npos);
+  CHECK(o.set_template_public("t1", "tpl-app", true, 30).error().kind() == ErrorKind::kConflict);
+  CHECK(o.assign_tags("t1", "app", {"x"}, 30).error().kind() == ErrorKind::kConflict);
+  TemplateRow fresh;
+  fresh.id = "tpl-app2";
+  fresh.status = "building";
+  BuildRow b;
+  b.id = "build-copy";
+  b.created_at = 30;
+  CHECK(o.request_build("t1", "app", fresh, b).error().kind() == ErrorKind::kConflict);
+  CHECK(o.list_tags("tpl-app")->size() == 2);
+  CHECK_FALSE(o.find_template("t1", "app")->value().is_public);
+
+  // A newer revision with one tag fewer replaces the tags exactly.
+  copy.row.origin_revision = 8;
+  copy.tags.pop_back();
+  REQUIRE(o.install_template_copy(copy).ok());
+  CHECK(o.list_tags("tpl-app")->size() == 1);
+  CHECK(o.resolve_template("t1", "app:v2").error().kind() == ErrorKind::kNotFound);
+  CHECK(o.template_copies()->at("tpl-app") == 8);
+
+  // The origin made "app" again under a new id: the old copy gives way.
+  SharedTemplate again = copy;
+  again.row.id = "tpl-app-new";
+  REQUIRE(o.install_template_copy(again).ok());
+  CHECK(*o.template_copies() == std::map<std::string, int64_t>{{"tpl-app-new", 8}});
+  CHECK(o.find_template("t1", "app")->value().id == "tpl-app-new");
+
+  // A template made here keeps its name and id against any copy.
+  REQUIRE(o.upsert_template(base_template()).ok());
+  std::string local = built(o, "t1", "mine", {}, "[]", 40);
+  (void)local;
+  SharedTemplate clash = copy;
+  clash.row.id = "tpl-other";
+  clash.row.name = "mine";
+  Error refused = o.install_template_copy(clash).error();
+  CHECK(refused.kind() == ErrorKind::kConflict);
+  CHECK(refused.message().find("has its name") != std::string::npos);
+  clash.row.id = "tpl-mine";
+  clash.row.name = "elsewhere";
+  CHECK(o.install_template_copy(clash).error().kind() == ErrorKind::kConflict);
+  CHECK(o.find_template("t1", "mine")->value().origin_node == std::nullopt);
+
+  // Dropped: gone by name, its row kept for the sandboxes that ran it.
+  REQUIRE(o.drop_template_copy("tpl-app-new", 50).ok());
+  CHECK(o.template_copies()->empty());
+  CHECK_FALSE(o.find_template("t1", "app")->has_value());
+  REQUIRE(o.drop_template_copy("tpl-mine", 50).ok());  // not a copy: untouched
+  CHECK(o.find_template("t1", "mine")->has_value());
+}
