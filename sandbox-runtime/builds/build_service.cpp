@@ -162,6 +162,9 @@ class BuildService::Run {
         return from_image(image);
       }
     }
+    if (svc_.cfg_.ensure_template)
+      if (Status s = svc_.cfg_.ensure_template(job_.tenant_id, ref); !s)
+        return Error(s.error().kind(), "fromTemplate '" + ref + "': " + s.error().message());
     Result<std::optional<storage::TemplateRow>> t = svc_.store_.resolve_template(job_.tenant_id, ref);
     if (!t) return invalid_error("fromTemplate '" + ref + "': " + t.error().message());
     if (!*t) return invalid_error("fromTemplate '" + ref + "': no such template");
@@ -854,6 +857,8 @@ void BuildService::run(const Job& job) {
   if (Status f = store_.finish_build(job.build_id, c.rootfs, json(c.layers).dump(), config.dump(), now); !f) {
     LOG_ERROR("build " << job.build_id << ": " << f.error().message());
     (void)store_.fail_build(job.build_id, f.error().message(), "finalize", now);
+  } else if (cfg_.on_ready) {
+    cfg_.on_ready();
   }
 }
 

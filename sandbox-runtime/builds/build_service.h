@@ -105,6 +105,11 @@ struct BuildConfig {
   // Removes what prepare_template made of a template file the collector
   // removes (Runtime::drop_template): bytes freed. Unset: nothing to do.
   std::function<uint64_t(const std::string&)> drop_prepared;
+  // Cluster mode: before a build resolves its fromTemplate, makes this
+  // node's copy of a template another node built current.
+  std::function<Status(const std::string& tenant_id, const std::string& ref)> ensure_template;
+  // Called when a build has ended ready (cluster mode: publish it now).
+  std::function<void()> on_ready;
 };
 
 class BuildService {

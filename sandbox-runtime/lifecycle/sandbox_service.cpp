@@ -363,6 +363,8 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   if (p.network.asks_egress && !cfg_.egress)
     return invalid_error("field 'network.allowOut': egress is not available on this server "
                          "(it runs without --egress; every destination is denied)");
+  if (cfg_.ensure_template)
+    if (Status s = cfg_.ensure_template(tenant, p.template_ref); !s) return s.error();
   Result<std::optional<storage::TemplateRow>> tpl = store_.resolve_template(tenant.id, p.template_ref);
   if (!tpl) return tpl.error();
   if (!*tpl) return not_found_error("template '" + p.template_ref + "' not found");

@@ -122,6 +122,9 @@ struct ServiceConfig {
   // across every node (gateway/cluster.h), before the local row goes in;
   // kQuota when over them. Empty: the local quota only.
   std::function<Status(const storage::TenantRow& tenant, const storage::SandboxRow& row)> reserve;
+  // Cluster mode: before a create resolves its template, makes this
+  // node's copy of a template another node built current (pulls it).
+  std::function<Status(const storage::TenantRow& tenant, const std::string& ref)> ensure_template;
 };
 
 // The in-sandbox model proxy address (the agent forwards it over the channel).
