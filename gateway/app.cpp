@@ -29,6 +29,7 @@
 #include "sandbox-runtime/lifecycle/sandbox_service.h"
 #include "gateway/cluster.h"
 #include "gateway/cluster_routes.h"
+#include "gateway/cluster_templates.h"
 #include "gateway/cluster_tenants.h"
 #include "gateway/egress_proxy.h"
 #include "gateway/http/server.h"
@@ -793,7 +794,9 @@ struct TemplateBuilds {
 };
 
 TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store, runtime::Runtime& rt,
-                           const runtime::ServiceOpener& open_service, network::EgressPolicies* egress_policies) {
+                           const runtime::ServiceOpener& open_service, network::EgressPolicies* egress_policies,
+                           std::function<Status(const std::string&, const std::string&)> ensure_template,
+                           std::function<void()> on_ready) {
   TemplateBuilds b;
   runtime::Runtime* steps = &rt;
   builds::BuildConfig bc;
@@ -818,6 +821,8 @@ TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& s
   bc.tenant_max_bytes = cfg.template_storage_mb << 20;
   bc.build_timeout = std::chrono::seconds(cfg.template_build_timeout_s);
   bc.ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
+  bc.ensure_template = std::move(ensure_template);
+  bc.on_ready = std::move(on_ready);
   b.service = std::make_unique<builds::BuildService>(store, *steps, std::move(bc));
   return b;
 }
@@ -834,6 +839,7 @@ struct Routes {
   // Cluster mode: routing across nodes; null on one host.
   ClusterRoutes* cluster = nullptr;
   Cluster* membership = nullptr;
+  ClusterTemplates* shared_templates = nullptr;
 
   http::HttpResponse operator()(http::HttpRequest& req) const {
     if (cluster)
@@ -847,11 +853,20 @@ struct Routes {
       r.content_type = "text/plain; version=0.0.4; charset=utf-8";
       r.body = models.metrics();
       if (membership) r.body += membership->metrics();
+      if (shared_templates) r.body += shared_templates->metrics();
       return r;
     }
     if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, store, request_limit))
       return std::move(*r);
-    if (api::ControlPlane::owns(req)) return control.handle(req);
+    if (api::ControlPlane::owns(req)) {
+      http::HttpResponse r = control.handle(req);
+      // A template changed (tags, public, deleted, a snapshot made): the
+      // cluster's record of it follows now, not at the next sync.
+      if (shared_templates && req.method != "GET" && r.status < 300 &&
+          (req.path.find("/templates") != std::string::npos || req.path.find("/snapshots") != std::string::npos))
+        shared_templates->sync_soon();
+      return r;
+    }
     return http::json_error(404, "no route for " + req.method + " " + req.path);
   }
 };
@@ -1066,10 +1081,25 @@ int serve(const AppConfig& cfg_in) {
       if (!c) return Error(ErrorKind::kUnavailable, "this node has not joined its cluster yet; retry");
       return c->reserve(t, row.id, row.memory_mb);
     };
+  // ... and templates built on one node are copied to the others.
+  std::atomic<ClusterTemplates*> shared_templates{nullptr};
+  std::function<Status(const std::string&, const std::string&)> ensure_template;
+  if (!cfg.cluster.empty()) {
+    ensure_template = [&shared_templates](const std::string& tenant_id, const std::string& ref) -> Status {
+      ClusterTemplates* c = shared_templates.load();
+      return c ? c->ensure(tenant_id, ref) : Status::Ok();
+    };
+    service_cfg.ensure_template = [ensure_template](const storage::TenantRow& t, const std::string& ref) {
+      return ensure_template(t.id, ref);
+    };
+  }
   lifecycle::SandboxService sandboxes(**store, *rt, std::move(service_cfg), [] { return sys::unix_seconds(); },
                                       memory_engine->get());
   TemplateBuilds template_builds =
-      make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr);
+      make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr, ensure_template,
+                  [&shared_templates] {
+                    if (ClusterTemplates* c = shared_templates.load()) c->sync_soon();
+                  });
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
 
   Result<std::unique_ptr<llm::ModelGateway>> models =
@@ -1085,6 +1115,7 @@ int serve(const AppConfig& cfg_in) {
   // server is bound and its address known).
   std::unique_ptr<Cluster> cluster;
   std::unique_ptr<ClusterRoutes> cluster_routes;
+  std::unique_ptr<ClusterTemplates> cluster_templates;
   if (cluster_cfg) {
     storage::Store& st = **store;
     cluster = std::make_unique<Cluster>(std::move(*cluster_cfg), [&st, &sandboxes] {
@@ -1098,6 +1129,16 @@ int serve(const AppConfig& cfg_in) {
     cluster_routes = std::make_unique<ClusterRoutes>(
         *cluster, control, tenants, **store, sandboxes, request_limit,
         [&st](const http::HttpRequest& req, const storage::TenantRow& t) { return extension_for(req, t, st); });
+    ClusterTemplatesConfig tc;
+    tc.data_dir = cfg.data_dir;
+    tc.clock = [] { return sys::unix_seconds(); };
+    tc.ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
+    if (*use_kvm) tc.prepare = [&rt](const runtime::SandboxSpec& spec) { return (*rt).prepare_template(spec); };
+    tc.collect = [&template_builds] {
+      if (template_builds.service) template_builds.service->collect_soon();
+    };
+    cluster_templates = std::make_unique<ClusterTemplates>(*cluster, st, std::move(tc));
+    cluster_routes->set_template_files([&cluster_templates](const std::string& path) { return cluster_templates->serve(path); });
   }
 
   http::ProxyHooks proxy;
@@ -1109,7 +1150,7 @@ int serve(const AppConfig& cfg_in) {
   if (cluster_routes) proxy.tunnel = [&](const http::HttpRequest& head) { return cluster_routes->tunnel(head); };
   http::HttpServer server(server_config(cfg),
                           Routes{*metrics_token, **models, tenants, **store, request_limit, control,
-                                 cluster_routes.get(), cluster.get()},
+                                 cluster_routes.get(), cluster.get(), cluster_templates.get()},
                           proxy, (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
   services.attach(&server);
@@ -1149,6 +1190,8 @@ int serve(const AppConfig& cfg_in) {
       return fail(joined.error());
     }
     quota_cluster.store(cluster.get());
+    cluster_templates->start();
+    shared_templates.store(cluster_templates.get());
   }
 
   // The sweep re-arms itself after each run, so runs never overlap.
@@ -1171,6 +1214,7 @@ int serve(const AppConfig& cfg_in) {
   LOG_INFO("signal " << sig << ": stopping");
   // Out of the cluster first: the others stop sending work here. The
   // catalog keeps this node's sandboxes (they come back with it).
+  if (cluster_templates) cluster_templates->stop();
   if (cluster) cluster->leave();
   if (cluster_server) cluster_server->stop();
   // No new connections; what is in progress finishes (an upgrade's stop).

@@ -150,6 +150,7 @@ Status Cluster::join() {
       drain_.clear();
       catalog_.clear();
       reservations_.clear();
+      templates_.clear();
       apply_all(again->kvs);
       for (const auto& [id, n] : old_nodes)
         if (!nodes_.count(id) && !gone_.count(id)) gone_[id] = Clock::now();
@@ -238,6 +239,14 @@ void Cluster::apply(const std::string& key, const std::optional<std::string>& va
     json j = json::parse(*value, nullptr, false);
     if (!j.is_object()) return;
     reservations_[sandbox] = Reservation{key, j.value("node", std::string()), mod_revision};
+  } else if (under("templates/", &id)) {
+    if (!value) templates_.erase(id);
+    else {
+      etcd::KeyValue& kv = templates_[id];
+      kv.key = id;
+      kv.value = *value;
+      kv.mod_revision = mod_revision;
+    }
   } else if (under("sandboxes/", &id)) {
     if (!value) {
       catalog_.erase(id);
@@ -361,6 +370,14 @@ Status Cluster::reserve(const storage::TenantRow& tenant, const std::string& san
     }
   }
   return Error(ErrorKind::kUnavailable, "cluster quota: too many concurrent creates for tenant '" + tenant.name + "'; retry");
+}
+
+std::vector<etcd::KeyValue> Cluster::template_records() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::vector<etcd::KeyValue> out;
+  out.reserve(templates_.size());
+  for (const auto& [id, kv] : templates_) out.push_back(kv);
+  return out;
 }
 
 std::vector<NodeInfo> Cluster::nodes() const {
@@ -529,6 +546,8 @@ Result<int64_t> Cluster::remove_node(etcd::Client& etcd, const std::string& pref
   Result<int64_t> removed = drop_entries_of("sandboxes/");
   if (!removed) return removed.error();
   if (Result<int64_t> q = drop_entries_of("quota/"); !q) return q.error();
+  // Its templates: their files went with it (copies elsewhere are dropped).
+  if (Result<int64_t> t = drop_entries_of("templates/"); !t) return t.error();
   if (Result<int64_t> r = etcd.remove(drain_key(prefix, node_id)); !r) return r.error();
   return *removed;
 }

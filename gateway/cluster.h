@@ -12,6 +12,8 @@
 //                   mirrored into each node's SQLite (cluster_tenants.h)
 //   quota/<tenant>  the tenant's quota guard; quota/<tenant>/<sandbox>
 //                   one reservation per sandbox ({"node","memoryMB"})
+//   templates/<id>  a tenant's template, published by the node that built
+//                   it, so that others copy it (cluster_templates.h)
 // Each node mirrors the whole prefix in memory (one list, then one watch
 // from the listed revision; again after any break), so a lookup is a map
 // read. The catalog is written by the node that holds a sandbox: at once
@@ -138,6 +140,9 @@ class Cluster {
   // the rest by load (power of two choices, with fallbacks for refusals).
   std::vector<NodeInfo> placement(int64_t memory_mb);
 
+  // The templates/ records: key = template id, value, mod_revision.
+  std::vector<etcd::KeyValue> template_records() const;
+
   // Prometheus text: cluster gauges.
   std::string metrics() const;
 
@@ -181,6 +186,7 @@ class Cluster {
     int64_t mod_revision = 0;
   };
   std::map<std::string, Reservation> reservations_ GUARDED_BY(mu_);  // by sandbox id
+  std::map<std::string, etcd::KeyValue> templates_ GUARDED_BY(mu_);  // by template id
   // Reservations of this node with no live sandbox at the last reconcile:
   // deleted if still so at the next (a create reserves before its row).
   std::set<std::string> suspect_;  // the heartbeat thread's own

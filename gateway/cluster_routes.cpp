@@ -78,15 +78,23 @@ Error tunnel_refused(const NodeInfo& node, int fd, const net::Response& head, Cl
 
 Result<UniqueFd> open_tunnel(const NodeInfo& node, const std::string& secret, const http::ProxyTarget& t,
                              const http::HttpRequest& head) {
+  std::string headers;
+  for (const auto& [k, v] : head.headers)
+    if (!hop_header(k)) headers += k + ": " + v + "\r\n";
+  return cluster_wire::open_tunnel(node, secret, t.sandbox_id + ":" + std::to_string(t.port), head.path, headers,
+                                   "sandbox " + t.sandbox_id);
+}
+
+}  // namespace
+
+Result<UniqueFd> cluster_wire::open_tunnel(const NodeInfo& node, const std::string& secret, const std::string& target,
+                                         const std::string& path, const std::string& headers, const std::string& what) {
   Result<net::Endpoint> ep = net::parse_endpoint(node.address);
   if (!ep) return ep.error().with_context("node " + node.id);
   Result<UniqueFd> fd = net::connect_tcp(*ep, std::chrono::seconds(5));
-  if (!fd) return Error(ErrorKind::kUnavailable, "node " + node.id + " holding sandbox " + t.sandbox_id + ": " + fd.error().message());
-  std::string msg = "CONNECT " + t.sandbox_id + ":" + std::to_string(t.port) + " HTTP/1.1\r\nHost: " + ep->str() +
-                    "\r\nX-Sandgate-Cluster-Key: " + secret + "\r\nX-Sandgate-Path: " + head.path + "\r\n";
-  for (const auto& [k, v] : head.headers)
-    if (!hop_header(k)) msg += k + ": " + v + "\r\n";
-  msg += "\r\n";
+  if (!fd) return Error(ErrorKind::kUnavailable, "node " + node.id + " holding " + what + ": " + fd.error().message());
+  std::string msg = "CONNECT " + target + " HTTP/1.1\r\nHost: " + ep->str() + "\r\nX-Sandgate-Cluster-Key: " + secret +
+                    "\r\nX-Sandgate-Path: " + path + "\r\n" + headers + "\r\n";
   // Long enough for the peer to resume a paused sandbox first.
   Clock::time_point deadline = Clock::now() + std::chrono::seconds(120);
   if (Status s = net::write_all(fd->get(), msg, deadline); !s)
@@ -96,8 +104,6 @@ Result<UniqueFd> open_tunnel(const NodeInfo& node, const std::string& secret, co
   if (answer->status != 200) return tunnel_refused(node, fd->get(), *answer, deadline);
   return fd;
 }
-
-}  // namespace
 
 ClusterRoutes::ClusterRoutes(Cluster& cluster, api::ControlPlane& control, tenancy::Tenants& tenants,
                              storage::Store& store, lifecycle::SandboxService& sandboxes,
@@ -337,6 +343,10 @@ Result<UniqueFd> ClusterRoutes::connect(const http::ProxyTarget& t, const http::
 Result<UniqueFd> ClusterRoutes::tunnel(const http::HttpRequest& head) {
   if (!tenancy::secrets_equal(head.header(wire::kSecretHeader), cluster_.secret()))
     return Error(ErrorKind::kUnauthorized, "forged cluster tunnel: the cluster key (X-Sandgate-Cluster-Key) does not match");
+  if (head.target == wire::kTemplateFilesTarget) {
+    if (!template_files_) return not_found_error("this node serves no template files");
+    return template_files_(head.header(wire::kPathHeader));
+  }
   size_t colon = head.target.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon > 64) return invalid_error("CONNECT target must be <sandbox>:<port>");
   std::string id = head.target.substr(0, colon);

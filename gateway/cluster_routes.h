@@ -36,6 +36,18 @@
 
 namespace sg::gateway {
 
+namespace cluster_wire {
+// "CONNECT <target>" to a peer with the cluster key, X-Sandgate-Path:
+// path and the extra header lines (each ending "\r\n"): the stream once
+// the peer answers 200; its refusal as an error (what names the object
+// in messages).
+Result<UniqueFd> open_tunnel(const NodeInfo& node, const std::string& secret, const std::string& target,
+                             const std::string& path, const std::string& headers, const std::string& what);
+// The CONNECT target of a template file transfer (X-Sandgate-Path: the
+// file's path under the data directory; cluster_templates.h).
+inline constexpr const char* kTemplateFilesTarget = "template-files:1";
+}  // namespace cluster_wire
+
 class ClusterRoutes {
  public:
   // sandgate's own routes (/sandboxes/{id}/events, /llm/usage) for an
@@ -53,6 +65,11 @@ class ClusterRoutes {
   Result<UniqueFd> connect(const http::ProxyTarget& t, const http::HttpRequest& head);
   // ProxyHooks::tunnel: a CONNECT from a peer.
   Result<UniqueFd> tunnel(const http::HttpRequest& head);
+  // Serves template file transfers (cluster_wire::kTemplateFilesTarget);
+  // unset: refused. Set before the server starts.
+  void set_template_files(std::function<Result<UniqueFd>(const std::string& path)> serve) {
+    template_files_ = std::move(serve);
+  }
 
   // How long a forwarded control-plane call may take (a create runs a
   // template's start command).
@@ -80,6 +97,7 @@ class ClusterRoutes {
   lifecycle::SandboxService& sandboxes_;
   tenancy::RateLimiter& requests_;
   Extensions extensions_;
+  std::function<Result<UniqueFd>(const std::string& path)> template_files_;
 };
 
 }  // namespace sg::gateway

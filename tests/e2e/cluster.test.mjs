@@ -19,7 +19,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import WebSocket from 'ws';
-import { Sandbox } from 'e2b';
+import { Sandbox, Template } from 'e2b';
 import { startCluster, until } from './fixtures/cluster.mjs';
 
 let cluster;
@@ -44,12 +44,12 @@ const placed = {};  // node id -> a Sandbox created through n1 that landed there
 
 // A create through n1 that lands on node `id`: the other nodes drained
 // for it (placement reads the drain marks from its mirror of etcd).
-async function createOn(id, o = opts) {
+async function createOn(id, o = opts, template = 'base') {
   const others = ['n1', 'n2', 'n3'].filter((x) => x !== id);
   for (const x of others) await drain(x, true);
   try {
     return await until(async () => {
-      const s = await Sandbox.create('base', o);
+      const s = await Sandbox.create(template, o);
       if ((await nodeOf(s.sandboxId)) === id) return s;
       await s.kill();
       return null;
@@ -294,6 +294,61 @@ test('pause and resume, list and kill of sandboxes on other nodes, through n1', 
   await extra.kill();
   assert.equal(await nodeOf(extra.sandboxId), null);
   await assert.rejects(Sandbox.getInfo(extra.sandboxId, opts));
+});
+
+test('a template built through n1 is copied to the node a create lands on; a new build and a delete reach the copies', async (t) => {
+  const version = (v) => Template().fromTemplate('base').runCmd(`echo ${v} > /etc/cluster-tpl`, { user: 'root' });
+  const built = await Template.build(version('v1'), 'tpl-cluster', opts);
+  // Published by n1 as the build ends (the creates below go to drained-for
+  // nodes only, so they wait for it rather than fall back to n1).
+  const record = () => spawnSync('etcdctl', ['--endpoints', etcdUrl, 'get', `/sandgate/templates/${built.templateId}`]).stdout.toString();
+  await until(async () => record().includes('"tpl-cluster"'), 'the template\'s record in etcd');
+  const pulled = async (id) => {
+    const m = (await (await fetch(`${nodes[id].url}/metrics`)).text()).match(/^sandgate_cluster_template_files_pulled_total (\d+)$/m);
+    return Number(m[1]);
+  };
+  const before2 = await pulled('n2');
+  const first = await createOn('n2', opts, 'tpl-cluster');
+  assert.equal((await first.commands.run('cat /etc/cluster-tpl')).stdout, 'v1\n');
+  assert.ok((await pulled('n2')) > before2, 'n2 pulled the template\'s layer from n1');
+  // On n3 too (TLS for clients, the node port between nodes).
+  const third = await createOn('n3', opts, 'tpl-cluster');
+  assert.equal((await third.commands.run('cat /etc/cluster-tpl')).stdout, 'v1\n');
+  await third.kill();
+
+  // A copy refuses changes: it names the node that built the template.
+  const del = await fetch(`${nodes.n2.url}/templates/${built.templateId}`, { method: 'DELETE', headers: { 'X-API-KEY': nodes.n1.key } });
+  assert.equal(del.status, 409);
+  assert.match((await del.json()).message, /built on cluster node n1/);
+
+  // A new build moves "default": the next create on n2 runs it, the
+  // sandbox made before keeps its files.
+  await Template.build(version('v2'), 'tpl-cluster', opts);
+  const second = await until(async () => {
+    const s = await createOn('n2', opts, 'tpl-cluster');
+    if ((await s.commands.run('cat /etc/cluster-tpl')).stdout === 'v2\n') return s;
+    await s.kill();
+    return null;
+  }, 'a create on n2 of the new build');
+  assert.equal((await first.commands.run('cat /etc/cluster-tpl')).stdout, 'v1\n');
+  await first.kill();
+  await second.kill();
+
+  // Deleted on n1: the copies go, and no node creates it any more.
+  const gone = await fetch(`${nodes.n1.url}/templates/${built.templateId}`, { method: 'DELETE', headers: { 'X-API-KEY': nodes.n1.key } });
+  assert.equal(gone.status, 204);
+  await until(async () => {
+    const r = await fetch(`${nodes.n2.url}/templates`, { headers: { 'X-API-KEY': nodes.n1.key } });
+    return !(await r.json()).some((x) => x.templateID === built.templateId);
+  }, 'n2 dropped its copy');
+  for (const entry of ['n1', 'n2']) {
+    const r = await fetch(`${nodes[entry].url}/sandboxes`, {
+      method: 'POST', headers: { 'X-API-KEY': nodes.n1.key, 'Content-Type': 'application/json' },
+      body: JSON.stringify({ templateID: 'tpl-cluster' }),
+    });
+    assert.equal(r.status, 404, `create of the deleted template through ${entry}`);
+  }
+  t.diagnostic(`n2 pulled ${(await pulled('n2')) - before2} template files`);
 });
 
 test('a forwarded request or tunnel without the cluster key is refused', async () => {
