@@ -6,11 +6,17 @@
 #      process backend puts each sandbox in a cgroup of its own for limits,
 #      usage and the freezer (pause);
 #   2. offers /dev/kvm to the kvm backend where the host has KVM, so one
-#      compose file serves hosts with and without it;
-#   3. turns the SANDGATE_* variables compose.yaml sets into `sandgate serve`
+#      compose file serves hosts with and without it, and /dev/loop-control
+#      for size-limited sandbox disks where the host lets the container
+#      use loop devices;
+#   3. lets the data volume hold device nodes and programs: engines mount
+#      named volumes nodev (podman) or may mount them noexec/nosuid, and
+#      the template build (debootstrap), sandboxes' loop devices and
+#      set-uid programs in templates need them;
+#   4. turns the SANDGATE_* variables compose.yaml sets into `sandgate serve`
 #      options.
 # docs/compose.md explains each step and the privilege it relies on.
-# SANDGATE_CONTAINER_SETUP=0 skips steps 1 and 2 (an engine that already
+# SANDGATE_CONTAINER_SETUP=0 skips steps 1 to 3 (an engine that already
 # delegates a writable cgroup; a run outside any container, as
 # tests/compose/check_compose.py does, where they would change the host).
 #
@@ -87,6 +93,42 @@ setup_kvm() {
   fi
 }
 
+# The mount options of the mount at exactly $1, "" when $1 is no mount point.
+mount_options() {
+  awk -v mp="$1" '$5 == mp { opts = $6 } END { print opts }' /proc/self/mountinfo
+}
+
+setup_volume() {
+  dir=${SANDGATE_DATA_DIR:-/var/lib/sandgate}
+  opts=$(mount_options "$dir")
+  case ",$opts," in
+  *,nodev,* | *,noexec,* | *,nosuid,*) ;;
+  *) return 0 ;;
+  esac
+  # A bind remount changes only this mount's flags (ro or rw kept): the
+  # volume's own file system is not touched.
+  rw=rw
+  case ",$opts," in *,ro,*) rw=ro ;; esac
+  if mount -o "remount,bind,$rw,dev,exec,suid" "$dir" 2>/dev/null; then
+    log "remounted the data volume $dir with dev,exec,suid (it was mounted $opts)"
+  else
+    log "the data volume $dir is mounted $opts and cannot be remounted (it needs CAP_SYS_ADMIN and no AppArmor mount denial, see docs/compose.md): building the base template and size-limited disks will fail; mount it with dev,exec,suid"
+  fi
+}
+
+setup_loop() {
+  # /dev/loop-control (misc 10:237): sandgate asks it for a free loop
+  # device and makes that device's node itself. Kept only where it opens
+  # (compose.yaml's device_cgroup_rules allow it); otherwise sandgate logs
+  # that sandbox disks are not size-limited (--disk-limit auto) or refuses
+  # creates (--disk-limit on).
+  [ -e /dev/loop-control ] && return 0
+  mknod -m 0600 /dev/loop-control c 10 237 2>/dev/null || return 0
+  if ! (: <>/dev/loop-control) 2>/dev/null; then
+    rm -f /dev/loop-control
+  fi
+}
+
 case "${1:-}" in
 "" | -*) set -- serve "$@" ;;
 esac
@@ -96,6 +138,8 @@ serve | kvm)
   if [ "${SANDGATE_CONTAINER_SETUP:-1}" != 0 ]; then
     setup_cgroups
     setup_kvm
+    setup_loop
+    setup_volume
   fi
   ;;
 esac
