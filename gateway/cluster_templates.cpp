@@ -309,6 +309,15 @@ Status ClusterTemplates::ensure(const std::string& tenant_id, const std::string&
                                rec.id, static_cast<int64_t>(sys::disk_usage(path)), now, now};
     return store_.add_template_file(f);
   };
+  // The row holds its default build's files and shape.
+  auto take_build = [&row](const storage::SharedBuild& b) {
+    row.rootfs_path = b.rootfs_path;
+    row.layers = b.layers;
+    row.config = b.config;
+    row.build_id = b.build_id;
+    row.cpu_count = b.cpu_count;
+    row.memory_mb = b.memory_mb;
+  };
   for (const json& t : rec.tags) {
     storage::SharedBuild b;
     b.tag = str_of(t, "tag");
@@ -343,25 +352,10 @@ Status ClusterTemplates::ensure(const std::string& tenant_id, const std::string&
       spec.start = host::start_command_of(b.config, cfg_.ready_timeout);
       if (Status s = cfg_.prepare(spec); !s) return s.error().with_context("prepare the copy of template '" + rec.name + "'");
     }
-    if (b.tag == storage::kDefaultTag) {
-      row.rootfs_path = b.rootfs_path;
-      row.layers = b.layers;
-      row.config = b.config;
-      row.build_id = b.build_id;
-      row.cpu_count = b.cpu_count;
-      row.memory_mb = b.memory_mb;
-    }
+    if (b.tag == storage::kDefaultTag) take_build(b);
     copy.tags.push_back(std::move(b));
   }
-  if (row.rootfs_path.empty() && !copy.tags.empty()) {  // no "default": the row takes the first tag's
-    const storage::SharedBuild& b = copy.tags.front();
-    row.rootfs_path = b.rootfs_path;
-    row.layers = b.layers;
-    row.config = b.config;
-    row.build_id = b.build_id;
-    row.cpu_count = b.cpu_count;
-    row.memory_mb = b.memory_mb;
-  }
+  if (row.rootfs_path.empty() && !copy.tags.empty()) take_build(copy.tags.front());  // no "default": the first tag's
   if (Status s = store_.install_template_copy(copy); !s) return s;
   copies_made_.fetch_add(1);
   return Status::Ok();
