@@ -1214,6 +1214,7 @@ int serve(const AppConfig& cfg_in) {
   LOG_INFO("signal " << sig << ": stopping");
   // Out of the cluster first: the others stop sending work here. The
   // catalog keeps this node's sandboxes (they come back with it).
+  shared_templates.store(nullptr);  // creates and builds from now on: the local answer
   if (cluster_templates) cluster_templates->stop();
   if (cluster) cluster->leave();
   if (cluster_server) cluster_server->stop();
