@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/fd.h"
+#include "base/hex.h"
 #include "base/sys.h"
 
 extern char** environ;
@@ -40,13 +41,7 @@ class Sha256 {
     unsigned char d[EVP_MAX_MD_SIZE];
     unsigned len = 0;
     EVP_DigestFinal_ex(ctx_, d, &len);
-    static const char* digits = "0123456789abcdef";
-    std::string out;
-    for (unsigned i = 0; i < len; ++i) {
-      out += digits[d[i] >> 4];
-      out += digits[d[i] & 15];
-    }
-    return out;
+    return hex_lower(d, len);
   }
 
  private:

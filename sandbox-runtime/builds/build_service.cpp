@@ -14,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "base/hex.h"
 #include "base/http/message.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -33,20 +34,10 @@ constexpr int64_t kMaxLogLines = 20000;
 constexpr size_t kMaxSteps = 256;
 constexpr size_t kMaxArg = 64 << 10;
 
-std::string hex(const unsigned char* d, size_t n) {
-  static const char* h = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    out += h[d[i] >> 4];
-    out += h[d[i] & 15];
-  }
-  return out;
-}
-
 std::string sha256_hex(std::string_view s) {
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
-  return hex(d, sizeof d);
+  return hex_lower(d, sizeof d);
 }
 
 bool is_hash(std::string_view h) {
@@ -906,7 +897,7 @@ std::string BuildService::sign(const std::string& template_id, const std::string
   unsigned len = 0;
   HMAC(EVP_sha256(), secret_.data(), static_cast<int>(secret_.size()), reinterpret_cast<const unsigned char*>(msg.data()),
        msg.size(), mac, &len);
-  return hex(mac, len);
+  return hex_lower(mac, len);
 }
 
 bool BuildService::is_upload_path(std::string_view path) { return path.rfind("/templates/uploads/", 0) == 0; }

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "base/fd.h"
+#include "base/hex.h"
 #include "base/sys.h"
 #include "gateway/template_transfer.h"
 #include "tests/support/temp_dir.h"
@@ -64,13 +65,7 @@ Result<uint64_t> receive(const test::TempDir& tmp, const std::string& stream, co
 std::string sha256_hex(const std::string& s) {
   unsigned char d[SHA256_DIGEST_LENGTH];
   SHA256(reinterpret_cast<const unsigned char*>(s.data()), s.size(), d);
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (unsigned char c : d) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
+  return hex_lower(d, sizeof d);
 }
 
 void check_refused(const Result<uint64_t>& r, const std::string& why) {
