@@ -1055,6 +1055,13 @@ void HttpServer::stop() {
   m.ioc.stop();
   for (auto& t : m.io_threads) t.join();
   m.io_threads.clear();
+  // ioc.stop() may have abandoned closes posted above before they ran: with
+  // no io thread left nothing else uses these sockets, so close them here
+  // (their peers see the end now, not when the server is destroyed).
+  std::lock_guard<std::mutex> g(m.conns_mu);
+  boost::system::error_code ignored;
+  for (beast::tcp_stream* s : m.conns) s->socket().close(ignored);
+  for (Impl::LocalStream* s : m.local_conns) s->socket().close(ignored);
 }
 
 void HttpServer::schedule(std::chrono::milliseconds delay, std::function<void()> fn) {
