@@ -2,6 +2,7 @@
 #include "gateway/app.h"
 
 #include <signal.h>
+#include <arpa/inet.h>
 #include <sys/resource.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -40,6 +41,7 @@
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "sandbox-runtime/process/process_runtime.h"
 #include "sandbox-runtime/process/userns.h"
+#include "sandbox-runtime/network/host_network.h"
 #include "sandbox-runtime/process/swap.h"
 #include "wait-engine/memory/swap_audit.h"
 #include "wait-engine/metrics/histogram.h"
@@ -575,7 +577,8 @@ Result<std::unique_ptr<storage::Store>> open_store(const AppConfig& cfg) {
 
 std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kvm,
                                                const runtime::ServiceOpener& open_service, bool swap_offload = false,
-                                               runtime::SwapObserver* swap_observer = nullptr) {
+                                               runtime::SwapObserver* swap_observer = nullptr,
+                                               runtime::SandboxNetworks* networks = nullptr) {
   if (use_kvm) {
     microvm::MicrovmConfig mcfg;
     mcfg.state_root = cfg.data_dir + "/microvms";
@@ -608,6 +611,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
                                                         : runtime::UserNamespaces::kAuto;
   rcfg.first_sandbox_uid = cfg.first_sandbox_uid;
   rcfg.sandboxes_outlive_host = cfg.keep_sandboxes == "on";
+  rcfg.networks = networks;
   rcfg.sandbox_uid_slots = static_cast<uint32_t>(
       std::min<uint64_t>(16384, (0xFFFFFFFEull - cfg.first_sandbox_uid) / process::kUidsPerSandbox));
   return process::make_process_runtime(rcfg);
@@ -766,10 +770,77 @@ api::ControlPlaneConfig control_plane_config(const AppConfig& cfg) {
   return c;
 }
 
-// The egress proxy (with --egress), reading and listening to the policy
-// table; null without egress.
-std::unique_ptr<EgressProxy> make_egress(const AppConfig& cfg, network::EgressPolicies& policies) {
-  if (!cfg.egress) return nullptr;
+// The sandboxes' way out, decided once at start (docs/networking.md):
+// "veth" with the host network that makes their links, "proxy", or "off".
+struct NetworkPath {
+  std::string path;
+  std::unique_ptr<network::HostNetwork> host;
+};
+
+// Four hex digits for this server's nftables table and link names: from
+// its data directory, so a restart finds what a crash left, and two
+// servers on one host (their own data directories) differ.
+std::string network_instance(const std::string& data_dir) {
+  char real[PATH_MAX];
+  std::string key = ::realpath(data_dir.c_str(), real) ? real : data_dir;
+  char b[8];
+  std::snprintf(b, sizeof b, "%04x", static_cast<unsigned>(std::hash<std::string>{}(key) & 0xffff));
+  return b;
+}
+
+Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& policies) {
+  NetworkPath n;
+  n.path = cfg.network;
+  if (n.path == "veth" && use_kvm)
+    return invalid_error("--network veth: microVMs have no network device yet (the kvm backend); "
+                         "use --network proxy, or auto");
+  if (n.path == "auto") n.path = use_kvm ? "proxy" : "veth";
+  if (n.path != "veth") return n;
+  network::NetworkConfig nc;
+  nc.instance = network_instance(cfg.data_dir);
+  if (!cfg.network_range.empty()) nc.range = network::parse_ipv4_net(cfg.network_range);
+  nc.allow_internal = cfg.egress_allow_private;
+  nc.policies = &policies;
+  if (!cfg.dns_upstream.empty()) {
+    struct in_addr ia {};
+    ::inet_pton(AF_INET, cfg.dns_upstream.c_str(), &ia);  // checked by the CLI
+    nc.dns_upstream = ntohl(ia.s_addr);
+  }
+  Result<std::unique_ptr<network::HostNetwork>> h = network::HostNetwork::start(nc);
+  if (!h) {
+    if (cfg.network == "auto" && h.error().kind() == ErrorKind::kUnavailable) {
+      LOG_WARN("network: sandboxes cannot have networks of their own here (" << h.error().message()
+                                                                             << "); they get out through the egress proxy");
+      n.path = "proxy";
+      return n;
+    }
+    return Error(h.error().kind(), "--network veth: " + h.error().message());
+  }
+  n.host = std::move(*h);
+  return n;
+}
+
+// HostNetwork as the runtime's SandboxNetworks.
+class RuntimeNetworks final : public runtime::SandboxNetworks {
+ public:
+  explicit RuntimeNetworks(network::HostNetwork& h) : h_(h) {}
+  Result<Link> reserve(const std::string& id) override {
+    Result<network::SandboxLink> l = h_.reserve(id);
+    if (!l) return l.error();
+    return Link{network::ipv4_text(l->address), network::ipv4_text(l->gateway)};
+  }
+  Status attach(const std::string& id, int netns_fd) override { return h_.attach(id, netns_fd); }
+  void release(const std::string& id) override { h_.release(id); }
+
+ private:
+  network::HostNetwork& h_;
+};
+
+// The egress proxy (--network proxy), reading and listening to the policy
+// table; null on the other paths.
+std::unique_ptr<EgressProxy> make_egress(const AppConfig& cfg, const NetworkPath& net,
+                                         network::EgressPolicies& policies) {
+  if (net.path != "proxy") return nullptr;
   EgressConfig ec;
   ec.allow_internal = cfg.egress_allow_private;
   LOG_INFO("egress: on, through the egress proxy, by each sandbox's network policy"
@@ -795,7 +866,7 @@ struct TemplateBuilds {
 
 TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& store, runtime::Runtime& rt,
                            const runtime::ServiceOpener& open_service, network::EgressPolicies* egress_policies,
-                           std::function<Status(const std::string&, const std::string&)> ensure_template,
+                           bool proxy_env, std::function<Status(const std::string&, const std::string&)> ensure_template,
                            std::function<void()> on_ready) {
   TemplateBuilds b;
   runtime::Runtime* steps = &rt;
@@ -814,7 +885,7 @@ TemplateBuilds make_builds(const AppConfig& cfg, bool use_kvm, storage::Store& s
   }
   bc.data_dir = cfg.data_dir;
   bc.clock = [] { return sys::unix_seconds(); };
-  if (egress_policies) bc.sandbox_env = lifecycle::egress_proxy_env();
+  if (egress_policies && proxy_env) bc.sandbox_env = lifecycle::egress_proxy_env();
   bc.egress_policies = egress_policies;
   bc.tenant_max_builds = cfg.template_builds;
   bc.sandbox_disk_mb = cfg.sandbox_disk_mb;
@@ -840,6 +911,8 @@ struct Routes {
   ClusterRoutes* cluster = nullptr;
   Cluster* membership = nullptr;
   ClusterTemplates* shared_templates = nullptr;
+  // How sandboxes get out: "veth", "proxy" or "off".
+  std::string network_path;
 
   http::HttpResponse operator()(http::HttpRequest& req) const {
     if (cluster)
@@ -854,6 +927,9 @@ struct Routes {
       r.body = models.metrics();
       if (membership) r.body += membership->metrics();
       if (shared_templates) r.body += shared_templates->metrics();
+      metrics::render_header(r.body, "sandgate_network_path", "gauge",
+                             "How this server's sandboxes get out (docs/networking.md): 1 for its path.");
+      r.body += "sandgate_network_path{path=\"" + network_path + "\"} 1\n";
       return r;
     }
     if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, store, request_limit))
@@ -1044,14 +1120,25 @@ int serve(const AppConfig& cfg_in) {
   // Each sandbox's egress policy, written by the lifecycle core and the
   // builds, read by the egress proxy (which listens for changes).
   network::EgressPolicies egress_policies;
-  std::unique_ptr<EgressProxy> egress = make_egress(cfg, egress_policies);
+  Result<NetworkPath> net = open_network(cfg, *use_kvm, egress_policies);
+  if (!net) return fail(net.error());
+  if (net->host)
+    LOG_INFO("network: each sandbox has a network of its own in " << net->host->describe()
+                                                                  << ", by its network policy"
+                                                                  << (cfg.egress_allow_private ? "; the host's internal networks are reachable" : ""));
+  else if (net->path == "off")
+    LOG_INFO("network: sandboxes have loopback only (--network off)");
+  std::optional<RuntimeNetworks> runtime_networks;
+  if (net->host) runtime_networks.emplace(*net->host);
+  std::unique_ptr<EgressProxy> egress = make_egress(cfg, *net, egress_policies);
   GatewayServices services(egress.get());
   // Before the runtime: its sandboxes' swapped pages come back (swapoff)
   // only once they are gone or left for the next start.
   std::unique_ptr<process::SwapDevice> swap = open_process_swap(cfg, *use_kvm);
   std::unique_ptr<memory::SwapCodecAudit> swap_audit = open_swap_audit(cfg, swap.get());
   std::unique_ptr<runtime::Runtime> rt =
-      make_runtime(cfg, *use_kvm, services.opener(), swap != nullptr, swap_audit.get());
+      make_runtime(cfg, *use_kvm, services.opener(), swap != nullptr, swap_audit.get(),
+                   runtime_networks ? &*runtime_networks : nullptr);
 
   tenancy::Tenants tenants(**store);
   std::string local_key;
@@ -1072,6 +1159,7 @@ int serve(const AppConfig& cfg_in) {
 
   lifecycle::ServiceConfig service_cfg = service_config(cfg, *use_kvm, egress_policies, *memory_engine != nullptr,
                                                         pressure, rows, &pause_packer, swap.get(), swap_audit.get());
+  service_cfg.egress_proxy_env = net->path == "proxy";
   // Cluster mode: quotas hold across the nodes (set once joined; no create
   // comes before).
   std::atomic<Cluster*> quota_cluster{nullptr};
@@ -1096,7 +1184,8 @@ int serve(const AppConfig& cfg_in) {
   lifecycle::SandboxService sandboxes(**store, *rt, std::move(service_cfg), [] { return sys::unix_seconds(); },
                                       memory_engine->get());
   TemplateBuilds template_builds =
-      make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr, ensure_template,
+      make_builds(cfg, *use_kvm, **store, *rt, services.opener(), cfg.egress ? &egress_policies : nullptr,
+                  net->path == "proxy", ensure_template,
                   [&shared_templates] {
                     if (ClusterTemplates* c = shared_templates.load()) c->sync_soon();
                   });
@@ -1150,7 +1239,7 @@ int serve(const AppConfig& cfg_in) {
   if (cluster_routes) proxy.tunnel = [&](const http::HttpRequest& head) { return cluster_routes->tunnel(head); };
   http::HttpServer server(server_config(cfg),
                           Routes{*metrics_token, **models, tenants, **store, request_limit, control,
-                                 cluster_routes.get(), cluster.get(), cluster_templates.get()},
+                                 cluster_routes.get(), cluster.get(), cluster_templates.get(), net->path},
                           proxy, (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
   services.attach(&server);

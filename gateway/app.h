@@ -74,6 +74,16 @@ struct AppConfig {
   // The proxy also reaches the host's internal networks (loopback, RFC
   // 1918, link-local, ...): for local use and tests, never for tenants.
   bool egress_allow_private = false;
+  // How sandboxes get out (docs/networking.md): "veth" (a network of their
+  // own per sandbox, policy in nftables; process backend), "proxy" (the
+  // egress proxy, as --egress), "auto" (veth where this host can, else
+  // proxy), "off" (loopback only). "": --egress decides (proxy or off).
+  std::string network;
+  // The veth path's addresses ("10.201.0.0/16"); "": picked (host_network.h).
+  std::string network_range;
+  // The resolver sandboxes' DNS forwarder asks (IPv4); "": the host's
+  // (/etc/resolv.conf).
+  std::string dns_upstream;
   int64_t llm_grace_ms = 30;
   int64_t llm_cooldown_ms = 250;
   // Memory offload of wait-paused microVMs (wait-engine/memory,

@@ -2,6 +2,7 @@
 // server uses (WAL lets them run while it serves).
 #include "gateway/cli.h"
 
+#include <arpa/inet.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "gateway/app.h"
 #include "gateway/cluster.h"
 #include "gateway/cluster_tenants.h"
+#include "sandbox-runtime/network/nft_rules.h"
 #include "storage/etcd.h"
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 #include "storage/store.h"
@@ -180,9 +182,22 @@ serve options:
                                 (HTTP_PROXY/HTTPS_PROXY inside), by each
                                 one's allow_internet_access and
                                 network.allowOut/denyOut (default: no egress)
-  --egress-allow-private        the proxy may also reach the host's internal
+  --egress-allow-private        the proxy (or the sandboxes' own networks)
+                                may also reach the host's internal
                                 networks (loopback, private, link-local):
                                 local use only, never with tenants
+  --network veth|proxy|auto|off how sandboxes get out: veth, a network of
+                                their own (a veth pair each, NAT, policy in
+                                nftables; process backend); proxy, the
+                                egress proxy (as --egress); auto, veth
+                                where this host can, else proxy; off,
+                                loopback only (default: proxy with
+                                --egress, else off)
+  --network-range CIDR          the veth path's sandbox addresses, a /30
+                                each (default: a free /20 of 10.192.0.0/10)
+  --dns-upstream ADDR           the resolver (IPv4) that sandboxes' DNS
+                                forwarder asks on the veth path (default:
+                                the host's, from /etc/resolv.conf)
   --no-local-tenant             do not create the "local" tenant
   --metrics-token-file FILE     GET /metrics requires "Authorization: Bearer
                                 TOKEN" with the token in FILE (set it when
@@ -595,9 +610,13 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
   if (a.opts.count("advertise")) cfg.advertise = a.opts["advertise"];
   if (a.opts.count("cluster-listen")) cfg.cluster_listen = a.opts["cluster-listen"];
   if (a.opts.count("egress-allow-private")) cfg.egress_allow_private = flag_on(a.opts["egress-allow-private"]);
-  if (cfg.egress_allow_private && !cfg.egress) {
-    err << "sandgate: --egress-allow-private needs --egress\n";
-    return false;
+  if (a.opts.count("network-range")) {
+    cfg.network_range = a.opts["network-range"];
+    if (!network::parse_ipv4_net(cfg.network_range)) {
+      err << "sandgate: --network-range wants an IPv4 network, like 10.201.0.0/16 (host bits zero), not \""
+          << cfg.network_range << "\"\n";
+      return false;
+    }
   }
   // Options with a fixed set of values.
   struct ChoiceOpt {
@@ -611,7 +630,8 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
                              ChoiceOpt{"user-namespaces", {"auto", "on", "off"}, cfg.user_namespaces},
                              ChoiceOpt{"vmm-jail", {"auto", "on", "off"}, cfg.vmm_jail},
                              ChoiceOpt{"memory-offload", {"auto", "always", "off"}, cfg.memory_offload},
-                             ChoiceOpt{"process-swap", {"zram", "host", "off"}, cfg.process_swap}}) {
+                             ChoiceOpt{"process-swap", {"zram", "host", "off"}, cfg.process_swap},
+                             ChoiceOpt{"network", {"veth", "proxy", "auto", "off"}, cfg.network}}) {
     auto it = a.opts.find(o.name);
     if (it == a.opts.end()) continue;
     if (std::find(o.values.begin(), o.values.end(), it->second) == o.values.end()) {
@@ -622,6 +642,29 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
       return false;
     }
     o.out = it->second;
+  }
+  // --egress is --network proxy, said the old way; they must agree.
+  if (cfg.network.empty()) cfg.network = cfg.egress ? "proxy" : "off";
+  if (a.opts.count("egress") && cfg.egress != (cfg.network == "proxy")) {
+    err << "sandgate: --egress and --network " << cfg.network << " disagree (--egress is --network proxy)\n";
+    return false;
+  }
+  cfg.egress = cfg.network != "off";
+  if (cfg.egress_allow_private && cfg.network == "off") {
+    err << "sandgate: --egress-allow-private needs a way out (--network veth, proxy or auto, or --egress)\n";
+    return false;
+  }
+  if (a.opts.count("dns-upstream")) {
+    cfg.dns_upstream = a.opts["dns-upstream"];
+    struct in_addr ia {};
+    if (::inet_pton(AF_INET, cfg.dns_upstream.c_str(), &ia) != 1) {
+      err << "sandgate: --dns-upstream wants an IPv4 address, not \"" << cfg.dns_upstream << "\"\n";
+      return false;
+    }
+  }
+  if ((!cfg.network_range.empty() || !cfg.dns_upstream.empty()) && cfg.network != "veth" && cfg.network != "auto") {
+    err << "sandgate: --network-range and --dns-upstream are for --network veth or auto\n";
+    return false;
   }
   struct UrlOpt {
     const char* name;
@@ -833,7 +876,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "drain-timeout-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "network", "network-range", "dns-upstream", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox",
       "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-listen", "cluster-lease-ttl", "cluster-lost-grace"};

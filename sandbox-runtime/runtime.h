@@ -62,6 +62,24 @@ enum class DiskLimits { kAuto, kOn, kOff };
 // (logged once); kOn fails a create that cannot have one; kOff never.
 enum class UserNamespaces { kAuto, kOn, kOff };
 
+// Sandboxes' own networks (network/host_network.h, docs/networking.md),
+// made by the server and handed to the backend, which calls reserve()
+// before a sandbox's first process is built (the addresses go into its
+// agent's environment), attach() once its network namespace exists and
+// before that process runs, and release() when the sandbox is gone (also
+// after a failed attach). Thread-safe.
+class SandboxNetworks {
+ public:
+  virtual ~SandboxNetworks() = default;
+  struct Link {
+    std::string address;  // the sandbox's IPv4 address
+    std::string gateway;  // its default route and DNS server
+  };
+  virtual Result<Link> reserve(const std::string& id) = 0;
+  virtual Status attach(const std::string& id, int netns_fd) = 0;
+  virtual void release(const std::string& id) = 0;
+};
+
 struct RuntimeConfig {
   // Directory under which each sandbox gets state_root/<id>/ (overlay upper,
   // work, mount point). Created if missing.
@@ -96,6 +114,9 @@ struct RuntimeConfig {
   bool swap_offload = false;
   // Sees every swap_out's pages (null: none); outlives the runtime.
   SwapObserver* swap_observer = nullptr;
+  // Each sandbox's own network link to the host (null: loopback only);
+  // outlives the runtime.
+  SandboxNetworks* networks = nullptr;
 };
 
 inline constexpr size_t kMaxTemplateLayers = 64;

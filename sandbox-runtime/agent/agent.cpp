@@ -80,6 +80,12 @@ Result<AgentConfig> parse_config(int argc, char** argv, char** envp) {
     if (name == "SANDGATE_ENVD_TOKEN") cfg.envd_access_token = value;
     if (name == "SANDGATE_SANDBOX_ID") cfg.sandbox_id = value;
     if (name == "SANDGATE_REATTACH") cfg.reattach = value == "1";
+    if (name == "SANDGATE_NAMESERVER") {
+      struct in_addr a {};
+      std::string v(value);
+      if (::inet_pton(AF_INET, v.c_str(), &a) != 1) return invalid_error("SANDGATE_NAMESERVER '" + v + "'");
+      cfg.nameserver = v;
+    }
     if (name == "SANDGATE_USERNS_FD") {
       std::string v(value);
       char* end = nullptr;
@@ -318,6 +324,21 @@ void apply_vm_configure(const VmConfigure& c) {
       (void)::ioctl(r.get(), RNDRESEEDCRNG);
     }
   }
+}
+
+// /etc/resolv.conf naming the host's DNS forwarder, replacing whatever the
+// template had there (a file, or a symlink into a resolver the sandbox
+// does not run).
+Status write_resolv_conf(const std::string& nameserver) {
+  const char* path = "/etc/resolv.conf";
+  if (::unlink(path) != 0 && errno != ENOENT) return sys::errno_error("unlink", path);
+  UniqueFd f(::open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644));
+  if (!f) return sys::errno_error("create", path);
+  std::string text = "# the sandbox's DNS server: sandgate's forwarder on the host\nnameserver " + nameserver +
+                     "\noptions edns0\n";
+  if (::write(f.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    return sys::errno_error("write", path);
+  return Status::Ok();
 }
 
 Status bring_up_loopback() {
@@ -561,6 +582,10 @@ int run(const AgentConfig& cfg) {
       LOG_ERROR("agent: hardening the sandbox: " << s.error().message());
       return 1;
     }
+  }
+  if (!cfg.nameserver.empty()) {
+    // After the user namespace is joined: the file is the sandbox root's.
+    if (Status s = write_resolv_conf(cfg.nameserver); !s) LOG_WARN("agent: " << s.error().message());
   }
   if (!cfg.vm) start_envd(cfg.envd_access_token, cfg.child_env);
 

@@ -80,6 +80,9 @@ struct AgentConfig {
   // agent keeps every process and waits for a new host on
   // channel::kReattachFd instead of shutting down (docs/channel.md).
   bool reattach = false;
+  // SANDGATE_NAMESERVER: the sandbox has a network of its own and this
+  // (IPv4) DNS server, written to /etc/resolv.conf at start; "": untouched.
+  std::string nameserver;
   // Environment for processes the agent starts: the agent's own
   // environment minus every SANDGATE_* variable.
   std::vector<std::string> child_env;

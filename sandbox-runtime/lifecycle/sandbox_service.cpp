@@ -336,7 +336,7 @@ runtime::SandboxSpec SandboxService::new_spec(const SandboxRow& row, const stora
   if (cfg_.model_proxy_env)
     for (auto& [k, v] : model_proxy_env())
       if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
-  if (cfg_.egress)
+  if (cfg_.egress && cfg_.egress_proxy_env)
     for (auto& [k, v] : egress_proxy_env())
       if (!p.env_vars.count(k)) spec.env.emplace_back(k, v);
   for (const auto& [k, v] : p.env_vars) spec.env.emplace_back(k, v);
@@ -362,7 +362,7 @@ Result<SandboxRow> SandboxService::create(const storage::TenantRow& tenant, cons
   // Refused, not silently dropped: this server lets no sandbox out.
   if (p.network.asks_egress && !cfg_.egress)
     return invalid_error("field 'network.allowOut': egress is not available on this server "
-                         "(it runs without --egress; every destination is denied)");
+                         "(it runs with --network off; every destination is denied)");
   if (cfg_.ensure_template)
     if (Status s = cfg_.ensure_template(tenant, p.template_ref); !s) return s.error();
   Result<std::optional<storage::TemplateRow>> tpl = store_.resolve_template(tenant.id, p.template_ref);
@@ -711,7 +711,7 @@ Status SandboxService::update_network(const std::string& tenant_id, const std::s
   if (!f) return f.error();
   if (n.asks_egress && !cfg_.egress)
     return invalid_error("field 'allowOut': egress is not available on this server "
-                         "(it runs without --egress; every destination is denied)");
+                         "(it runs with --network off; every destination is denied)");
   {
     MutexLock op(f->live->op_mu);
     if (!f->live->sb && f->live->state != State::kPersisted) return not_found(id);

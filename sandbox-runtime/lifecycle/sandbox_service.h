@@ -82,6 +82,10 @@ struct ServiceConfig {
   // HTTP(S)_PROXY in its environment point at the proxy.
   bool egress = false;
   network::EgressPolicies* egress_policies = nullptr;  // required with egress; outlives the service
+  // With egress: HTTP(S)_PROXY in sandboxes' environment. Off where each
+  // sandbox has a network of its own (the policy is enforced on the host's
+  // side of its link: network/host_network.h), so nothing needs a proxy.
+  bool egress_proxy_env = true;
   // Memory offload (with a memory engine): at most this many offloads at
   // once, the CPU budget of the encoders.
   size_t offload_concurrency = 1;

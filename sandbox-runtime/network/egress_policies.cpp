@@ -1,6 +1,8 @@
 // EgressPolicies: see egress_policies.h.
 #include "sandbox-runtime/network/egress_policies.h"
 
+#include <vector>
+
 namespace sg::network {
 
 void EgressPolicies::set(const std::string& id, EgressPolicy policy) {
@@ -33,17 +35,17 @@ size_t EgressPolicies::size() const {
 
 void EgressPolicies::listen(Listener* l) {
   MutexLock g(listener_mu_);
-  listener_ = l;
+  listeners_.push_back(l);
 }
 
 void EgressPolicies::unlisten(Listener* l) {
   MutexLock g(listener_mu_);
-  if (listener_ == l) listener_ = nullptr;
+  std::erase(listeners_, l);
 }
 
 void EgressPolicies::notify(const std::string& id) {
   MutexLock g(listener_mu_);
-  if (listener_) listener_->policy_changed(id);
+  for (Listener* l : listeners_) l->policy_changed(id);
 }
 
 }  // namespace sg::network

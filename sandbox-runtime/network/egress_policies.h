@@ -2,7 +2,8 @@
 // sandbox id (docs/egress.md). The lifecycle core writes it (a create, a
 // network update, an end) and so do template builds (their sandboxes);
 // the egress proxy reads it for each connection and listens for changes,
-// closing the open connections a new policy refuses. It is built before
+// closing the open connections a new policy refuses, and so does the
+// host's network (host_network.h), rewriting the sandbox's nftables chain. It is built before
 // both, so neither needs the other: no hook is bound after construction.
 //
 // Thread safety: internally synchronised. The listener is called without
@@ -13,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/thread_annotations.h"
 #include "sandbox-runtime/network/egress_policy.h"
@@ -34,8 +36,8 @@ class EgressPolicies {
   std::optional<EgressPolicy> get(const std::string& id) const;
   size_t size() const;
 
-  // One listener at a time (the egress proxy, from its constructor to its
-  // destructor).
+  // Listeners (the egress proxy, the host network), each from its
+  // constructor to its destructor.
   void listen(Listener* l);
   void unlisten(Listener* l);
 
@@ -46,7 +48,7 @@ class EgressPolicies {
   std::map<std::string, EgressPolicy> policies_ GUARDED_BY(mu_);
   // Held across a notification, so unlisten() waits for one in flight.
   Mutex listener_mu_;
-  Listener* listener_ GUARDED_BY(listener_mu_) = nullptr;
+  std::vector<Listener*> listeners_ GUARDED_BY(listener_mu_);
 };
 
 }  // namespace sg::network

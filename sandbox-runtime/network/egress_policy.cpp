@@ -198,6 +198,11 @@ EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, con
   return {true, ""};
 }
 
+bool name_in_allow_out(const EgressPolicy& p, const std::string& host) {
+  std::string h = lower(host);
+  return std::any_of(p.allow_names.begin(), p.allow_names.end(), [&](const std::string& n) { return name_matches(n, h); });
+}
+
 Result<EgressRequest> parse_egress_request(std::string_view head) {
   if (head.size() > kMaxEgressHead) return invalid_error("proxy request head over 16 KiB");
   if (head.size() < 4 || head.substr(head.size() - 4) != "\r\n\r\n" || head.find('\0') != std::string_view::npos)

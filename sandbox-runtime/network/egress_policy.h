@@ -68,6 +68,10 @@ struct EgressDecision {
 EgressDecision decide_egress(const EgressPolicy& p, const std::string& host, const std::array<uint8_t, 16>& a,
                              bool allow_internal);
 
+// Whether host (a name) is one of p's allowOut names or under one of its
+// "*." wildcards.
+bool name_in_allow_out(const EgressPolicy& p, const std::string& host);
+
 // One request head to the egress proxy, through its blank line (the
 // sandbox wrote it: hostile). CONNECT host:port is a tunnel; an
 // absolute-form http:// request gets origin_head, the head to send the

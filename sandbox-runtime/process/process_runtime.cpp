@@ -296,6 +296,12 @@ class ProcessSandbox final : public runtime::Sandbox {
       if (Status s = cgroup_.destroy(kTeardownTimeout); !s) return s.error().with_context("kill sandbox " + id_);
       has_cgroup_ = false;
     }
+    // Its network namespace is gone with its last process: the host end of
+    // its link, its rules and its addresses go too.
+    if (networks_) {
+      networks_->release(id_);
+      networks_ = nullptr;
+    }
     // Every process of the sandbox is gone (the cgroup is empty): its uid
     // range can go to the next sandbox.
     if (uid_slots_) {
@@ -332,6 +338,8 @@ class ProcessSandbox final : public runtime::Sandbox {
   std::string state_dir_;
   std::string disk_image_;   // the size-limited writable layer's image; "" when unlimited
   DiskSpace::Reservation disk_reservation_;  // its share of the state root's filesystem
+  // Its own network (reserved, maybe attached); released by kill_locked.
+  runtime::SandboxNetworks* networks_ = nullptr;
   std::shared_ptr<UidSlots> uid_slots_;  // set when the sandbox holds uid_slot_
   uint32_t uid_slot_ = 0;
   uint32_t uid_base_ = 0;  // the slot's first host id
@@ -566,6 +574,8 @@ class ProcessRuntime final : public runtime::Runtime {
     Launch& operator=(const Launch&) = delete;
     // check()
     std::string rootfs;  // the template, resolved
+    // start(): the sandbox's DNS server where it has a network of its own
+    std::string nameserver;
     // make_state_dir()
     std::string real_state, dir;
     bool limit_disk = false;
@@ -609,6 +619,12 @@ class ProcessRuntime final : public runtime::Runtime {
     sb.cgroup_ = std::move(*cg);
     sb.has_cgroup_ = true;
     if (Status s = make_descriptors(l); !s) return s;
+    if (cfg_.networks) {
+      Result<runtime::SandboxNetworks::Link> link = cfg_.networks->reserve(spec.id);
+      if (!link) return link.error();
+      sb.networks_ = cfg_.networks;
+      l.nameserver = link->gateway;
+    }
     if (Status s = child_args(spec, l); !s) return s;
     return spawn(spec, sb, l, t0);
   }
@@ -820,6 +836,7 @@ class ProcessRuntime final : public runtime::Runtime {
     if (!spec.envd_access_token.empty()) l.env_strings.push_back("SANDGATE_ENVD_TOKEN=" + spec.envd_access_token);
     if (l.slot) l.env_strings.push_back("SANDGATE_USERNS_FD=5");  // child.cpp puts it there
     if (cfg_.sandboxes_outlive_host) l.env_strings.push_back("SANDGATE_REATTACH=1");
+    if (!l.nameserver.empty()) l.env_strings.push_back("SANDGATE_NAMESERVER=" + l.nameserver);
     for (std::string& e : l.env_strings) l.envp.push_back(e.data());
     l.envp.push_back(nullptr);
     l.argv[0] = l.argv0.data();
@@ -907,6 +924,14 @@ class ProcessRuntime final : public runtime::Runtime {
     for (UniqueFd* f : {&l.child_chan, &l.err_wr, &l.sync_rd, &l.null_fd, &l.log_fd}) f->reset();
 
     if (Status s = sb.cgroup_.add_process(pid); !s) return s;
+    if (sb.networks_) {
+      // The child waits for "go": its link and policy are in place before
+      // anything of the sandbox runs.
+      std::string ns_path = "/proc/" + std::to_string(pid) + "/ns/net";
+      UniqueFd ns(::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!ns) return sys::errno_error("open", ns_path);
+      if (Status s = sb.networks_->attach(spec.id, ns.get()); !s) return s.error().with_context("sandbox network");
+    }
     char go = 1;
     if (os_.send(l.sync_wr.get(), &go, 1, MSG_NOSIGNAL) != 1) return sys::errno_error("write", "sync socket");
     l.sync_wr.reset();

@@ -206,7 +206,17 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   CHECK(jail.err.find("--vmm-jail wants auto, on or off") != std::string::npos);
   Run priv = cli(dir, {"serve", "--egress-allow-private"});
   CHECK(priv.rc == 2);
-  CHECK(priv.err.find("--egress-allow-private needs --egress") != std::string::npos);
+  CHECK(priv.err.find("--egress-allow-private needs a way out") != std::string::npos);
+  Run net = cli(dir, {"serve", "--network", "bridge"});
+  CHECK(net.rc == 2);
+  CHECK(net.err.find("--network wants veth, proxy, auto or off") != std::string::npos);
+  Run both = cli(dir, {"serve", "--egress", "--network", "veth"});
+  CHECK(both.rc == 2);
+  CHECK(both.err.find("--egress and --network veth disagree") != std::string::npos);
+  Run range = cli(dir, {"serve", "--network", "veth", "--network-range", "10.1.2.3/16"});
+  CHECK(range.rc == 2);
+  CHECK(range.err.find("--network-range wants an IPv4 network") != std::string::npos);
+  CHECK(cli(dir, {"serve", "--network", "proxy", "--network-range", "10.1.0.0/16"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "0"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-disk-mb", "15"}).rc == 2);
   CHECK(cli(dir, {"serve", "--sandbox-uid-base", "4294967295"}).rc == 2);

@@ -1,0 +1,271 @@
+// HostNetwork: see host_network.h.
+#include "sandbox-runtime/network/host_network.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <algorithm>
+#include <atomic>
+
+#include "base/log.h"
+#include "base/sys.h"
+#include "sandbox-runtime/network/rtnl.h"
+
+namespace sg::network {
+namespace {
+
+// Linux's interface names are at most 15 bytes: "sg" + 4 hex + "n" + index.
+std::string link_prefix(const std::string& instance) { return "sg" + instance + "n"; }
+
+Status valid_instance(const std::string& s) {
+  if (s.size() != 4 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    return invalid_error("network instance \"" + s + "\": four lower-case hex digits");
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg) {
+  if (Status s = valid_instance(cfg.instance); !s) return s.error();
+  if (cfg.range && (cfg.range->prefix > 29 || cfg.range->prefix < 8))
+    return invalid_error("sandbox network range " + ipv4_net_text(*cfg.range) + ": a prefix from /8 to /29");
+  NftConfig nft;
+  nft.table = "sandgate_" + cfg.instance;
+  nft.if_prefix = link_prefix(cfg.instance);
+  nft.allow_internal = cfg.allow_internal;
+
+  Result<Rtnl> rtnl = Rtnl::open();
+  if (!rtnl) return Error(ErrorKind::kUnavailable, "netlink: " + rtnl.error().message());
+  // A previous run's links (a crash leaves them; their sandboxes are gone).
+  Result<std::vector<std::string>> stale = rtnl->links_with_prefix(nft.if_prefix);
+  if (!stale) return Error(ErrorKind::kUnavailable, stale.error().message());
+  for (const std::string& l : *stale) {
+    if (Status s = rtnl->delete_link(l); !s && s.error().kind() != ErrorKind::kNotFound)
+      return Error(ErrorKind::kUnavailable, "removing the stale sandbox link " + l + ": " + s.error().message());
+  }
+  // The range must be the sandboxes' alone: no route of this host (another
+  // server's sandboxes, a LAN, a VPN) may overlap it.
+  Result<std::vector<std::pair<uint32_t, int>>> routes = rtnl->routes4();
+  if (!routes) return Error(ErrorKind::kUnavailable, routes.error().message());
+  auto overlapping = [&](const Ipv4Net& n) -> std::optional<Ipv4Net> {
+    for (auto [addr, prefix] : *routes) {
+      if (prefix == 0) continue;  // a default route
+      int p = std::min(prefix, n.prefix);
+      uint32_t mask = ~uint32_t{0} << (32 - p);
+      if ((addr & mask) == (n.addr & mask)) return Ipv4Net{addr, prefix};
+    }
+    return std::nullopt;
+  };
+  if (cfg.range) {
+    if (std::optional<Ipv4Net> r = overlapping(*cfg.range))
+      return invalid_error("sandbox network range " + ipv4_net_text(*cfg.range) + " overlaps this host's route to " +
+                           ipv4_net_text(*r) + "; pass a --network-range no route uses");
+    nft.range = *cfg.range;
+  } else {
+    constexpr uint32_t kBase = (10u << 24) | (192u << 16);  // 10.192.0.0/10: 1024 blocks of /20
+    const uint32_t first = static_cast<uint32_t>(std::stoul(cfg.instance, nullptr, 16)) % 1024;
+    bool found = false;
+    for (uint32_t k = 0; k < 1024 && !found; ++k) {
+      Ipv4Net n{kBase + ((first + k) % 1024) * 4096, 20};
+      if (!overlapping(n)) {
+        nft.range = n;
+        found = true;
+      }
+    }
+    if (!found) return Error(ErrorKind::kUnavailable, "no free /20 for sandboxes in 10.192.0.0/10; pass --network-range");
+  }
+  // The forwarder first (its port goes into the table), bound to nothing
+  // until the object exists: its hooks go through a pointer set below.
+  auto self = std::make_shared<std::atomic<HostNetwork*>>(nullptr);
+  std::unique_ptr<DnsForwarder> dns;
+  if (cfg.dns) {
+    DnsForwarderConfig dc;
+    dc.upstream = cfg.dns_upstream;
+    dc.policy_of = [self](uint32_t a) -> std::optional<EgressPolicy> {
+      HostNetwork* h = self->load();
+      return h ? h->policy_at(a) : std::nullopt;
+    };
+    dc.on_allowed = [self](uint32_t a, const std::vector<uint32_t>& addrs, uint32_t ttl) {
+      if (HostNetwork* h = self->load()) h->allow_names(a, addrs, ttl);
+    };
+    Result<std::unique_ptr<DnsForwarder>> d = DnsForwarder::start(std::move(dc));
+    if (!d) return Error(ErrorKind::kUnavailable, d.error().message());
+    dns = std::move(*d);
+    nft.dns_port = dns->port();
+  }
+  Result<std::unique_ptr<Nftables>> nftables = Nftables::open();
+  if (!nftables) return Error(ErrorKind::kUnavailable, nftables.error().message());
+  if (Status s = (*nftables)->run(nft_table_script(nft)); !s)
+    return Error(ErrorKind::kUnavailable, s.error().message());
+  // Routing between the sandboxes' links and the uplink. Host-wide, as
+  // for any router or container engine; left on at exit (other software
+  // on the host may rely on it by then).
+  if (Status s = sys::write_file("/proc/sys/net/ipv4/ip_forward", "1"); !s) {
+    (void)(*nftables)->run(nft_delete_table_script(nft));
+    return Error(ErrorKind::kUnavailable, "enabling IPv4 forwarding: " + s.error().message());
+  }
+  auto hn = std::unique_ptr<HostNetwork>(new HostNetwork(cfg, std::move(nft), std::move(*nftables)));
+  hn->dns_ = std::move(dns);
+  self->store(hn.get());
+  if (cfg.policies) cfg.policies->listen(hn.get());
+  return hn;
+}
+
+HostNetwork::HostNetwork(const NetworkConfig& cfg, NftConfig nft, std::unique_ptr<Nftables> nft_run)
+    : cfg_(cfg), nft_(std::move(nft)), nftables_(std::move(nft_run)) {
+  used_.assign(size_t{1} << (32 - nft_.range.prefix - 2), false);
+}
+
+std::string HostNetwork::describe() const {
+  return ipv4_net_text(nft_.range) + " (links " + nft_.if_prefix + "*, nftables table inet " + nft_.table + ")";
+}
+
+HostNetwork::~HostNetwork() {
+  dns_.reset();  // its thread calls in here
+  if (cfg_.policies) cfg_.policies->unlisten(this);
+  std::vector<std::string> links;
+  {
+    MutexLock l(mu_);
+    for (auto& [id, e] : sandboxes_) links.push_back(e.nft.link);
+    sandboxes_.clear();
+  }
+  if (Result<Rtnl> rtnl = Rtnl::open()) {
+    for (const std::string& l : links) (void)rtnl->delete_link(l);
+  }
+  if (Status s = nftables_->run(nft_delete_table_script(nft_)); !s)
+    LOG_WARN("network: removing table " << nft_.table << ": " << s.error().message());
+}
+
+DnsForwarder::Counters HostNetwork::dns_counters() const { return dns_ ? dns_->counters() : DnsForwarder::Counters{}; }
+
+std::optional<EgressPolicy> HostNetwork::policy_at(uint32_t address) const {
+  std::string id;
+  {
+    MutexLock l(mu_);
+    auto it = by_address_.find(address);
+    if (it == by_address_.end()) return std::nullopt;
+    id = it->second;
+  }
+  return policy_of(id);
+}
+
+void HostNetwork::allow_names(uint32_t address, const std::vector<uint32_t>& addrs, uint32_t ttl_s) {
+  MutexLock l(mu_);
+  auto it = by_address_.find(address);
+  if (it == by_address_.end()) return;
+  auto e = sandboxes_.find(it->second);
+  if (e == sandboxes_.end() || !e->second.chain) return;
+  if (Status s = nftables_->run(nft_allow_names_script(nft_, e->second.nft, addrs, ttl_s)); !s)
+    LOG_WARN("network: sandbox " << it->second << "'s allowOut names: " << s.error().message());
+}
+
+size_t HostNetwork::sandboxes() const {
+  MutexLock l(mu_);
+  return sandboxes_.size();
+}
+
+EgressPolicy HostNetwork::policy_of(const std::string& id) const {
+  if (cfg_.policies)
+    if (std::optional<EgressPolicy> p = cfg_.policies->get(id)) return *p;
+  EgressPolicy none;
+  none.internet = false;
+  return none;
+}
+
+Result<SandboxLink> HostNetwork::reserve(const std::string& id) {
+  MutexLock l(mu_);
+  if (sandboxes_.count(id)) return Error(ErrorKind::kConflict, "sandbox " + id + " has a network already");
+  size_t n = used_.size();
+  for (size_t k = 0; k < n; ++k) {
+    size_t i = (next_ + k) % n;
+    if (used_[i]) continue;
+    used_[i] = true;
+    next_ = i + 1;
+    Entry e;
+    e.nft.index = static_cast<uint32_t>(i);
+    e.nft.link = nft_.if_prefix + std::to_string(i);
+    uint32_t base = nft_.range.addr + static_cast<uint32_t>(i) * 4;
+    e.nft.address = base + 2;
+    SandboxLink out{e.nft.link, base + 2, base + 1};
+    sandboxes_.emplace(id, std::move(e));
+    return out;
+  }
+  return Error(ErrorKind::kQuota, "no free sandbox address in " + ipv4_net_text(nft_.range) +
+                                      " (one /30 per sandbox); pass a larger --network-range");
+}
+
+Status HostNetwork::attach(const std::string& id, int netns_fd) {
+  NftSandbox s;
+  {
+    MutexLock l(mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return internal_error("network: attach before reserve for " + id);
+    s = it->second.nft;
+  }
+  const uint32_t gateway = s.address - 1;
+  Result<Rtnl> host = Rtnl::open();
+  if (!host) return host.error();
+  if (Status st = host->create_veth(s.link, "eth0", netns_fd); !st) return st;
+  {
+    // From here the link exists: release() removes it.
+    MutexLock l(mu_);
+    sandboxes_[id].attached = true;
+  }
+  Result<int> hidx = host->link_index(s.link);
+  if (!hidx) return hidx.error();
+  if (Status st = host->add_address4(*hidx, htonl(gateway), 30); !st) return st;
+  if (Status st = host->set_up(*hidx); !st) return st;
+
+  Result<Rtnl> inside = Rtnl::open_in(netns_fd);
+  if (!inside) return inside.error();
+  Result<int> sidx = inside->link_index("eth0");
+  if (!sidx) return sidx.error();
+  if (Status st = inside->add_address4(*sidx, htonl(s.address), 30); !st) return st;
+  if (Status st = inside->set_up(*sidx); !st) return st;
+  if (Status st = inside->add_default_route4(*sidx, htonl(gateway)); !st) return st;
+  // The policy last: until its chain is in the verdict map the forward
+  // chain drops everything from the link. Under the lock, so that a
+  // policy change or a release sees the chain whole or not at all.
+  EgressPolicy p = policy_of(id);
+  MutexLock l(mu_);
+  auto it = sandboxes_.find(id);
+  if (it == sandboxes_.end()) return Error(ErrorKind::kNotFound, "sandbox " + id + " is gone");
+  if (Status st = nftables_->run(nft_sandbox_script(nft_, s, p, false)); !st) return st;
+  it->second.chain = true;
+  by_address_[s.address] = id;
+  return Status::Ok();
+}
+
+void HostNetwork::release(const std::string& id) {
+  Entry e;
+  {
+    MutexLock l(mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return;
+    e = it->second;
+    sandboxes_.erase(it);
+    by_address_.erase(e.nft.address);
+    used_[e.nft.index] = false;
+    if (e.chain)
+      if (Status s = nftables_->run(nft_remove_sandbox_script(nft_, e.nft)); !s)
+        LOG_WARN("network: removing sandbox " << id << "'s rules: " << s.error().message());
+  }
+  if (!e.attached) return;
+  // The chain goes whether or not the link still exists (the namespace's
+  // end dies with the sandbox, taking the pair with it).
+  if (Result<Rtnl> rtnl = Rtnl::open()) {
+    if (Status s = rtnl->delete_link(e.nft.link); !s && s.error().kind() != ErrorKind::kNotFound)
+      LOG_WARN("network: removing " << e.nft.link << ": " << s.error().message());
+  }
+}
+
+void HostNetwork::policy_changed(const std::string& id) {
+  EgressPolicy p = policy_of(id);
+  MutexLock l(mu_);
+  auto it = sandboxes_.find(id);
+  if (it == sandboxes_.end() || !it->second.chain) return;
+  if (Status st = nftables_->run(nft_sandbox_script(nft_, it->second.nft, p, true)); !st)
+    LOG_WARN("network: sandbox " << id << "'s new policy: " << st.error().message());
+}
+
+}  // namespace sg::network

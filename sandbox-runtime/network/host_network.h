@@ -1,0 +1,109 @@
+// HostNetwork: every sandbox's own network on this host
+// (docs/networking.md). A sandbox gets a veth pair, its end "eth0" in the
+// sandbox's network namespace, a /30 of the server's range (the host end
+// .1 is its gateway and DNS server, the sandbox .2), a default route, and
+// its policy as an nftables chain (nft_rules.h) kept in step with the
+// EgressPolicies table: a create's policy is there before the sandbox's
+// first process runs, and a PUT /sandboxes/{id}/network rewrites it live.
+//
+// Names are the server's own (an nft table and a link prefix made from
+// NetworkConfig::instance), so several servers share a host as long as
+// their ranges differ. start() replaces what a previous run of the same
+// instance left (table, links); stop or destruction removes it all.
+//
+// Thread safety: internally synchronised; reserve/attach/release may be
+// called from any thread, for different sandboxes at once.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_annotations.h"
+#include "sandbox-runtime/network/dns_forwarder.h"
+#include "sandbox-runtime/network/egress_policies.h"
+#include "sandbox-runtime/network/nft_rules.h"
+
+namespace sg::network {
+
+struct NetworkConfig {
+  // The sandboxes' addresses: a /30 each (a /16 holds 16384 sandboxes).
+  // nullopt: a /20 (1024 sandboxes) of 10.192.0.0/10 picked by instance,
+  // the next one along where a route on this host overlaps it.
+  std::optional<Ipv4Net> range;
+  // Four hex digits naming this server's table and links on the host.
+  std::string instance = "0000";
+  // The host's internal networks reachable from sandboxes (--egress-allow-private).
+  bool allow_internal = false;
+  // DNS for sandboxes: a forwarder (dns_forwarder.h) to this upstream
+  // resolver (IPv4, host byte order; 0: /etc/resolv.conf's), which also
+  // opens allowOut names' addresses. Off: sandboxes have no DNS server.
+  bool dns = true;
+  uint32_t dns_upstream = 0;
+  // Sandboxes' policies, by id; a sandbox with none gets no internet.
+  EgressPolicies* policies = nullptr;
+};
+
+struct SandboxLink {
+  std::string link;       // the host end's name
+  uint32_t address = 0;   // the sandbox's (host byte order)
+  uint32_t gateway = 0;   // the host end's: its default route and DNS server
+};
+
+class HostNetwork : public EgressPolicies::Listener {
+ public:
+  // Enables IPv4 forwarding, installs the table, removes links a previous
+  // run left. kUnavailable where this host cannot (no CAP_NET_ADMIN, no
+  // nf_tables): the caller falls back to the egress proxy.
+  static Result<std::unique_ptr<HostNetwork>> start(const NetworkConfig& cfg);
+  ~HostNetwork() override;
+  HostNetwork(const HostNetwork&) = delete;
+  HostNetwork& operator=(const HostNetwork&) = delete;
+
+  // Addresses for sandbox id (before its namespace exists: they go into
+  // its agent's environment). kQuota when the range is full.
+  Result<SandboxLink> reserve(const std::string& id);
+  // The reserved link made, into the namespace netns_fd names, and the
+  // sandbox's policy installed. On error the caller still calls release.
+  Status attach(const std::string& id, int netns_fd);
+  // Everything of id's gone (link, chain, address); no-op if none.
+  void release(const std::string& id);
+
+  void policy_changed(const std::string& id) override;
+
+  const NftConfig& nft_config() const { return nft_; }
+  // The DNS forwarder's counters (all zero without one).
+  DnsForwarder::Counters dns_counters() const;
+  // "10.201.0.0/16 (links sg3f2an*, table inet sandgate_3f2a)": for logs.
+  std::string describe() const;
+  size_t sandboxes() const;
+
+ private:
+  struct Entry {
+    NftSandbox nft;
+    bool attached = false;  // its link exists
+    bool chain = false;     // its rules exist
+  };
+  HostNetwork(const NetworkConfig& cfg, NftConfig nft, std::unique_ptr<Nftables> nft_run);
+  // The DNS forwarder's hooks (its thread).
+  std::optional<EgressPolicy> policy_at(uint32_t address) const;
+  void allow_names(uint32_t address, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
+  Ipv4Net range() const { return nft_.range; }
+  EgressPolicy policy_of(const std::string& id) const;
+
+  const NetworkConfig cfg_;
+  const NftConfig nft_;
+  std::unique_ptr<Nftables> nftables_;
+  mutable Mutex mu_;
+  std::map<std::string, Entry> sandboxes_ GUARDED_BY(mu_);
+  std::map<uint32_t, std::string> by_address_ GUARDED_BY(mu_);  // attached sandboxes' ids
+  // Last member: it calls the hooks above until it is destroyed, first.
+  std::unique_ptr<DnsForwarder> dns_;
+  std::vector<bool> used_ GUARDED_BY(mu_);  // by /30 index
+  size_t next_ GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace sg::network

@@ -1,0 +1,62 @@
+// A minimal rtnetlink client: the few link, address and route requests a
+// sandbox's network needs (a veth pair with one end in the sandbox's
+// network namespace, its addresses, its default route), spoken directly
+// over NETLINK_ROUTE so that creating a sandbox starts no `ip` process.
+//
+// Each request carries NLM_F_ACK and is answered before the next is sent,
+// so an error names the request that failed. Replies are read with a
+// timeout and bounded (the kernel is trusted, but a wrong netns or a stuck
+// socket must not hang a create).
+//
+// Not thread-safe: one Rtnl per thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "base/fd.h"
+#include "base/status.h"
+
+struct nlmsghdr;
+
+namespace sg::network {
+
+class Rtnl {
+ public:
+  // A socket in the calling thread's network namespace.
+  static Result<Rtnl> open();
+  // A socket in the network namespace netns_fd names (an nsfs file, such
+  // as /proc/PID/ns/net); the calling thread's own namespace is unchanged.
+  static Result<Rtnl> open_in(int netns_fd);
+
+  // A veth pair: `name` here, `peer` in the namespace peer_netns_fd names
+  // (the peer is created there, so no name clash with this namespace).
+  Status create_veth(const std::string& name, const std::string& peer, int peer_netns_fd);
+  Status delete_link(const std::string& name);
+  // kNotFound when there is no such link.
+  Result<int> link_index(const std::string& name);
+  Status set_up(int ifindex);
+  // An IPv4 address (network byte order) with its prefix length.
+  Status add_address4(int ifindex, uint32_t addr, int prefix);
+  // The default route through gateway (network byte order) on ifindex.
+  Status add_default_route4(int ifindex, uint32_t gateway);
+  // Link names starting with prefix, in this namespace.
+  Result<std::vector<std::string>> links_with_prefix(const std::string& prefix);
+  // The IPv4 routes' destinations (address in host byte order, prefix
+  // length), every table.
+  Result<std::vector<std::pair<uint32_t, int>>> routes4();
+
+ private:
+  explicit Rtnl(UniqueFd fd) : fd_(std::move(fd)) {}
+  // Sends one request (NLM_F_ACK set; its length and sequence are filled
+  // in) and reads until its ack, error or dump end, handing every other
+  // message of that sequence to visit.
+  Status transact(std::string& req, const char* what,
+                  const std::function<void(const struct nlmsghdr*)>& visit = nullptr);
+  UniqueFd fd_;
+  uint32_t seq_ = 0;
+};
+
+}  // namespace sg::network

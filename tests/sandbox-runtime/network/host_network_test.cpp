@@ -1,0 +1,589 @@
+// HostNetwork (sandbox-runtime/network/host_network.h) on the real kernel:
+// network namespaces stand in for a sandbox, a second sandbox, "the
+// internet" (203.0.113.0/24, a TCP and a UDP server) and a private network
+// (192.168.213.0/24); the host routes between them and the sandboxes' links
+// through the server's nftables table. Needs root (CAP_NET_ADMIN) and
+// nf_tables: a skip otherwise, in an entry of its own.
+#include "sandbox-runtime/network/host_network.h"
+
+#include <arpa/inet.h>
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "base/fd.h"
+#include "sandbox-runtime/network/dns_message.h"
+#include "sandbox-runtime/network/rtnl.h"
+#include "tests/support/skip.h"
+
+using namespace sg;
+using namespace sg::network;
+
+namespace {
+
+uint32_t v4(const char* s) { return ntohl(::inet_addr(s)); }
+
+// A new network namespace, held open by its nsfs descriptor.
+UniqueFd new_netns() {
+  UniqueFd fd;
+  std::thread t([&] {
+    if (::unshare(CLONE_NEWNET) == 0) fd.reset(::open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC));
+  });
+  t.join();
+  REQUIRE_MESSAGE(fd, "a network namespace: " << std::strerror(errno));
+  return fd;
+}
+
+// Runs f on a thread inside netns (sockets it makes stay in that namespace).
+template <typename F>
+auto in_ns(int netns, F f) {
+  decltype(f()) out{};
+  std::thread t([&] {
+    if (::setns(netns, CLONE_NEWNET) != 0) return;
+    out = f();
+  });
+  t.join();
+  return out;
+}
+
+sockaddr_in sa(uint32_t addr, uint16_t port) {
+  sockaddr_in s{};
+  s.sin_family = AF_INET;
+  s.sin_addr.s_addr = htonl(addr);
+  s.sin_port = htons(port);
+  return s;
+}
+
+// A stand-in network behind the host: a veth from the host (host_addr/24)
+// to a namespace (ns_addr/24, default route back), lo up there.
+struct Net {
+  UniqueFd ns;
+  std::string link;
+  Net(const std::string& link_name, uint32_t host_addr, uint32_t ns_addr) : ns(new_netns()), link(link_name) {
+    Result<Rtnl> h = Rtnl::open();
+    REQUIRE(h);
+    REQUIRE(h->create_veth(link, "eth0", ns.get()));
+    Result<int> hi = h->link_index(link);
+    REQUIRE(hi);
+    REQUIRE(h->add_address4(*hi, htonl(host_addr), 24));
+    REQUIRE(h->set_up(*hi));
+    Result<Rtnl> in = Rtnl::open_in(ns.get());
+    REQUIRE(in);
+    Result<int> lo = in->link_index("lo");
+    REQUIRE(lo);
+    REQUIRE(in->set_up(*lo));
+    Result<int> e = in->link_index("eth0");
+    REQUIRE(e);
+    REQUIRE(in->add_address4(*e, htonl(ns_addr), 24));
+    REQUIRE(in->set_up(*e));
+    REQUIRE(in->add_default_route4(*e, htonl(host_addr)));
+  }
+  ~Net() {
+    if (Result<Rtnl> h = Rtnl::open()) (void)h->delete_link(link);
+  }
+};
+
+// A TCP server in a namespace: each connection gets "hello\n", then an
+// endless stream of bytes until it fails (a download to cut). And a UDP
+// echo on the same port.
+class Servers {
+ public:
+  Servers(int netns, uint32_t addr, uint16_t port) {
+    tcp_ = in_ns(netns, [&] { return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)); });
+    udp_ = in_ns(netns, [&] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+    REQUIRE(tcp_);
+    REQUIRE(udp_);
+    int one = 1;
+    ::setsockopt(tcp_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    sockaddr_in s = sa(addr, port);
+    REQUIRE(::bind(tcp_.get(), reinterpret_cast<sockaddr*>(&s), sizeof s) == 0);
+    REQUIRE(::listen(tcp_.get(), 64) == 0);
+    REQUIRE(::bind(udp_.get(), reinterpret_cast<sockaddr*>(&s), sizeof s) == 0);
+    threads_.emplace_back([this] { accept_loop(); });
+    threads_.emplace_back([this] { echo_loop(); });
+  }
+  ~Servers() {
+    stop_ = true;
+    ::shutdown(tcp_.get(), SHUT_RDWR);
+    ::shutdown(udp_.get(), SHUT_RDWR);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (int c : conns_) ::shutdown(c, SHUT_RDWR);
+    }
+    for (auto& t : threads_) t.join();
+    for (int c : conns_) ::close(c);
+  }
+
+ public:
+  std::vector<std::string> received() {
+    std::lock_guard<std::mutex> l(mu_);
+    return received_;
+  }
+
+ private:
+  void accept_loop() {
+    while (!stop_) {
+      int c = ::accept4(tcp_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) return;
+      std::lock_guard<std::mutex> l(mu_);
+      conns_.push_back(c);
+      threads_.emplace_back([this, c] {
+        const char hello[] = "hello\n";
+        if (::send(c, hello, 6, MSG_NOSIGNAL) != 6) return;
+        std::vector<char> chunk(16384, 'x');
+        while (!stop_ && ::send(c, chunk.data(), chunk.size(), MSG_NOSIGNAL) > 0) {
+        }
+      });
+    }
+  }
+  void echo_loop() {
+    char buf[512];
+    while (!stop_) {
+      sockaddr_in from{};
+      socklen_t fl = sizeof from;
+      ssize_t n = ::recvfrom(udp_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
+      if (n <= 0) return;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        received_.emplace_back(buf, static_cast<size_t>(n));
+      }
+      ::sendto(udp_.get(), buf, static_cast<size_t>(n), 0, reinterpret_cast<sockaddr*>(&from), fl);
+    }
+  }
+  UniqueFd tcp_, udp_;
+  std::vector<std::string> received_;  // UDP payloads, in order
+  std::atomic<bool> stop_{false};
+  std::mutex mu_;
+  std::vector<int> conns_;
+  std::vector<std::thread> threads_;
+};
+
+enum class Got { kHello, kRefused, kTimeout, kOther };
+
+const char* name(Got g) {
+  switch (g) {
+    case Got::kHello: return "hello";
+    case Got::kRefused: return "refused";
+    case Got::kTimeout: return "timeout";
+    default: return "other";
+  }
+}
+
+// A TCP connection from inside netns: the socket, connected, or empty
+// with *got saying why not.
+UniqueFd connect_from(int netns, uint32_t addr, uint16_t port, Got* got, int timeout_ms = 3000) {
+  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)); });
+  REQUIRE(s);
+  sockaddr_in d = sa(addr, port);
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&d), sizeof d) != 0 && errno != EINPROGRESS) {
+    *got = errno == ECONNREFUSED ? Got::kRefused : Got::kOther;
+    return UniqueFd();
+  }
+  pollfd p = {s.get(), POLLOUT, 0};
+  if (::poll(&p, 1, timeout_ms) != 1) {
+    *got = Got::kTimeout;
+    return UniqueFd();
+  }
+  int err = 0;
+  socklen_t el = sizeof err;
+  ::getsockopt(s.get(), SOL_SOCKET, SO_ERROR, &err, &el);
+  if (err != 0) {
+    *got = (err == ECONNREFUSED || err == ECONNRESET) ? Got::kRefused : Got::kOther;
+    return UniqueFd();
+  }
+  return s;
+}
+
+// Connects and reads the server's "hello".
+Got hello(int netns, uint32_t addr, uint16_t port) {
+  Got got = Got::kOther;
+  UniqueFd s = connect_from(netns, addr, port, &got);
+  if (!s) return got;
+  char buf[6];
+  size_t have = 0;
+  while (have < sizeof buf) {
+    pollfd p = {s.get(), POLLIN, 0};
+    if (::poll(&p, 1, 3000) != 1) return Got::kTimeout;
+    ssize_t n = ::recv(s.get(), buf + have, sizeof buf - have, 0);
+    if (n <= 0) return n < 0 && errno == ECONNRESET ? Got::kRefused : Got::kOther;
+    have += static_cast<size_t>(n);
+  }
+  return std::memcmp(buf, "hello\n", 6) == 0 ? Got::kHello : Got::kOther;
+}
+
+// One UDP datagram from inside netns and its echo, within a second.
+bool udp_echo(int netns, uint32_t addr, uint16_t port, const char* payload = "ping") {
+  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  REQUIRE(s);
+  sockaddr_in d = sa(addr, port);
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&d), sizeof d) != 0) return false;
+  if (::send(s.get(), payload, 4, 0) != 4) return false;
+  pollfd p = {s.get(), POLLIN, 0};
+  if (::poll(&p, 1, 1000) != 1) return false;
+  char buf[8];
+  return ::recv(s.get(), buf, sizeof buf, 0) == 4 && std::memcmp(buf, payload, 4) == 0;
+}
+
+// One UDP datagram from inside netns from `from` (an address the test
+// added to the sandbox's link: not the one the host gave it).
+void udp_spoof(int netns, uint32_t from, uint32_t addr, uint16_t port, const char* payload) {
+  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  REQUIRE(s);
+  sockaddr_in b = sa(from, 0), d = sa(addr, port);
+  REQUIRE(::bind(s.get(), reinterpret_cast<sockaddr*>(&b), sizeof b) == 0);
+  REQUIRE(::sendto(s.get(), payload, std::strlen(payload), 0, reinterpret_cast<sockaddr*>(&d), sizeof d) > 0);
+}
+
+// A DNS server in a namespace (UDP port 53): A records from a table, NXDOMAIN otherwise.
+class DnsServer {
+ public:
+  DnsServer(int netns, uint32_t addr, std::map<std::string, uint32_t> records) : records_(std::move(records)) {
+    sock_ = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+    REQUIRE(sock_);
+    sockaddr_in s = sa(addr, 53);
+    REQUIRE(::bind(sock_.get(), reinterpret_cast<sockaddr*>(&s), sizeof s) == 0);
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~DnsServer() {
+    ::shutdown(sock_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    char buf[512];
+    for (;;) {
+      sockaddr_in from{};
+      socklen_t fl = sizeof from;
+      ssize_t n = ::recvfrom(sock_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
+      if (n <= 0) return;
+      std::string_view q(buf, static_cast<size_t>(n));
+      Result<DnsQuestion> dq = parse_dns_query(q);
+      if (!dq) continue;
+      auto it = records_.find(dq->name);
+      std::string r = dns_error_reply(q, it == records_.end() ? 3 : 0);
+      if (it != records_.end()) {
+        r[7] = 1;  // one answer: a pointer to the question's name, A IN, TTL 60
+        const unsigned char rr[] = {0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4};
+        r.append(reinterpret_cast<const char*>(rr), sizeof rr);
+        uint32_t a = htonl(it->second);
+        r.append(reinterpret_cast<const char*>(&a), 4);
+      }
+      ::sendto(sock_.get(), r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
+    }
+  }
+  std::map<std::string, uint32_t> records_;
+  UniqueFd sock_;
+  std::thread thread_;
+};
+
+// An A query for name from inside netns to server:53; the answer's rcode
+// and addresses (rcode -1: no answer within 3 s).
+std::pair<int, std::vector<uint32_t>> resolve(int netns, uint32_t server, const std::string& name) {
+  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  REQUIRE(s);
+  std::string q("\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00", 12);
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t dot = name.find('.', start);
+    if (dot == std::string::npos) dot = name.size();
+    q.push_back(static_cast<char>(dot - start));
+    q += name.substr(start, dot - start);
+    start = dot + 1;
+  }
+  q += std::string("\0\0\x01\0\x01", 5);
+  sockaddr_in d = sa(server, 53);
+  REQUIRE(::sendto(s.get(), q.data(), q.size(), 0, reinterpret_cast<sockaddr*>(&d), sizeof d) > 0);
+  pollfd p = {s.get(), POLLIN, 0};
+  if (::poll(&p, 1, 3000) != 1) return {-1, {}};
+  char buf[1024];
+  ssize_t n = ::recv(s.get(), buf, sizeof buf, 0);
+  if (n <= 0) return {-1, {}};
+  Result<DnsAnswers> a = parse_dns_answers(std::string_view(buf, static_cast<size_t>(n)));
+  REQUIRE(a);
+  CHECK(a->id == 0x1234);
+  return {a->rcode, a->a};
+}
+
+EgressPolicy policy(std::vector<std::string> allow, std::vector<std::string> deny, bool internet) {
+  Result<EgressPolicy> p = parse_egress_policy(allow, deny, internet);
+  REQUIRE(p);
+  return *p;
+}
+
+std::string hex4() {
+  std::random_device rd;
+  char b[8];
+  std::snprintf(b, sizeof b, "%04x", static_cast<unsigned>(rd() & 0xffff));
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("nft scripts: a sandbox's chain follows egress_policy.h's order" * doctest::test_suite("unit")) {
+  NftConfig c;
+  c.table = "sandgate_abcd";
+  c.if_prefix = "sgabcdn";
+  c.range = {v4("10.201.0.0"), 16};
+  c.dns_port = 5353;
+  std::string t = nft_table_script(c);
+  CHECK(t.find("ip saddr 10.201.0.0/16 oifname != \"sgabcdn*\" masquerade") != std::string::npos);
+  CHECK(t.find("th dport 53 redirect to :5353") != std::string::npos);
+  NftSandbox s{7, "sgabcdn7", v4("10.201.0.30")};
+  std::string r = nft_sandbox_script(c, s, policy({"203.0.113.0/24", "example.com", "2001:db8::/32"}, {"8.8.8.8"}, false), false);
+  size_t spoof = r.find("ip saddr != 10.201.0.30 drop"), internal = r.find("@internal goto refuse"),
+         allow = r.find("@sb_7_allow accept"), deny = r.find("@sb_7_deny goto refuse"), off = r.find("sb_7 goto refuse");
+  REQUIRE(spoof != std::string::npos);
+  REQUIRE(internal != std::string::npos);
+  REQUIRE(allow != std::string::npos);
+  REQUIRE(deny != std::string::npos);
+  REQUIRE(off != std::string::npos);
+  CHECK(spoof < internal);
+  CHECK(internal < allow);
+  CHECK(allow < deny);
+  CHECK(deny < off);
+  CHECK(r.find("203.0.113.0/24") != std::string::npos);
+  CHECK(r.find("8.8.8.8/32") != std::string::npos);
+  CHECK(r.find("2001:db8") == std::string::npos);  // no IPv6 rules for IPv4-only sandboxes
+  c.allow_internal = true;
+  CHECK(nft_sandbox_script(c, s, policy({}, {}, true), true).find("@internal") == std::string::npos);
+  CHECK(parse_ipv4_net("10.201.0.0/16"));
+  CHECK_FALSE(parse_ipv4_net("10.201.0.1/16"));  // host bits set
+  CHECK_FALSE(parse_ipv4_net("10.201.0.0/33"));
+  CHECK_FALSE(parse_ipv4_net("010.201.0.0/16"));
+  CHECK_FALSE(parse_ipv4_net("10.201.0.0/16 "));
+}
+
+TEST_CASE("dns messages: queries and answers parsed within bounds" * doctest::test_suite("unit")) {
+  auto hdr = [](uint16_t flags, uint16_t qd, uint16_t an) {
+    std::string h(12, '\0');
+    h[0] = 0x12, h[1] = 0x34, h[2] = static_cast<char>(flags >> 8), h[3] = static_cast<char>(flags & 255);
+    h[5] = static_cast<char>(qd), h[7] = static_cast<char>(an);
+    return h;
+  };
+  const std::string qname("\x03" "WwW" "\x07" "example" "\x03" "com" "\x00", 17), tail("\x00\x01\x00\x01", 4);
+  Result<DnsQuestion> q = parse_dns_query(hdr(0x0100, 1, 0) + qname + tail);
+  REQUIRE(q);
+  CHECK(q->id == 0x1234);
+  CHECK(q->name == "www.example.com");
+  CHECK(q->qtype == 1);
+  CHECK_FALSE(parse_dns_query(hdr(0x8100, 1, 0) + qname + tail));            // a response
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 2, 0) + qname + tail + qname + tail));  // two questions
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 1, 0) + qname));                   // no type and class
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 1, 0) + std::string("\x3f", 1) + "abc"));  // label past the end
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 1, 0) + std::string("\xc0\x0c", 2) + tail));  // compressed
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 1, 0) + std::string("\x40", 1) + tail));       // label type 01
+  std::string longname;
+  for (int i = 0; i < 5; ++i) longname += std::string(1, '\x3f') + std::string(63, 'a');
+  CHECK_FALSE(parse_dns_query(hdr(0x0100, 1, 0) + longname + std::string(1, '\0') + tail));  // over 255 bytes
+  CHECK_FALSE(parse_dns_query(std::string(4097, '\0')));
+
+  // An answer: a CNAME then an A, the second name a pointer into the first.
+  std::string a = hdr(0x8180, 1, 2) + qname + tail;
+  a += std::string("\xc0\x0c\x00\x05\x00\x01\x00\x00\x01\x2c\x00\x02\xc0\x10", 14);
+  a += std::string("\xc0\x10\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04\x5d\xb8\xd8\x22", 16);
+  Result<DnsAnswers> ans = parse_dns_answers(a);
+  REQUIRE(ans);
+  CHECK(ans->a == std::vector<uint32_t>{v4("93.184.216.34")});
+  CHECK(ans->min_ttl == 60);
+  CHECK_FALSE(parse_dns_answers(a.substr(0, a.size() - 1)));  // record data past the end
+  // A pointer to itself loops: bounded, an error.
+  CHECK_FALSE(parse_dns_answers(hdr(0x8180, 1, 0) + std::string("\xc0\x0c", 2) + tail));
+  // An error reply keeps the id and the question, and nothing after it.
+  std::string e = dns_error_reply(hdr(0x0100, 1, 0) + qname + tail + "extra", 5);
+  Result<DnsAnswers> back = parse_dns_answers(e);
+  REQUIRE(back);
+  CHECK(back->id == 0x1234);
+  CHECK(back->rcode == 5);
+  CHECK(e.size() == 12 + qname.size() + 4);
+  CHECK(resolv_conf_nameserver("# x\nsearch lan\nnameserver ::1\nnameserver 10.0.0.53\n") == v4("10.0.0.53"));
+  CHECK_FALSE(resolv_conf_nameserver("nameserver fe80::1\n"));
+}
+
+TEST_CASE("host network: sandboxes reach the internet by their policy, nothing else" * doctest::test_suite("own-entry")) {
+  if (::geteuid() != 0) test::skip_case("needs root (CAP_NET_ADMIN) for veth pairs and nftables");
+  const std::string inst = hex4();
+  const uint32_t internet = v4("203.0.113.2"), private_host = v4("192.168.213.2");
+  Net inet("sgt" + inst + "i", v4("203.0.113.1"), internet);
+  Net priv("sgt" + inst + "p", v4("192.168.213.1"), private_host);
+  Servers inet_srv(inet.ns.get(), internet, 8080);
+  Servers priv_srv(priv.ns.get(), private_host, 8080);
+
+  DnsServer dns(inet.ns.get(), internet,
+                {{"internet.test", internet}, {"allowed.test", internet}, {"a.wild.test", internet}});
+
+  EgressPolicies policies;
+  NetworkConfig cfg;
+  cfg.instance = inst;
+  cfg.dns_upstream = internet;
+  cfg.range = Ipv4Net{v4("10.222.0.0"), 24};
+  cfg.policies = &policies;
+  Result<std::unique_ptr<HostNetwork>> hn = HostNetwork::start(cfg);
+  if (!hn && hn.error().kind() == ErrorKind::kUnavailable) test::skip_case("no host networking here: " + hn.error().message());
+  REQUIRE_MESSAGE(hn, hn.error().message());
+
+  {
+    // A range must be the sandboxes' alone; without one, a free /20 of 10.192.0.0/10.
+    NetworkConfig other;
+    other.instance = hex4();
+    other.range = Ipv4Net{v4("203.0.113.0"), 25};
+    Result<std::unique_ptr<HostNetwork>> clash = HostNetwork::start(other);
+    REQUIRE_FALSE(clash);
+    CHECK(clash.error().kind() == ErrorKind::kInvalid);
+    CHECK(clash.error().message().find("overlaps this host's route to 203.0.113.0/24") != std::string::npos);
+    other.range.reset();
+    if (other.instance == inst) other.instance = inst == "0000" ? "0001" : "0000";
+    Result<std::unique_ptr<HostNetwork>> picked = HostNetwork::start(other);
+    REQUIRE_MESSAGE(picked, picked.error().message());
+    Ipv4Net r = (*picked)->nft_config().range;
+    CHECK(r.prefix == 20);
+    CHECK((r.addr & 0xffc00000u) == v4("10.192.0.0"));
+  }
+
+  UniqueFd sb1 = new_netns(), sb2 = new_netns();
+  policies.set("sb1", policy({}, {}, true));
+  policies.set("sb2", policy({}, {}, true));
+  Result<SandboxLink> l1 = (*hn)->reserve("sb1");
+  Result<SandboxLink> l2 = (*hn)->reserve("sb2");
+  REQUIRE(l1);
+  REQUIRE(l2);
+  CHECK(l1->gateway + 1 == l1->address);
+  CHECK(l1->address != l2->address);
+  REQUIRE_MESSAGE((*hn)->attach("sb1", sb1.get()), "attach sb1");
+  REQUIRE((*hn)->attach("sb2", sb2.get()));
+  Servers sb2_srv(sb2.get(), l2->address, 8080);
+
+  // A host service on all addresses (as the gateway's API may be).
+  UniqueFd host_listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in any = sa(0, 0);
+  REQUIRE(::bind(host_listener.get(), reinterpret_cast<sockaddr*>(&any), sizeof any) == 0);
+  REQUIRE(::listen(host_listener.get(), 8) == 0);
+  socklen_t al = sizeof any;
+  ::getsockname(host_listener.get(), reinterpret_cast<sockaddr*>(&any), &al);
+  const uint16_t host_port = ntohs(any.sin_port);
+
+  SUBCASE("default: the internet by TCP and UDP; not the private network, the host or another sandbox") {
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("hello"));
+    CHECK(udp_echo(sb1.get(), internet, 8080));
+    CHECK(name(hello(sb1.get(), private_host, 8080)) == std::string("refused"));
+    CHECK_FALSE(udp_echo(sb1.get(), private_host, 8080));
+    CHECK(name(hello(sb1.get(), l1->gateway, host_port)) == std::string("refused"));
+    CHECK(name(hello(sb1.get(), v4("203.0.113.1"), host_port)) == std::string("refused"));
+    CHECK(name(hello(sb1.get(), l2->address, 8080)) == std::string("refused"));
+    // The other way too: nothing opens a connection into a sandbox.
+    CHECK(name(hello(sb2.get(), l1->address, 8080)) == std::string("refused"));
+    // A spoofed source address gets nowhere: neither one outside the
+    // range nor another sandbox's. Datagrams on one path stay in order, so
+    // once the echo of the honest one is back the spoofed ones would have
+    // arrived before it.
+    Result<Rtnl> in1 = Rtnl::open_in(sb1.get());
+    REQUIRE(in1);
+    Result<int> e = in1->link_index("eth0");
+    REQUIRE(e);
+    REQUIRE(in1->add_address4(*e, htonl(v4("198.51.100.7")), 32));
+    REQUIRE(in1->add_address4(*e, htonl(l2->address), 32));
+    udp_spoof(sb1.get(), v4("198.51.100.7"), internet, 8080, "spf1");
+    udp_spoof(sb1.get(), l2->address, internet, 8080, "spf2");
+    CHECK(udp_echo(sb1.get(), internet, 8080, "okay"));
+    std::vector<std::string> got = inet_srv.received();
+    CHECK(std::find(got.begin(), got.end(), "okay") != got.end());
+    CHECK(std::find(got.begin(), got.end(), "spf1") == got.end());
+    CHECK(std::find(got.begin(), got.end(), "spf2") == got.end());
+  }
+  SUBCASE("allow_internet_access false: nothing; allowOut opens a CIDR, and wins over denyOut") {
+    policies.set("sb1", policy({}, {}, false));
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
+    CHECK_FALSE(udp_echo(sb1.get(), internet, 8080));
+    policies.set("sb1", policy({"203.0.113.0/24"}, {"203.0.113.2"}, false));
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("hello"));
+    CHECK(udp_echo(sb1.get(), internet, 8080));
+    // Internal networks stay closed whatever allowOut says.
+    policies.set("sb1", policy({"192.168.0.0/16"}, {}, true));
+    CHECK(name(hello(sb1.get(), private_host, 8080)) == std::string("refused"));
+  }
+  SUBCASE("DNS through the gateway: answered by policy; allowOut names open their addresses") {
+    auto [rc, addrs] = resolve(sb1.get(), l1->gateway, "internet.test");
+    CHECK(rc == 0);
+    CHECK(addrs == std::vector<uint32_t>{internet});
+    CHECK(resolve(sb1.get(), l1->gateway, "missing.test").first == 3);  // NXDOMAIN, relayed
+    policies.set("sb1", policy({"allowed.test", "*.wild.test"}, {"203.0.113.0/24"}, false));
+    CHECK(resolve(sb1.get(), l1->gateway, "internet.test").first == 5);  // REFUSED: no internet, not in allowOut
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
+    // Resolving an allowOut name opens what it answered (over denyOut).
+    CHECK(resolve(sb1.get(), l1->gateway, "ALLOWED.test").second == std::vector<uint32_t>{internet});
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("hello"));
+    CHECK(udp_echo(sb1.get(), internet, 8080));
+    // ... for this sandbox only; and a new policy forgets it.
+    policies.set("sb2", policy({}, {}, false));
+    CHECK(name(hello(sb2.get(), internet, 8080)) == std::string("refused"));
+    policies.set("sb1", policy({"*.wild.test"}, {}, false));
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
+    CHECK(resolve(sb1.get(), l1->gateway, "a.wild.test").first == 0);
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("hello"));
+    // Another DNS server is just another destination.
+    CHECK(resolve(sb2.get(), internet, "internet.test").first == -1);
+    DnsForwarder::Counters c = (*hn)->dns_counters();
+    CHECK(c.forwarded >= 4);
+    CHECK(c.refused >= 1);
+  }
+  SUBCASE("denyOut by CIDR for TCP and UDP, other sandboxes unaffected") {
+    policies.set("sb1", policy({}, {"203.0.113.0/28"}, true));
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
+    CHECK_FALSE(udp_echo(sb1.get(), internet, 8080));
+    CHECK(name(hello(sb2.get(), internet, 8080)) == std::string("hello"));
+  }
+  SUBCASE("a narrowed policy cuts a running download") {
+    Got got = Got::kOther;
+    UniqueFd s = connect_from(sb1.get(), internet, 8080, &got);
+    REQUIRE(s);
+    std::vector<char> buf(65536);
+    size_t before = 0;
+    while (before < (1u << 20)) {
+      pollfd p = {s.get(), POLLIN, 0};
+      REQUIRE(::poll(&p, 1, 3000) == 1);
+      ssize_t n = ::recv(s.get(), buf.data(), buf.size(), 0);
+      REQUIRE(n > 0);
+      before += static_cast<size_t>(n);
+    }
+    policies.set("sb1", policy({}, {}, false));
+    // The next segments' ACKs are refused with a reset: the socket fails
+    // (the data already in flight may still arrive first).
+    int err = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p = {s.get(), POLLIN, 0};
+      if (::poll(&p, 1, 1000) != 1) continue;
+      ssize_t n = ::recv(s.get(), buf.data(), buf.size(), 0);
+      if (n <= 0) {
+        err = n < 0 ? errno : -1;
+        break;
+      }
+    }
+    CHECK_MESSAGE(err == ECONNRESET, "the download ended with " << (err > 0 ? std::strerror(err) : "no error"));
+  }
+
+  (*hn)->release("sb1");
+  (*hn)->release("sb2");
+  CHECK((*hn)->sandboxes() == 0);
+  Result<Rtnl> h = Rtnl::open();
+  REQUIRE(h);
+  Result<std::vector<std::string>> left = h->links_with_prefix((*hn)->nft_config().if_prefix);
+  REQUIRE(left);
+  CHECK(left->empty());
+}
