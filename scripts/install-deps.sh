@@ -1,19 +1,31 @@
 #!/usr/bin/env bash
 # Installs every build and run dependency of sandgate from Debian's archive.
 # Idempotent: packages already present are skipped, so a second run is fast.
+#
+#   install-deps.sh            everything: build, tests, fuzzers, benchmarks
+#   install-deps.sh --build    only what builds the release binaries (the
+#                              build stage of compose/Dockerfile)
 set -euo pipefail
 
-PKGS=(
-  build-essential cmake ninja-build pkg-config ccache git
-  libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liblz4-dev liburing-dev
-  libsqlite3-dev sqlite3 doctest-dev
-  debootstrap iproute2 util-linux curl ca-certificates
-  clang libclang-rt-14-dev zlib1g-dev libnghttp2-dev
-  e2fsprogs cpio busybox-static qemu-system-x86
-  docker-registry bash-static apache2-utils zstd
-  docker-compose python3-venv
-  etcd-server etcd-client
+BUILD_PKGS=(
+  build-essential cmake ninja-build pkg-config ca-certificates
+  libboost1.81-dev libssl-dev nlohmann-json3-dev libzstd-dev liburing-dev
+  libsqlite3-dev zlib1g-dev libnghttp2-dev libnftables-dev
 )
+case "${1:-}" in
+  --build) PKGS=("${BUILD_PKGS[@]}") ;;
+  "") PKGS=(
+    "${BUILD_PKGS[@]}" ccache git liblz4-dev sqlite3 doctest-dev
+    debootstrap iproute2 util-linux curl
+    clang libclang-rt-14-dev
+    e2fsprogs cpio busybox-static qemu-system-x86
+    docker-registry bash-static apache2-utils zstd
+    docker-compose python3-venv python3-yaml
+    etcd-server etcd-client
+    podman podman-compose runc
+  ) ;;
+  *) echo "usage: install-deps.sh [--build]" >&2; exit 2 ;;
+esac
 # e2fsprogs: template ext4 images for microVMs; cpio + busybox-static: the
 # guest initramfs (scripts/guest-image.sh); qemu-system-x86: the KVM test
 # harness (tests/kvm-harness), which runs microVMs under QEMU TCG.
@@ -24,10 +36,16 @@ PKGS=(
 # compose_check test (no container engine is needed for that).
 # etcd-server, etcd-client: cluster mode's coordination store (3.4, v3
 # API over its JSON gateway); the cluster tests start their own members.
+# podman, podman-compose, runc: the compose test builds compose/Dockerfile
+# and runs compose.yaml on a real engine (tests/compose/podman_test.py;
+# runc because crun refuses cgroup v1 hosts). python3-yaml: that test and
+# compose_check read the compose files.
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
 # image usually has them, Debian's packages are the fallback.
-command -v node >/dev/null && command -v npm >/dev/null || PKGS+=(nodejs npm)
+if [ "${1:-}" != --build ] && ! { command -v node && command -v npm; } >/dev/null; then
+  PKGS+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -25,4 +25,6 @@ build/debug/bin/sandgate template build code-interpreter-v1 --templates-dir buil
 build/debug/bin/sandgate template image --templates-dir build/debug/tests-rootfs >/dev/null
 scripts/guest-image.sh build/debug/guest
 export SANDGATE_TEST_ROOTFS="$PWD/build/debug/tests-rootfs/base"
-ctest --preset debug "$@"
+# -j2: the compose engine test beside the others, which still run one at a
+# time (tests/CMakeLists.txt, sg_one_at_a_time).
+ctest --preset debug -j2 "$@"
