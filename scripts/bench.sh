@@ -24,6 +24,8 @@ SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PW
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/egress.bench.mjs docs/bench/egress-sandbox.json
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
+  node tests/e2e/bench/network.bench.mjs docs/bench/network.json
+SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/templates.bench.mjs docs/bench/templates.json
 SANDGATE_BIN="$PWD/build/release/bin/sandgate" SANDGATE_TESTS_TEMPLATES_DIR="$PWD/build/release/tests-rootfs" \
   node tests/e2e/bench/code_interpreter.bench.mjs docs/bench/code-interpreter.json 50

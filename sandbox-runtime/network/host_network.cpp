@@ -3,9 +3,11 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "base/log.h"
 #include "base/sys.h"
@@ -21,6 +23,21 @@ Status valid_instance(const std::string& s) {
   if (s.size() != 4 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
     return invalid_error("network instance \"" + s + "\": four lower-case hex digits");
   return Status::Ok();
+}
+
+// net.ipv4.ping_group_range of the namespace netns_fd names: every group.
+// /proc/sys/net is the opening thread's namespace's, hence a thread there.
+Status set_ping_group_range(int netns_fd) {
+  Status out = Status::Ok();
+  std::thread t([&] {
+    if (::setns(netns_fd, CLONE_NEWNET) != 0) {
+      out = sys::errno_error("setns", "sandbox network namespace");
+      return;
+    }
+    out = sys::write_file("/proc/sys/net/ipv4/ping_group_range", "0 2147483647");
+  });
+  t.join();
+  return out;
 }
 
 }  // namespace
@@ -223,6 +240,10 @@ Status HostNetwork::attach(const std::string& id, int netns_fd) {
   if (Status st = inside->add_address4(*sidx, htonl(s.address), 30); !st) return st;
   if (Status st = inside->set_up(*sidx); !st) return st;
   if (Status st = inside->add_default_route4(*sidx, htonl(gateway)); !st) return st;
+  // ping without privileges (ICMP datagram sockets, as on desktop
+  // distributions): the sandbox's root is not root of its network
+  // namespace, so raw sockets are not its to open.
+  if (Status st = set_ping_group_range(netns_fd); !st) return st;
   // The policy last: until its chain is in the verdict map the forward
   // chain drops everything from the link. Under the lock, so that a
   // policy change or a release sees the chain whole or not at all.

@@ -41,6 +41,12 @@ const udp = (sbx, host) => run(sbx,
   `python3 -c "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(3);` +
   `s.sendto(b'hi',('${host}',8081));print(s.recv(100).decode())"`);
 
+// An ICMP echo as ping sends it without privileges (an ICMP datagram
+// socket): "0 ping" is the echo reply's type and payload.
+const icmp = (sbx, host) => run(sbx,
+  `python3 -c "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM,socket.IPPROTO_ICMP);s.settimeout(3);` +
+  `s.sendto(b'\\x08\\x00\\x00\\x00\\x00\\x01\\x00\\x01ping',('${host}',0));r=s.recv(100);print(r[0],r[8:].decode())"`);
+
 test('by default a sandbox is on the internet: names, TCP, UDP, no proxy anywhere', async () => {
   assert.equal(await run(open, 'echo "[$HTTP_PROXY$HTTPS_PROXY$http_proxy]"'), '[]\n');
   assert.match(await run(open, 'cat /etc/resolv.conf'), /^nameserver 10\.\d+\.\d+\.\d+$/m);
@@ -52,6 +58,7 @@ test('by default a sandbox is on the internet: names, TCP, UDP, no proxy anywher
   assert.match(await curl(open, '--noproxy "*" http://198.51.100.2:8080/'), /^hello from/);
   assert.equal(await udp(open, 'web.test'), 'echo: hi\n');
   assert.match(await run(open, 'getent hosts missing.test || echo none'), /^none$/m);
+  assert.equal(await icmp(open, '198.51.100.2'), '0 ping\n');
 });
 
 test('the host\'s networks, its metadata address, the gateway and other sandboxes are closed', async () => {
@@ -80,6 +87,7 @@ test('allowInternetAccess false: nothing gets out, names do not resolve', async 
   try {
     assert.equal(await curl(sbx, 'http://198.51.100.2:8080/'), 'exit 7');
     assert.match(await udp(sbx, '198.51.100.2'), /^exit /);
+    assert.match(await icmp(sbx, '198.51.100.2'), /^exit /);
     assert.equal(await curl(sbx, 'http://web.test:8080/'), 'exit 6');  // could not resolve
   } finally {
     await sbx.kill();
