@@ -292,15 +292,15 @@ class ProcessSandbox final : public runtime::Sandbox {
     }
     channel_.reset();
     pidfd_.reset();
-    if (has_cgroup_) {
-      if (Status s = cgroup_.destroy(kTeardownTimeout); !s) return s.error().with_context("kill sandbox " + id_);
-      has_cgroup_ = false;
-    }
-    // Its network namespace is gone with its last process: the host end of
-    // its link, its rules and its addresses go too.
+    // Its init is gone: the host end of its link, its rules and its
+    // addresses go (whatever else follows fails or not).
     if (networks_) {
       networks_->release(id_);
       networks_ = nullptr;
+    }
+    if (has_cgroup_) {
+      if (Status s = cgroup_.destroy(kTeardownTimeout); !s) return s.error().with_context("kill sandbox " + id_);
+      has_cgroup_ = false;
     }
     // Every process of the sandbox is gone (the cgroup is empty): its uid
     // range can go to the next sandbox.

@@ -173,6 +173,9 @@ class Stack:
             cmd += ["--podman-build-args=--network=host"]
         if args[0] == "up":
             cmd += ["--podman-run-args=" + " ".join(shlex.quote(a) for a in self.run_args())]
+            # podman-compose 1.0.3 builds again at every up (from its cache,
+            # still hashing the whole context): the build step made them.
+            args = ("up", "--no-build", *args[1:])
         # scripts/test.sh runs this test beside the others (CTest -j2): the
         # image build (its steps inherit the niceness) takes only the CPU
         # they leave idle; the stack itself runs at normal priority.
@@ -296,6 +299,7 @@ def main():
             # The mock-model variant.
             stack.down()
             stack.variant = ["mock-model.yaml"]
+            stack.compose("build")  # the mock's image (sandgate's comes from the cache)
             stack.compose("up", "-d")
             stack.wait_healthy()
             out = stack.exec("sandgate", "llm", "key", "create", "local").stdout
