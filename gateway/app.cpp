@@ -800,6 +800,8 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
   nc.instance = network_instance(cfg.data_dir);
   if (!cfg.network_range.empty()) nc.range = network::parse_ipv4_net(cfg.network_range);
   nc.allow_internal = cfg.egress_allow_private;
+  nc.rate_bytes_per_s = static_cast<uint64_t>(cfg.sandbox_bandwidth_mbit) * 1000 * 1000 / 8;
+  nc.max_connections = static_cast<uint32_t>(cfg.sandbox_connections);
   nc.policies = &policies;
   if (!cfg.dns_upstream.empty()) {
     struct in_addr ia {};
@@ -911,8 +913,9 @@ struct Routes {
   ClusterRoutes* cluster = nullptr;
   Cluster* membership = nullptr;
   ClusterTemplates* shared_templates = nullptr;
-  // How sandboxes get out: "veth", "proxy" or "off".
+  // How sandboxes get out: "veth", "proxy" or "off"; with veth, their networks.
   std::string network_path;
+  const network::HostNetwork* host_network = nullptr;
 
   http::HttpResponse operator()(http::HttpRequest& req) const {
     if (cluster)
@@ -930,6 +933,7 @@ struct Routes {
       metrics::render_header(r.body, "sandgate_network_path", "gauge",
                              "How this server's sandboxes get out (docs/networking.md): 1 for its path.");
       r.body += "sandgate_network_path{path=\"" + network_path + "\"} 1\n";
+      if (host_network) host_network->render_metrics(r.body);
       return r;
     }
     if (std::optional<http::HttpResponse> r = sandgate_extensions(req, tenants, store, request_limit))
@@ -1239,7 +1243,7 @@ int serve(const AppConfig& cfg_in) {
   if (cluster_routes) proxy.tunnel = [&](const http::HttpRequest& head) { return cluster_routes->tunnel(head); };
   http::HttpServer server(server_config(cfg),
                           Routes{*metrics_token, **models, tenants, **store, request_limit, control,
-                                 cluster_routes.get(), cluster.get(), cluster_templates.get(), net->path},
+                                 cluster_routes.get(), cluster.get(), cluster_templates.get(), net->path, net->host.get()},
                           proxy, (*models)->hooks());
   if (Status s = server.start(); !s) return fail(s.error());
   services.attach(&server);

@@ -84,6 +84,10 @@ struct AppConfig {
   // The resolver sandboxes' DNS forwarder asks (IPv4); "": the host's
   // (/etc/resolv.conf).
   std::string dns_upstream;
+  // The veth path's limits per sandbox (0: none): Mbit/s each way, open
+  // connections.
+  int64_t sandbox_bandwidth_mbit = 1000;
+  int64_t sandbox_connections = 4096;
   int64_t llm_grace_ms = 30;
   int64_t llm_cooldown_ms = 250;
   // Memory offload of wait-paused microVMs (wait-engine/memory,

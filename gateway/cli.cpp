@@ -195,6 +195,10 @@ serve options:
                                 --egress, else off)
   --network-range CIDR          the veth path's sandbox addresses, a /30
                                 each (default: a free /20 of 10.192.0.0/10)
+  --sandbox-bandwidth-mbit N    the veth path's limit per sandbox and
+                                direction, in Mbit/s (default 1000; 0: none)
+  --sandbox-connections N       the veth path's limit of open connections
+                                per sandbox (default 4096; 0: none)
   --dns-upstream ADDR           the resolver (IPv4) that sandboxes' DNS
                                 forwarder asks on the veth path (default:
                                 the host's, from /etc/resolv.conf)
@@ -724,6 +728,8 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"template-build-timeout", 1, 86400, [&](int64_t v) { cfg.template_build_timeout_s = v; }},
       {"template-ready-timeout", 1, 3600, [&](int64_t v) { cfg.template_ready_timeout_s = v; }},
       {"warm-pool", 0, 64, [&](int64_t v) { cfg.warm_pool = v; }},
+      {"sandbox-bandwidth-mbit", 0, 400000, [&](int64_t v) { cfg.sandbox_bandwidth_mbit = v; }},
+      {"sandbox-connections", 0, 1 << 20, [&](int64_t v) { cfg.sandbox_connections = v; }},
       {"cluster-lease-ttl", 2, 60, [&](int64_t v) { cfg.cluster_lease_ttl_s = v; }},
       {"cluster-lost-grace", 0, 86400, [&](int64_t v) { cfg.cluster_lost_grace_s = v; }},
       {"sandbox-uid-base", 65536, 4294967294LL - 65536,
@@ -876,7 +882,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "drain-timeout-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "network", "network-range", "dns-upstream", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "network", "network-range", "dns-upstream", "sandbox-bandwidth-mbit", "sandbox-connections", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox",
       "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-listen", "cluster-lease-ttl", "cluster-lost-grace"};

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "base/log.h"
 #include "base/sys.h"
 #include "sandbox-runtime/network/rtnl.h"
@@ -50,6 +52,8 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
   nft.table = "sandgate_" + cfg.instance;
   nft.if_prefix = link_prefix(cfg.instance);
   nft.allow_internal = cfg.allow_internal;
+  nft.rate_bytes_per_s = cfg.rate_bytes_per_s;
+  nft.max_connections = cfg.max_connections;
 
   Result<Rtnl> rtnl = Rtnl::open();
   if (!rtnl) return Error(ErrorKind::kUnavailable, "netlink: " + rtnl.error().message());
@@ -174,6 +178,80 @@ void HostNetwork::allow_names(uint32_t address, const std::vector<uint32_t>& add
   if (e == sandboxes_.end() || !e->second.chain) return;
   if (Status s = nftables_->run(nft_allow_names_script(nft_, e->second.nft, addrs, ttl_s)); !s)
     LOG_WARN("network: sandbox " << it->second << "'s allowOut names: " << s.error().message());
+}
+
+namespace {
+
+// `list counters` as JSON: counter name -> (packets, bytes).
+std::map<std::string, std::pair<uint64_t, uint64_t>> parse_counters(const std::string& text) {
+  std::map<std::string, std::pair<uint64_t, uint64_t>> out;
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (!j.is_object() || !j.contains("nftables") || !j["nftables"].is_array()) return out;
+  for (const nlohmann::json& e : j["nftables"]) {
+    if (!e.is_object() || !e.contains("counter")) continue;
+    const nlohmann::json& c = e["counter"];
+    if (!c.is_object() || !c.contains("name") || !c["name"].is_string()) continue;
+    out[c["name"].get<std::string>()] = {c.value("packets", uint64_t{0}), c.value("bytes", uint64_t{0})};
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<HostNetwork::Traffic> HostNetwork::traffic(const std::string& id) const {
+  std::string prefix;
+  {
+    MutexLock l(mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end() || !it->second.chain) return Error(ErrorKind::kNotFound, "sandbox " + id + " has no network here");
+    prefix = nft_counter_prefix(it->second.nft);
+  }
+  Result<std::string> text = nftables_->run_json("list counters table inet " + nft_.table);
+  if (!text) return text.error();
+  auto c = parse_counters(*text);
+  Traffic t;
+  t.tx_bytes = c[prefix + "_tx"].second;
+  t.rx_bytes = c[prefix + "_rx"].second;
+  t.refused_packets = c[prefix + "_refused"].first;
+  t.limited_packets = c[prefix + "_limited"].first;
+  return t;
+}
+
+void HostNetwork::render_metrics(std::string& out) const {
+  std::vector<std::pair<std::string, std::string>> ids;  // (counter prefix, sandbox id)
+  {
+    MutexLock l(mu_);
+    for (const auto& [id, e] : sandboxes_)
+      if (e.chain) ids.emplace_back(nft_counter_prefix(e.nft), id);
+  }
+  std::map<std::string, std::pair<uint64_t, uint64_t>> c;
+  if (!ids.empty()) {
+    Result<std::string> text = nftables_->run_json("list counters table inet " + nft_.table);
+    if (text) c = parse_counters(*text);
+  }
+  out += "# HELP sandgate_sandbox_network_bytes_total Bytes a sandbox sent (out) and received (in) on its own network.\n"
+         "# TYPE sandgate_sandbox_network_bytes_total counter\n";
+  for (const auto& [p, id] : ids) {
+    out += "sandgate_sandbox_network_bytes_total{sandbox=\"" + id + "\",direction=\"out\"} " +
+           std::to_string(c[p + "_tx"].second) + "\n";
+    out += "sandgate_sandbox_network_bytes_total{sandbox=\"" + id + "\",direction=\"in\"} " +
+           std::to_string(c[p + "_rx"].second) + "\n";
+  }
+  out += "# HELP sandgate_sandbox_network_refused_packets_total Packets a sandbox's policy or connection limit refused.\n"
+         "# TYPE sandgate_sandbox_network_refused_packets_total counter\n";
+  for (const auto& [p, id] : ids)
+    out += "sandgate_sandbox_network_refused_packets_total{sandbox=\"" + id + "\"} " + std::to_string(c[p + "_refused"].first) + "\n";
+  out += "# HELP sandgate_sandbox_network_limited_packets_total Packets over a sandbox's bandwidth limit, dropped.\n"
+         "# TYPE sandgate_sandbox_network_limited_packets_total counter\n";
+  for (const auto& [p, id] : ids)
+    out += "sandgate_sandbox_network_limited_packets_total{sandbox=\"" + id + "\"} " + std::to_string(c[p + "_limited"].first) + "\n";
+  DnsForwarder::Counters d = dns_counters();
+  out += "# HELP sandgate_dns_queries_total Sandboxes' DNS queries by outcome.\n"
+         "# TYPE sandgate_dns_queries_total counter\n";
+  for (auto [k, v] : std::initializer_list<std::pair<const char*, uint64_t>>{
+           {"forwarded", d.forwarded}, {"refused", d.refused}, {"malformed", d.malformed},
+           {"upstream_failed", d.upstream_failures}, {"dropped", d.dropped}})
+    out += std::string("sandgate_dns_queries_total{outcome=\"") + k + "\"} " + std::to_string(v) + "\n";
 }
 
 size_t HostNetwork::sandboxes() const {

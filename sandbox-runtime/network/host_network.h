@@ -38,6 +38,10 @@ struct NetworkConfig {
   std::string instance = "0000";
   // The host's internal networks reachable from sandboxes (--egress-allow-private).
   bool allow_internal = false;
+  // Each sandbox's limits (nft_rules.h): bytes per second each way, open
+  // connections; 0: none.
+  uint64_t rate_bytes_per_s = 0;
+  uint32_t max_connections = 0;
   // DNS for sandboxes: a forwarder (dns_forwarder.h) to this upstream
   // resolver (IPv4, host byte order; 0: /etc/resolv.conf's), which also
   // opens allowOut names' addresses. Off: sandboxes have no DNS server.
@@ -77,6 +81,14 @@ class HostNetwork : public EgressPolicies::Listener {
   const NftConfig& nft_config() const { return nft_; }
   // The DNS forwarder's counters (all zero without one).
   DnsForwarder::Counters dns_counters() const;
+  // Prometheus text: each sandbox's bytes each way and refused and
+  // over-rate packets (its nftables counters), the DNS forwarder's counts.
+  void render_metrics(std::string& out) const;
+  struct Traffic {
+    uint64_t tx_bytes = 0, rx_bytes = 0, refused_packets = 0, limited_packets = 0;
+  };
+  // A sandbox's counters; kNotFound when it has no network here.
+  Result<Traffic> traffic(const std::string& id) const;
   // "10.201.0.0/16 (links sg3f2an*, table inet sandgate_3f2a)": for logs.
   std::string describe() const;
   size_t sandboxes() const;

@@ -5,6 +5,7 @@
 
 #include <nftables/libnftables.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -70,7 +71,9 @@ std::string nft_table_script(const NftConfig& c) {
     << "delete table inet " << t << "\n"
     << "table inet " << t << " {\n"
     << "  set internal { type ipv4_addr; flags interval; elements = { " << kInternal << " } }\n"
+    << "  set conns { type ipv4_addr; size 65535; flags dynamic; }\n"
     << "  map sandboxes { type ifname : verdict; }\n"
+    << "  map sandboxes_in { type ifname : verdict; }\n"
     << "  chain refuse {\n"
     << "    meta l4proto tcp reject with tcp reset\n"
     << "    reject with icmpx type admin-prohibited\n"
@@ -80,7 +83,7 @@ std::string nft_table_script(const NftConfig& c) {
     << "    iifname " << links << " meta nfproto ipv6 drop\n"
     << "    iifname " << links << " iifname vmap @sandboxes\n"
     << "    iifname " << links << " drop\n"
-    << "    oifname " << links << " ct state established,related accept\n"
+    << "    oifname " << links << " ct state established,related oifname vmap @sandboxes_in\n"
     << "    oifname " << links << " drop\n"
     << "  }\n"
     << "  chain input {\n"
@@ -109,14 +112,29 @@ std::string nft_delete_table_script(const NftConfig& c) {
   return "add table inet " + c.table + "\ndelete table inet " + c.table + "\n";
 }
 
+std::string nft_counter_prefix(const NftSandbox& s) { return chain_of(s); }
+
 std::string nft_sandbox_script(const NftConfig& c, const NftSandbox& s, const EgressPolicy& p, bool exists) {
   const std::string t = c.table, ch = chain_of(s);
+  const std::string refused = "counter name \"" + ch + "_refused\" goto refuse";
   std::ostringstream o;
   if (!exists) {
     o << "add set inet " << t << " " << ch << "_allow { type ipv4_addr; flags interval; }\n"
       << "add set inet " << t << " " << ch << "_deny { type ipv4_addr; flags interval; }\n"
-      << "add set inet " << t << " " << ch << "_names { type ipv4_addr; flags timeout; size 65536; }\n"
-      << "add chain inet " << t << " " << ch << "\n";
+      << "add set inet " << t << " " << ch << "_names { type ipv4_addr; flags timeout; size 65536; }\n";
+    for (const char* k : {"_tx", "_rx", "_refused", "_limited"}) o << "add counter inet " << t << " " << ch << k << "\n";
+    if (c.rate_bytes_per_s) {
+      // A burst of 1/16 s of the rate, at least 64 KiB.
+      uint64_t burst = std::max<uint64_t>(c.rate_bytes_per_s / 16, 65536);
+      for (const char* k : {"_up", "_down"})
+        o << "add limit inet " << t << " " << ch << k << " { rate over " << c.rate_bytes_per_s
+          << " bytes/second burst " << burst << " bytes }\n";
+    }
+    o << "add chain inet " << t << " " << ch << "\n"
+      << "add chain inet " << t << " " << ch << "_in\n";
+    const std::string in = "add rule inet " + t + " " + ch + "_in ";
+    if (c.rate_bytes_per_s) o << in << "limit name \"" << ch << "_down\" counter name \"" << ch << "_limited\" drop\n";
+    o << in << "counter name \"" << ch << "_rx\" accept\n";
   } else {
     o << "flush set inet " << t << " " << ch << "_allow\n"
       << "flush set inet " << t << " " << ch << "_deny\n"
@@ -126,15 +144,21 @@ std::string nft_sandbox_script(const NftConfig& c, const NftSandbox& s, const Eg
   elements(o, t, ch + "_allow", v4_elements(p.allow_nets));
   elements(o, t, ch + "_deny", v4_elements(p.deny_nets));
   const std::string rule = "add rule inet " + t + " " + ch + " ";
-  o << rule << "ip saddr != " << ipv4_text(s.address) << " drop\n"
-    << rule << "ip daddr " << ipv4_net_text(c.range) << " goto refuse\n";
-  if (!c.allow_internal) o << rule << "ip daddr @internal goto refuse\n";
-  o << rule << "ip daddr @" << ch << "_allow accept\n"
-    << rule << "ip daddr @" << ch << "_names accept\n"
-    << rule << "ip daddr @" << ch << "_deny goto refuse\n";
-  if (!p.internet) o << rule << "goto refuse\n";
-  o << rule << "accept\n";
-  if (!exists) o << "add element inet " << t << " sandboxes { \"" << s.link << "\" : jump " << ch << " }\n";
+  o << rule << "ip saddr != " << ipv4_text(s.address) << " drop\n";
+  if (c.max_connections)
+    o << rule << "ct state new add @conns { ip saddr ct count over " << c.max_connections << " } " << refused << "\n";
+  if (c.rate_bytes_per_s) o << rule << "limit name \"" << ch << "_up\" counter name \"" << ch << "_limited\" drop\n";
+  o << rule << "ip daddr " << ipv4_net_text(c.range) << " " << refused << "\n";
+  if (!c.allow_internal) o << rule << "ip daddr @internal " << refused << "\n";
+  o << rule << "ip daddr @" << ch << "_allow counter name \"" << ch << "_tx\" accept\n"
+    << rule << "ip daddr @" << ch << "_names counter name \"" << ch << "_tx\" accept\n"
+    << rule << "ip daddr @" << ch << "_deny " << refused << "\n";
+  if (!p.internet) o << rule << refused << "\n";
+  o << rule << "counter name \"" << ch << "_tx\" accept\n";
+  if (!exists) {
+    o << "add element inet " << t << " sandboxes { \"" << s.link << "\" : jump " << ch << " }\n"
+      << "add element inet " << t << " sandboxes_in { \"" << s.link << "\" : jump " << ch << "_in }\n";
+  }
   return o.str();
 }
 
@@ -142,10 +166,15 @@ std::string nft_remove_sandbox_script(const NftConfig& c, const NftSandbox& s) {
   const std::string t = c.table, ch = chain_of(s);
   std::ostringstream o;
   o << "delete element inet " << t << " sandboxes { \"" << s.link << "\" }\n"
+    << "delete element inet " << t << " sandboxes_in { \"" << s.link << "\" }\n"
     << "delete chain inet " << t << " " << ch << "\n"
+    << "delete chain inet " << t << " " << ch << "_in\n"
     << "delete set inet " << t << " " << ch << "_allow\n"
     << "delete set inet " << t << " " << ch << "_deny\n"
     << "delete set inet " << t << " " << ch << "_names\n";
+  for (const char* k : {"_tx", "_rx", "_refused", "_limited"}) o << "delete counter inet " << t << " " << ch << k << "\n";
+  if (c.rate_bytes_per_s)
+    for (const char* k : {"_up", "_down"}) o << "delete limit inet " << t << " " << ch << k << "\n";
   return o.str();
 }
 
@@ -159,6 +188,21 @@ std::string nft_allow_names_script(const NftConfig& c, const NftSandbox& s, cons
   for (size_t i = 0; i < addrs.size(); ++i) o << (i ? ", " : "") << ipv4_text(addrs[i]) << " timeout " << ttl_s << "s";
   o << " }\n";
   return o.str();
+}
+
+Result<std::string> Nftables::run_json(const std::string& command) {
+  MutexLock l(mu_);
+  unsigned flags = nft_ctx_output_get_flags(ctx_);
+  nft_ctx_output_set_flags(ctx_, flags | NFT_CTX_OUTPUT_JSON);
+  int rc = nft_run_cmd_from_buffer(ctx_, command.c_str());
+  nft_ctx_output_set_flags(ctx_, flags);
+  std::string out = nft_ctx_get_output_buffer(ctx_);
+  std::string err = nft_ctx_get_error_buffer(ctx_);
+  if (rc != 0) {
+    if (err.size() > 2000) err.resize(2000);
+    return internal_error("nftables: " + command + ": " + err);
+  }
+  return out;
 }
 
 Result<std::unique_ptr<Nftables>> Nftables::open() {

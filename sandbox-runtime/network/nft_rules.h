@@ -55,6 +55,12 @@ struct NftConfig {
   Ipv4Net range;          // the sandboxes' addresses
   bool allow_internal = false;
   uint16_t dns_port = 0;  // the DNS forwarder's port on the host; 0: none
+  // Per sandbox and direction: packets over this rate are dropped (a
+  // policer: TCP backs off to it); 0: no limit.
+  uint64_t rate_bytes_per_s = 0;
+  // Per sandbox: new connections (TCP, UDP flows, ICMP) beyond this many
+  // open ones are refused; 0: no limit.
+  uint32_t max_connections = 0;
 };
 
 // The whole table, replacing whatever the server left before.
@@ -71,6 +77,11 @@ struct NftSandbox {
 // transaction (a policy update; `exists`: flush before rewriting).
 std::string nft_sandbox_script(const NftConfig& c, const NftSandbox& s, const EgressPolicy& p, bool exists);
 std::string nft_remove_sandbox_script(const NftConfig& c, const NftSandbox& s);
+// A sandbox's named counters: "<chain>_tx" (bytes and packets it sent
+// out), "_rx" (received), "_refused" (packets its policy or limits
+// refused), "_limited" (packets over its rate, dropped).
+std::string nft_counter_prefix(const NftSandbox& s);
+
 // Addresses the DNS forwarder answered for an allowOut name, allowed for
 // ttl_s seconds.
 std::string nft_allow_names_script(const NftConfig& c, const NftSandbox& s, const std::vector<uint32_t>& addrs,
@@ -85,6 +96,8 @@ class Nftables {
   Nftables& operator=(const Nftables&) = delete;
   // kInternal with nft's own error text when the kernel refuses.
   Status run(const std::string& script);
+  // A command's output as JSON (`list counters table inet T`).
+  Result<std::string> run_json(const std::string& command);
 
  private:
   explicit Nftables(nft_ctx* ctx) : ctx_(ctx) {}

@@ -59,6 +59,12 @@ test('by default a sandbox is on the internet: names, TCP, UDP, no proxy anywher
   assert.equal(await udp(open, 'web.test'), 'echo: hi\n');
   assert.match(await run(open, 'getent hosts missing.test || echo none'), /^none$/m);
   assert.equal(await icmp(open, '198.51.100.2'), '0 ping\n');
+  // The path in use and the sandbox's traffic are on /metrics.
+  const m = await (await fetch(`${server.url}/metrics`)).text();
+  assert.match(m, /^sandgate_network_path\{path="veth"\} 1$/m);
+  const inBytes = new RegExp(`^sandgate_sandbox_network_bytes_total\\{sandbox="${open.sandboxId}",direction="in"\\} (\\d+)$`, 'm').exec(m);
+  assert.ok(inBytes && Number(inBytes[1]) > 0, m);
+  assert.match(m, /^sandgate_dns_queries_total\{outcome="forwarded"\} [1-9]/m);
 });
 
 test('the host\'s networks, its metadata address, the gateway and other sandboxes are closed', async () => {

@@ -347,8 +347,9 @@ TEST_CASE("nft scripts: a sandbox's chain follows egress_policy.h's order" * doc
   CHECK(t.find("th dport 53 redirect to :5353") != std::string::npos);
   NftSandbox s{7, "sgabcdn7", v4("10.201.0.30")};
   std::string r = nft_sandbox_script(c, s, policy({"203.0.113.0/24", "example.com", "2001:db8::/32"}, {"8.8.8.8"}, false), false);
-  size_t spoof = r.find("ip saddr != 10.201.0.30 drop"), internal = r.find("@internal goto refuse"),
-         allow = r.find("@sb_7_allow accept"), deny = r.find("@sb_7_deny goto refuse"), off = r.find("sb_7 goto refuse");
+  size_t spoof = r.find("ip saddr != 10.201.0.30 drop"), internal = r.find("@internal counter name \"sb_7_refused\" goto refuse"),
+         allow = r.find("@sb_7_allow counter name \"sb_7_tx\" accept"), deny = r.find("@sb_7_deny counter name \"sb_7_refused\" goto refuse"),
+         off = r.find("sb_7 counter name \"sb_7_refused\" goto refuse");
   REQUIRE(spoof != std::string::npos);
   REQUIRE(internal != std::string::npos);
   REQUIRE(allow != std::string::npos);
@@ -432,6 +433,8 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
   NetworkConfig cfg;
   cfg.instance = inst;
   cfg.dns_upstream = internet;
+  cfg.max_connections = 8;
+  cfg.rate_bytes_per_s = 8 << 20;
   cfg.range = Ipv4Net{v4("10.222.0.0"), 24};
   cfg.policies = &policies;
   Result<std::unique_ptr<HostNetwork>> hn = HostNetwork::start(cfg);
@@ -547,6 +550,43 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
     CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
     CHECK_FALSE(udp_echo(sb1.get(), internet, 8080));
     CHECK(name(hello(sb2.get(), internet, 8080)) == std::string("hello"));
+  }
+  SUBCASE("limits: connections past the limit refused, over-rate packets dropped, all counted") {
+    std::vector<UniqueFd> held;
+    Got got = Got::kOther;
+    for (int i = 0; i < 8; ++i) {
+      held.push_back(connect_from(sb1.get(), internet, 8080, &got));
+      REQUIRE_MESSAGE(held.back(), "connection " << i << ": " << name(got));
+    }
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
+    CHECK(name(hello(sb2.get(), internet, 8080)) == std::string("hello"));  // another sandbox's own count
+    // Closed with data unread, a connection ends with a reset, which takes
+    // it out of the count as conntrack sees it pass (a few tries at most).
+    held.pop_back();
+    Got again = Got::kOther;
+    for (int i = 0; i < 20 && again != Got::kHello; ++i) again = hello(sb1.get(), internet, 8080);
+    CHECK(name(again) == std::string("hello"));
+    // 12 MiB at 8 MiB/s: past the policer's first bucket (a second of rate
+    // and the burst), TCP overshoots the rate and packets are dropped.
+    std::vector<char> buf(65536);
+    size_t got_bytes = 0;
+    while (got_bytes < (12u << 20)) {
+      pollfd p = {held[0].get(), POLLIN, 0};
+      REQUIRE(::poll(&p, 1, 5000) == 1);
+      ssize_t n = ::recv(held[0].get(), buf.data(), buf.size(), 0);
+      REQUIRE(n > 0);
+      got_bytes += static_cast<size_t>(n);
+    }
+    Result<HostNetwork::Traffic> t = (*hn)->traffic("sb1");
+    REQUIRE(t);
+    CHECK(t->rx_bytes >= (12u << 20));
+    CHECK(t->tx_bytes > 0);
+    CHECK(t->refused_packets >= 1);
+    CHECK(t->limited_packets >= 1);
+    std::string m;
+    (*hn)->render_metrics(m);
+    CHECK(m.find("sandgate_sandbox_network_bytes_total{sandbox=\"sb1\",direction=\"in\"} ") != std::string::npos);
+    CHECK(m.find("sandgate_sandbox_network_refused_packets_total{sandbox=\"sb2\"} 0") != std::string::npos);
   }
   SUBCASE("a narrowed policy cuts a running download") {
     Got got = Got::kOther;
