@@ -819,6 +819,9 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
     return Error(h.error().kind(), "--network veth: " + h.error().message());
   }
   n.host = std::move(*h);
+  if (cfg.keep_sandboxes == "on")
+    LOG_WARN("network: sandboxes outlive this server (--keep-sandboxes on), but not their networks: "
+             "the next start removes this one's links and rules, and the sandboxes it takes back have loopback only");
   return n;
 }
 
