@@ -179,6 +179,8 @@ class Stack:
         # scripts/test.sh runs this test beside the others (CTest -j2): the
         # image build (its steps inherit the niceness) takes only the CPU
         # they leave idle; the stack itself runs at normal priority.
+        if args[0] == "build":
+            cmd = ["ionice", "-c", "3"] + cmd  # its disk writes wait for everyone else's too
         return run(cmd + list(args), self.env, timeout=timeout, nice=args[0] == "build")
 
     def container(self):
