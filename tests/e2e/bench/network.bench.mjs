@@ -58,7 +58,9 @@ try {
     download_256mib_mib_s: +(hostBig[2] / (1 << 20)).toFixed(1) };
   // The warm pool is off so that every create pays for its network.
   const common = ['--rate', '0', '--create-rate', '0', '--warm-pool', '0'];
-  const veth = await startSandgate(['--network', 'veth', ...common]);
+  // Unlimited for the path's own throughput; then the default limit
+  // (1000 Mbit/s: its first second passes at full speed, then the rate).
+  const veth = await startSandgate(['--network', 'veth', '--sandbox-bandwidth-mbit', '0', ...common]);
   try {
     const sbx = await Sandbox.create('base', veth.opts);
     report.sandbox_veth = await measure(sbx, '');
@@ -66,6 +68,15 @@ try {
     report.create_ms_veth = await creates(veth);
   } finally {
     await veth.stop();
+  }
+  const limited = await startSandgate(['--network', 'veth', ...common]);
+  try {
+    const sbx = await Sandbox.create('base', limited.opts);
+    const big = parse((await sbx.commands.run(`curl -s -o /dev/null -w ${fmt} ${url}/big`, { timeoutMs: 300_000 })).stdout)[0];
+    report.sandbox_veth_default_limit_download_256mib_mib_s = +(big[2] / (1 << 20)).toFixed(1);
+    await sbx.kill();
+  } finally {
+    await limited.stop();
   }
   const proxy = await startSandgate(['--network', 'proxy', ...common]);
   try {
