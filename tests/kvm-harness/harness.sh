@@ -444,8 +444,25 @@ guest_answers() {
 # can no longer start a process. The first such answer asks it for the
 # kernel's backtraces (sysrq), the second counts as frozen.
 slow_since=''
+# An outer kernel that reports a soft lockup (a CPU held in the kernel for
+# 20 s and more, its line on the outer console, not a microVM's, which
+# sandgate's log lines carry after a timestamp) counts as frozen at once:
+# CI's run of 2026-12-06 showed both vCPUs of the outer guest stuck in
+# kvm_amd under sandgate-vmm, each vCPU's RIP at the same address, from
+# 68 s on; the ping found it 105 s later. Waiting for the silence and the
+# ping costs a minute and more per such attempt and changes nothing.
+outer_soft_lockup() {
+  tr -d '\r' <"$work/console.log" | grep -qaE '^\[ *[0-9]+\.[0-9]+\] watchdog: BUG: soft lockup - CPU#[0-9]+ stuck for'
+}
 check_heartbeat() {
   local hb
+  if outer_soft_lockup; then
+    log "the outer guest's kernel reports a soft lockup: taken as frozen"
+    log "QEMU's vCPUs:"
+    monitor $'info cpus\ninfo registers -a' | grep -E 'CPU|RIP|RSP|RFL|CR0|HLT|halted' | sed 's/^/  | /' >&2 || true
+    tr -d '\r' <"$work/console.log" | grep -aE 'soft lockup' | tail -n 4 | sed 's/^/  ! /' >&2
+    return 1
+  fi
   hb=$(stat -c %Y "$work/heartbeat.log" 2>/dev/null || echo 0)
   [ -z "$slow_since" ] || [ "$hb" -le "$slow_since" ] || slow_since=''  # the heartbeat came back
   silent "${1:-$silence_s}" || return 0
@@ -665,6 +682,11 @@ SANDGATE_E2E_URL=$url SANDGATE_HARNESS_CTL=$work/ctl.in SANDGATE_E2E_KEY=$key SA
   --test-reporter=tap --test-reporter-destination="$work/tests.tap" "${tests[@]}" &
 tests_pid=$!
 froze=''
+# A case that failed by a timeout or a dropped connection (stalled_only)
+# ends the run at once: such a run is retried whatever the later cases do,
+# and a stalled microVM makes each later case wait out its own timeouts
+# (a run here on 2026-12-06 spent 137 s on its first case, then went on).
+stalled_early=''
 while kill -0 "$tests_pid" 2>/dev/null; do
   if ! check_heartbeat; then
     froze=1
@@ -672,16 +694,23 @@ while kill -0 "$tests_pid" 2>/dev/null; do
     kill -TERM "$tests_pid" 2>/dev/null || true
     break
   fi
+  if stalled_only; then
+    stalled_early=1
+    log "ending the tests: a case failed by a timeout or a dropped connection, and sandgate did not exit"
+    kill -TERM "$tests_pid" 2>/dev/null || true
+    break
+  fi
   sleep 1
 done
 wait "$tests_pid" && test_rc=0 || test_rc=$?
 tests_pid=
+[ -z "$stalled_early" ] || [ "$test_rc" -ne 0 ] || test_rc=1
 [ "$test_rc" -eq 124 ] && log "the tests ran past $test_timeout s"
 log "tests finished with status $test_rc"
 report_memory
 [ "$test_rc" -eq 0 ] || diagnose
 stalled=''
-if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && stalled_only; then
+if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && { [ -n "$stalled_early" ] || stalled_only; }; then
   stalled="the tests failed only by timeouts and dropped connections (a stalled guest)"
   log "every failed case failed by a timeout or a dropped connection, and sandgate did not exit: the nested guests stalled"
 elif [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && microvm_triple_fault; then
