@@ -2,6 +2,7 @@
 #include "sandbox-runtime/network/host_network.h"
 
 #include <arpa/inet.h>
+#include <linux/rtnetlink.h>
 #include <fcntl.h>
 #include <sched.h>
 
@@ -20,6 +21,18 @@ namespace {
 
 // Linux's interface names are at most 15 bytes: "sg" + 4 hex + "n" + index.
 std::string link_prefix(const std::string& instance) { return "sg" + instance + "n"; }
+
+// The unreachable route that holds a server's range: a protocol number
+// of its own (83, 'S': unassigned in iproute2's rt_protos) and a metric
+// that carries the instance, so `ip route` shows whose it is and a
+// restart of the same server finds the one its crash left.
+constexpr uint8_t kRangeProtocol = 83;
+uint32_t range_metric(const std::string& instance) {
+  return 0x53470000u | static_cast<uint32_t>(std::stoul(instance, nullptr, 16));
+}
+bool ours(const Rtnl::Route4& r, uint32_t metric) {
+  return r.protocol == kRangeProtocol && r.metric == metric && r.type == RTN_UNREACHABLE;
+}
 
 Status valid_instance(const std::string& s) {
   if (s.size() != 4 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
@@ -65,22 +78,53 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
       return Error(ErrorKind::kUnavailable, "removing the stale sandbox link " + l + ": " + s.error().message());
   }
   // The range must be the sandboxes' alone: no route of this host (another
-  // server's sandboxes, a LAN, a VPN) may overlap it.
-  Result<std::vector<std::pair<uint32_t, int>>> routes = rtnl->routes4();
+  // server's sandboxes, a LAN, a VPN) may overlap it. It is then held by an
+  // unreachable route (reserve_range), so the next server to start sees it
+  // taken even while it has no sandbox, and an address of it that no
+  // sandbox has goes nowhere (not out the default route).
+  const uint32_t metric = range_metric(cfg.instance);
+  Result<std::vector<Rtnl::Route4>> routes = rtnl->routes4();
   if (!routes) return Error(ErrorKind::kUnavailable, routes.error().message());
-  auto overlapping = [&](const Ipv4Net& n) -> std::optional<Ipv4Net> {
-    for (auto [addr, prefix] : *routes) {
-      if (prefix == 0) continue;  // a default route
-      int p = std::min(prefix, n.prefix);
+  // This server's own reservation, left by a crash: taken back.
+  std::erase_if(*routes, [&](const Rtnl::Route4& r) {
+    if (!ours(r, metric)) return false;
+    (void)rtnl->delete_route4(r);
+    return true;
+  });
+  auto overlapping = [](const std::vector<Rtnl::Route4>& rs, const Ipv4Net& n) -> std::optional<Ipv4Net> {
+    for (const Rtnl::Route4& r : rs) {
+      if (r.prefix == 0) continue;  // a default route
+      int p = std::min(r.prefix, n.prefix);
       uint32_t mask = ~uint32_t{0} << (32 - p);
-      if ((addr & mask) == (n.addr & mask)) return Ipv4Net{addr, prefix};
+      if ((r.dst & mask) == (n.addr & mask)) return Ipv4Net{r.dst, r.prefix};
     }
     return std::nullopt;
   };
+  // Holds n with this server's route; false when another server took a
+  // range overlapping it at the same moment and this one gives way (the
+  // higher metric yields, so one of two racing servers keeps it).
+  auto reserve_range = [&](const Ipv4Net& n) -> Result<bool> {
+    if (Status s = rtnl->add_unreachable_route4(n.addr, n.prefix, kRangeProtocol, metric); !s)
+      return Error(ErrorKind::kUnavailable, "reserving " + ipv4_net_text(n) + ": " + s.error().message());
+    Result<std::vector<Rtnl::Route4>> now = rtnl->routes4();
+    if (!now) return Error(ErrorKind::kUnavailable, now.error().message());
+    std::erase_if(*now, [&](const Rtnl::Route4& r) {
+      return ours(r, metric) || (r.protocol == kRangeProtocol && r.metric > metric);
+    });
+    if (!overlapping(*now, n)) return true;
+    Rtnl::Route4 mine{n.addr, n.prefix, RTN_UNREACHABLE, kRangeProtocol, RT_TABLE_MAIN, metric};
+    (void)rtnl->delete_route4(mine);
+    return false;
+  };
   if (cfg.range) {
-    if (std::optional<Ipv4Net> r = overlapping(*cfg.range))
+    if (std::optional<Ipv4Net> r = overlapping(*routes, *cfg.range))
       return invalid_error("sandbox network range " + ipv4_net_text(*cfg.range) + " overlaps this host's route to " +
                            ipv4_net_text(*r) + "; pass a --network-range no route uses");
+    Result<bool> held = reserve_range(*cfg.range);
+    if (!held) return held.error();
+    if (!*held)
+      return invalid_error("sandbox network range " + ipv4_net_text(*cfg.range) +
+                           " was taken by another server as this one started; pass a --network-range no route uses");
     nft.range = *cfg.range;
   } else {
     constexpr uint32_t kBase = (10u << 24) | (192u << 16);  // 10.192.0.0/10: 1024 blocks of /20
@@ -88,13 +132,25 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
     bool found = false;
     for (uint32_t k = 0; k < 1024 && !found; ++k) {
       Ipv4Net n{kBase + ((first + k) % 1024) * 4096, 20};
-      if (!overlapping(n)) {
+      if (overlapping(*routes, n)) continue;
+      Result<bool> held = reserve_range(n);
+      if (!held) return held.error();
+      if (*held) {
         nft.range = n;
         found = true;
       }
     }
     if (!found) return Error(ErrorKind::kUnavailable, "no free /20 for sandboxes in 10.192.0.0/10; pass --network-range");
   }
+  // From here on a failed start gives the range back.
+  struct RangeGuard {
+    Rtnl& rtnl;
+    Rtnl::Route4 route;
+    bool armed = true;
+    ~RangeGuard() {
+      if (armed) (void)rtnl.delete_route4(route);
+    }
+  } range_guard{*rtnl, Rtnl::Route4{nft.range.addr, nft.range.prefix, RTN_UNREACHABLE, kRangeProtocol, RT_TABLE_MAIN, metric}};
   // The forwarder first (its port goes into the table), bound to nothing
   // until the object exists: its hooks go through a pointer set below.
   auto self = std::make_shared<std::atomic<HostNetwork*>>(nullptr);
@@ -121,10 +177,15 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
   // Routing between the sandboxes' links and the uplink. Host-wide, as
   // for any router or container engine; left on at exit (other software
   // on the host may rely on it by then).
-  if (Status s = sys::write_file("/proc/sys/net/ipv4/ip_forward", "1"); !s) {
+  // Only written when off: a container engine mounts /proc/sys read-only
+  // and sets it itself (compose.yaml's sysctls).
+  Result<std::string> forwarding = sys::read_file("/proc/sys/net/ipv4/ip_forward", 16);
+  if (forwarding && forwarding->starts_with("1")) {
+  } else if (Status s = sys::write_file("/proc/sys/net/ipv4/ip_forward", "1"); !s) {
     (void)(*nftables)->run(nft_delete_table_script(nft));
     return Error(ErrorKind::kUnavailable, "enabling IPv4 forwarding: " + s.error().message());
   }
+  range_guard.armed = false;
   auto hn = std::unique_ptr<HostNetwork>(new HostNetwork(cfg, std::move(nft), std::move(*nftables)));
   hn->dns_ = std::move(dns);
   self->store(hn.get());
@@ -152,6 +213,10 @@ HostNetwork::~HostNetwork() {
   }
   if (Result<Rtnl> rtnl = Rtnl::open()) {
     for (const std::string& l : links) (void)rtnl->delete_link(l);
+    Rtnl::Route4 range{nft_.range.addr, nft_.range.prefix, RTN_UNREACHABLE, kRangeProtocol, RT_TABLE_MAIN,
+                       range_metric(cfg_.instance)};
+    if (Status s = rtnl->delete_route4(range); !s)
+      LOG_WARN("network: giving back the range " << ipv4_net_text(nft_.range) << ": " << s.error().message());
   }
   if (Status s = nftables_->run(nft_delete_table_script(nft_)); !s)
     LOG_WARN("network: removing table " << nft_.table << ": " << s.error().message());

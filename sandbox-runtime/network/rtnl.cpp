@@ -133,6 +133,8 @@ Status Rtnl::transact(std::string& req, const char* what, const std::function<vo
       const auto* e = static_cast<const struct nlmsgerr*>(NLMSG_DATA(m));
       if (e->error == 0) return Status::Ok();
       if (e->error == -ENODEV) return Error(ErrorKind::kNotFound, std::string(what) + ": no such link");
+      if (e->error == -ESRCH) return Error(ErrorKind::kNotFound, std::string(what) + ": no such route");
+      if (e->error == -EEXIST) return Error(ErrorKind::kConflict, std::string(what) + ": it exists");
       return sys::errno_error("netlink", what, -e->error);
     }
   }
@@ -215,25 +217,75 @@ Result<std::vector<std::string>> Rtnl::links_with_prefix(const std::string& pref
   return out;
 }
 
-Result<std::vector<std::pair<uint32_t, int>>> Rtnl::routes4() {
+Result<std::vector<Rtnl::Route4>> Rtnl::routes4() {
   std::string b = header(RTM_GETROUTE, NLM_F_DUMP);
   struct rtmsg rt{};
   rt.rtm_family = AF_INET;
   put(b, &rt, sizeof rt);
-  std::vector<std::pair<uint32_t, int>> out;
+  std::vector<Route4> out;
   Status s = transact(b, "list routes", [&](const struct nlmsghdr* m) {
     if (m->nlmsg_type != RTM_NEWROUTE || m->nlmsg_len < NLMSG_LENGTH(sizeof(struct rtmsg))) return;
     // SAFETY: as in links_with_prefix, RTA_OK bounds every attribute.
     const auto* r = static_cast<const struct rtmsg*>(NLMSG_DATA(m));
     if (r->rtm_family != AF_INET || r->rtm_type == RTN_LOCAL || r->rtm_type == RTN_BROADCAST) return;
+    Route4 route;
     uint32_t dst = 0;
+    route.table = r->rtm_table;
     int alen = static_cast<int>(m->nlmsg_len - NLMSG_LENGTH(sizeof(struct rtmsg)));
-    for (auto* a = RTM_RTA(r); RTA_OK(a, alen); a = RTA_NEXT(a, alen))
+    for (auto* a = RTM_RTA(r); RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
       if (a->rta_type == RTA_DST && RTA_PAYLOAD(a) == 4) std::memcpy(&dst, RTA_DATA(a), 4);
-    out.emplace_back(ntohl(dst), r->rtm_dst_len);
+      if (a->rta_type == RTA_PRIORITY && RTA_PAYLOAD(a) == 4) std::memcpy(&route.metric, RTA_DATA(a), 4);
+      if (a->rta_type == RTA_TABLE && RTA_PAYLOAD(a) == 4) {
+        uint32_t t = 0;
+        std::memcpy(&t, RTA_DATA(a), 4);
+        route.table = t > 255 ? 0 : static_cast<uint8_t>(t);
+      }
+    }
+    route.dst = ntohl(dst);
+    route.prefix = r->rtm_dst_len;
+    route.type = r->rtm_type;
+    route.protocol = r->rtm_protocol;
+    out.push_back(route);
   });
   if (!s) return s.error();
   return out;
+}
+
+namespace {
+
+// The request add_unreachable_route4 and delete_route4 share.
+std::string unreachable_route_request(uint16_t type, uint16_t flags, uint32_t dst, int prefix, uint8_t protocol,
+                                      uint32_t metric) {
+  std::string b = header(type, flags);
+  struct rtmsg rt{};
+  rt.rtm_family = AF_INET;
+  rt.rtm_dst_len = static_cast<unsigned char>(prefix);
+  rt.rtm_table = RT_TABLE_MAIN;
+  rt.rtm_protocol = protocol;
+  rt.rtm_scope = RT_SCOPE_UNIVERSE;
+  rt.rtm_type = RTN_UNREACHABLE;
+  put(b, &rt, sizeof rt);
+  attr_val<uint32_t>(b, RTA_DST, htonl(dst));
+  attr_val<uint32_t>(b, RTA_PRIORITY, metric);
+  return b;
+}
+
+}  // namespace
+
+Status Rtnl::add_unreachable_route4(uint32_t dst, int prefix, uint8_t protocol, uint32_t metric) {
+  if (prefix < 0 || prefix > 32) return invalid_error("route prefix /" + std::to_string(prefix));
+  std::string b = unreachable_route_request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, dst, prefix, protocol, metric);
+  return transact(b, "add unreachable route");
+}
+
+Status Rtnl::delete_route4(const Route4& r) {
+  if (r.prefix < 0 || r.prefix > 32) return invalid_error("route prefix /" + std::to_string(r.prefix));
+  std::string b = unreachable_route_request(RTM_DELROUTE, 0, r.dst, r.prefix, r.protocol, r.metric);
+  // SAFETY: the request starts with the nlmsghdr and rtmsg put above.
+  auto* rt = reinterpret_cast<struct rtmsg*>(b.data() + NLMSG_HDRLEN);
+  rt->rtm_type = r.type;
+  rt->rtm_table = r.table;
+  return transact(b, "delete route");
 }
 
 Status Rtnl::set_up(int ifindex) {

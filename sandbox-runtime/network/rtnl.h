@@ -44,9 +44,23 @@ class Rtnl {
   Status add_default_route4(int ifindex, uint32_t gateway);
   // Link names starting with prefix, in this namespace.
   Result<std::vector<std::string>> links_with_prefix(const std::string& prefix);
-  // The IPv4 routes' destinations (address in host byte order, prefix
-  // length), every table.
-  Result<std::vector<std::pair<uint32_t, int>>> routes4();
+  // An IPv4 route as routes4 lists it: destination in host byte order.
+  struct Route4 {
+    uint32_t dst = 0;
+    int prefix = 0;
+    uint8_t type = 0;      // RTN_*
+    uint8_t protocol = 0;  // RTPROT_*: who made it
+    uint8_t table = 0;     // RT_TABLE_*
+    uint32_t metric = 0;   // RTA_PRIORITY
+  };
+  // The IPv4 routes but local and broadcast ones, every table.
+  Result<std::vector<Route4>> routes4();
+  // An unreachable route to dst/prefix (host byte order) in the main
+  // table; protocol and metric mark whose it is (delete_route4 finds it by
+  // both). kConflict when that very route is there; delete_route4 gives
+  // kNotFound when it is not.
+  Status add_unreachable_route4(uint32_t dst, int prefix, uint8_t protocol, uint32_t metric);
+  Status delete_route4(const Route4& r);
 
  private:
   explicit Rtnl(UniqueFd fd) : fd_(std::move(fd)) {}

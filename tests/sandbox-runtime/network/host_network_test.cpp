@@ -9,6 +9,7 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <linux/rtnetlink.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -457,6 +458,50 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
     Ipv4Net r = (*picked)->nft_config().range;
     CHECK(r.prefix == 20);
     CHECK((r.addr & 0xffc00000u) == v4("10.192.0.0"));
+
+    // The range is held by an unreachable route (protocol 83, metric
+    // 0x5347 and the instance) from the start, with no sandbox yet: the
+    // next server sees it taken.
+    const uint32_t metric = 0x53470000u | static_cast<uint32_t>(std::stoul(other.instance, nullptr, 16));
+    auto held = [&](const Ipv4Net& n) {
+      Result<Rtnl> h = Rtnl::open();
+      REQUIRE(h);
+      Result<std::vector<Rtnl::Route4>> rs = h->routes4();
+      REQUIRE(rs);
+      return std::any_of(rs->begin(), rs->end(), [&](const Rtnl::Route4& x) {
+        return x.dst == n.addr && x.prefix == n.prefix && x.protocol == 83 && x.metric == metric &&
+               x.type == RTN_UNREACHABLE;
+      });
+    };
+    CHECK(held(r));
+    NetworkConfig third;
+    third.instance = other.instance == "ffff" ? "fffe" : "ffff";
+    if (third.instance == inst) third.instance = "fffd";
+    third.range = r;
+    Result<std::unique_ptr<HostNetwork>> taken = HostNetwork::start(third);
+    REQUIRE_FALSE(taken);
+    CHECK(taken.error().message().find("overlaps this host's route to " + ipv4_net_text(r)) != std::string::npos);
+    third.range.reset();
+    Result<std::unique_ptr<HostNetwork>> beside = HostNetwork::start(third);
+    REQUIRE_MESSAGE(beside, beside.error().message());
+    CHECK((*beside)->nft_config().range.addr != r.addr);
+    beside->reset();
+
+    // A stop gives the range back; a crash leaves the route, and the same
+    // server's next start takes it back rather than moving on.
+    picked->reset();
+    CHECK_FALSE(held(r));
+    {
+      Result<Rtnl> h = Rtnl::open();
+      REQUIRE(h);
+      REQUIRE(h->add_unreachable_route4(r.addr, r.prefix, 83, metric));
+    }
+    Result<std::unique_ptr<HostNetwork>> again = HostNetwork::start(other);
+    REQUIRE_MESSAGE(again, again.error().message());
+    CHECK((*again)->nft_config().range.addr == r.addr);
+    CHECK(held(r));
+    again->reset();
+    CHECK_FALSE(held(r));
   }
 
   UniqueFd sb1 = new_netns(), sb2 = new_netns();
