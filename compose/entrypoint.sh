@@ -155,6 +155,7 @@ if [ "$1" = serve ]; then
   [ -z "${SANDGATE_LOG_LEVEL:-}" ] || set -- --log-level "$SANDGATE_LOG_LEVEL" "$@"
   [ -z "${SANDGATE_PUBLIC_URL:-}" ] || set -- --public-url "$SANDGATE_PUBLIC_URL" "$@"
   [ -z "${SANDGATE_RUNTIME:-}" ] || set -- --runtime "$SANDGATE_RUNTIME" "$@"
+  [ -z "${SANDGATE_NETWORK:-}" ] || set -- --network "$SANDGATE_NETWORK" "$@"
   exec sandgate serve "$@"
 fi
 

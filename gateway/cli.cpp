@@ -190,9 +190,10 @@ serve options:
                                 their own (a veth pair each, NAT, policy in
                                 nftables; process backend); proxy, the
                                 egress proxy (as --egress); auto, veth
-                                where this host can, else proxy; off,
-                                loopback only (default: proxy with
-                                --egress, else off)
+                                where this host can, else proxy (the
+                                default, as E2B: internet on unless a
+                                sandbox is created without it); off,
+                                loopback only, for every sandbox
   --network-range CIDR          the veth path's sandbox addresses, a /30
                                 each (default: a free /20 of 10.192.0.0/10)
   --sandbox-bandwidth-mbit N    the veth path's limit per sandbox and
@@ -648,7 +649,7 @@ bool serve_flags(Args& a, AppConfig& cfg, std::ostream& err) {
     o.out = it->second;
   }
   // --egress is --network proxy, said the old way; they must agree.
-  if (cfg.network.empty()) cfg.network = cfg.egress ? "proxy" : "off";
+  if (cfg.network.empty()) cfg.network = cfg.egress ? "proxy" : "auto";
   if (a.opts.count("egress") && cfg.egress != (cfg.network == "proxy")) {
     err << "sandgate: --egress and --network " << cfg.network << " disagree (--egress is --network proxy)\n";
     return false;

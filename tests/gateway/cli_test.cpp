@@ -204,7 +204,7 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   Run jail = cli(dir, {"serve", "--vmm-jail", "1"});
   CHECK(jail.rc == 2);
   CHECK(jail.err.find("--vmm-jail wants auto, on or off") != std::string::npos);
-  Run priv = cli(dir, {"serve", "--egress-allow-private"});
+  Run priv = cli(dir, {"serve", "--network", "off", "--egress-allow-private"});
   CHECK(priv.rc == 2);
   CHECK(priv.err.find("--egress-allow-private needs a way out") != std::string::npos);
   Run net = cli(dir, {"serve", "--network", "bridge"});
