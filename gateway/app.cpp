@@ -803,6 +803,7 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
   nc.rate_bytes_per_s = static_cast<uint64_t>(cfg.sandbox_bandwidth_mbit) * 1000 * 1000 / 8;
   nc.max_connections = static_cast<uint32_t>(cfg.sandbox_connections);
   nc.policies = &policies;
+  nc.keep_links = cfg.keep_sandboxes == "on" && !use_kvm;  // process sandboxes outlive the server
   if (!cfg.dns_upstream.empty()) {
     struct in_addr ia {};
     ::inet_pton(AF_INET, cfg.dns_upstream.c_str(), &ia);  // checked by the CLI
@@ -819,9 +820,6 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
     return Error(h.error().kind(), "--network veth: " + h.error().message());
   }
   n.host = std::move(*h);
-  if (cfg.keep_sandboxes == "on")
-    LOG_WARN("network: sandboxes outlive this server (--keep-sandboxes on), but not their networks: "
-             "the next start removes this one's links and rules, and the sandboxes it takes back have loopback only");
   return n;
 }
 
@@ -835,6 +833,7 @@ class RuntimeNetworks final : public runtime::SandboxNetworks {
     return Link{network::ipv4_text(l->address), network::ipv4_text(l->gateway)};
   }
   Status attach(const std::string& id, int netns_fd) override { return h_.attach(id, netns_fd); }
+  Status adopt(const std::string& id, int netns_fd) override { return h_.adopt(id, netns_fd); }
   void release(const std::string& id) override { h_.release(id); }
 
  private:
@@ -1197,6 +1196,7 @@ int serve(const AppConfig& cfg_in) {
                     if (ClusterTemplates* c = shared_templates.load()) c->sync_soon();
                   });
   if (Status s = sandboxes.recover(); !s) return fail(Error(s.error().kind(), "recovery: " + s.error().message()));
+  if (net->host) net->host->sweep();  // the previous run's links no sandbox took back
 
   Result<std::unique_ptr<llm::ModelGateway>> models =
       llm::ModelGateway::create(model_gateway_config(cfg), **store, sandboxes, rows, memory_engine->get(), &pressure);

@@ -67,7 +67,9 @@ enum class UserNamespaces { kAuto, kOn, kOff };
 // before a sandbox's first process is built (the addresses go into its
 // agent's environment), attach() once its network namespace exists and
 // before that process runs, and release() when the sandbox is gone (also
-// after a failed attach). Thread-safe.
+// after a failed attach). A sandbox taken back after a restart
+// (Runtime::recover) is adopt()ed instead: its link outlived the previous
+// server. Thread-safe.
 class SandboxNetworks {
  public:
   virtual ~SandboxNetworks() = default;
@@ -77,6 +79,8 @@ class SandboxNetworks {
   };
   virtual Result<Link> reserve(const std::string& id) = 0;
   virtual Status attach(const std::string& id, int netns_fd) = 0;
+  // kNotFound when the sandbox has no network of this server's.
+  virtual Status adopt(const std::string& id, int netns_fd) = 0;
   virtual void release(const std::string& id) = 0;
 };
 

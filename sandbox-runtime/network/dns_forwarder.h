@@ -10,11 +10,15 @@
 // them to the sandbox's allowed set for the answer's TTL): that is how
 // names in allowOut hold in the kernel, for TCP, UDP and ICMP alike.
 //
-// UDP only (sandboxes' resolvers fall back to nothing else unless an answer
-// is truncated; a truncated answer is relayed as is). Queries are hostile:
-// bounded (512..4096 bytes), one question, every label and pointer checked
-// (dns_message.h). At most kMaxPending queries wait on the upstream at
-// once (64 per sandbox); each waits at most 5 s, then SERVFAIL.
+// UDP and TCP on the same port (RFC 7766): a resolver that gets a
+// truncated UDP answer (the upstream's TC bit, relayed as is) asks again
+// over TCP, and the forwarder asks the upstream over TCP in turn. Queries
+// are hostile: bounded (4096 bytes), one question, every label and
+// pointer checked (dns_message.h). At most kMaxPending UDP queries wait
+// on the upstream at once (64 per sandbox), and at most kMaxTcp TCP
+// connections are open (8 per sandbox), each answering one query at a
+// time, closed after 10 s without one; each query waits at most 5 s for
+// the upstream, then SERVFAIL. A TCP answer may be up to 65535 bytes.
 //
 // Thread model: one thread of its own polls the listening socket and the
 // upstream sockets; the callbacks run on it and must not block for long.
@@ -49,8 +53,10 @@ struct DnsForwarderConfig {
 class DnsForwarder {
  public:
   static constexpr size_t kMaxPending = 1024;
+  static constexpr size_t kMaxTcp = 256;
 
-  // Listens on 0.0.0.0:port (0: any free port) and starts its thread.
+  // Listens on 0.0.0.0:port, UDP and TCP (0: a port free for both), and
+  // starts its thread.
   static Result<std::unique_ptr<DnsForwarder>> start(DnsForwarderConfig cfg, uint16_t port = 0);
   ~DnsForwarder();
   DnsForwarder(const DnsForwarder&) = delete;
@@ -63,11 +69,12 @@ class DnsForwarder {
   Counters counters() const;
 
  private:
-  DnsForwarder(DnsForwarderConfig cfg, UniqueFd sock, uint16_t port, UniqueFd wake);
+  DnsForwarder(DnsForwarderConfig cfg, UniqueFd sock, UniqueFd tcp, uint16_t port, UniqueFd wake);
   void run();
 
   const DnsForwarderConfig cfg_;
   UniqueFd sock_;
+  UniqueFd tcp_;  // listening
   const uint16_t port_;
   UniqueFd wake_;  // an eventfd: the destructor's stop
   std::atomic<bool> stop_{false};

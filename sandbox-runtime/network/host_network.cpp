@@ -2,12 +2,17 @@
 #include "sandbox-runtime/network/host_network.h"
 
 #include <arpa/inet.h>
-#include <linux/rtnetlink.h>
 #include <fcntl.h>
+#include <linux/rtnetlink.h>
 #include <sched.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <optional>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -34,6 +39,18 @@ bool ours(const Rtnl::Route4& r, uint32_t metric) {
   return r.protocol == kRangeProtocol && r.metric == metric && r.type == RTN_UNREACHABLE;
 }
 
+// The /30 index a sandbox link's name carries (prefix + decimal index).
+std::optional<uint32_t> link_index_of(const std::string& link, const std::string& prefix) {
+  if (link.size() <= prefix.size() || link.size() > prefix.size() + 6 || link.compare(0, prefix.size(), prefix) != 0)
+    return std::nullopt;
+  uint32_t v = 0;
+  for (size_t i = prefix.size(); i < link.size(); ++i) {
+    if (link[i] < '0' || link[i] > '9') return std::nullopt;
+    v = v * 10 + static_cast<uint32_t>(link[i] - '0');
+  }
+  return v;
+}
+
 Status valid_instance(const std::string& s) {
   if (s.size() != 4 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
     return invalid_error("network instance \"" + s + "\": four lower-case hex digits");
@@ -42,14 +59,33 @@ Status valid_instance(const std::string& s) {
 
 // net.ipv4.ping_group_range of the namespace netns_fd names: every group.
 // /proc/sys/net is the opening thread's namespace's, hence a thread there.
+// A container's /proc/sys is read-only (the engine's bind mount): the
+// thread then mounts a procfs of its own, in a mount namespace of its own
+// that ends with it, and writes there.
 Status set_ping_group_range(int netns_fd) {
+  constexpr const char* kPath = "/proc/sys/net/ipv4/ping_group_range";
+  auto write = [&]() -> int {
+    UniqueFd fd(::open(kPath, O_WRONLY | O_CLOEXEC));
+    if (!fd) return errno;
+    static constexpr char kAll[] = "0 2147483647";
+    return ::write(fd.get(), kAll, sizeof kAll - 1) == static_cast<ssize_t>(sizeof kAll - 1) ? 0 : errno;
+  };
   Status out = Status::Ok();
   std::thread t([&] {
     if (::setns(netns_fd, CLONE_NEWNET) != 0) {
       out = sys::errno_error("setns", "sandbox network namespace");
       return;
     }
-    out = sys::write_file("/proc/sys/net/ipv4/ping_group_range", "0 2147483647");
+    int e = write();
+    if (e == EROFS) {
+      if (::unshare(CLONE_NEWNS) != 0 || ::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
+          ::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) {
+        out = sys::errno_error("a procfs of its own for", kPath);
+        return;
+      }
+      e = write();
+    }
+    if (e != 0) out = sys::errno_error("write", kPath, e);
   });
   t.join();
   return out;
@@ -70,10 +106,24 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
 
   Result<Rtnl> rtnl = Rtnl::open();
   if (!rtnl) return Error(ErrorKind::kUnavailable, "netlink: " + rtnl.error().message());
-  // A previous run's links (a crash leaves them; their sandboxes are gone).
+  // A previous run's links: a crash leaves them, and so does a stop whose
+  // sandboxes outlive it (keep_links). Without keep_links their sandboxes
+  // are gone; with it, those adopt() takes back keep theirs, sweep()
+  // removes the rest.
   Result<std::vector<std::string>> stale = rtnl->links_with_prefix(nft.if_prefix);
   if (!stale) return Error(ErrorKind::kUnavailable, stale.error().message());
+  std::map<uint32_t, std::string> kept;  // by /30 index
+  std::set<int> kept_ifindex;
   for (const std::string& l : *stale) {
+    if (cfg.keep_links) {
+      std::optional<uint32_t> index = link_index_of(l, nft.if_prefix);
+      Result<int> ifindex = rtnl->link_index(l);
+      if (index && ifindex) {
+        kept.emplace(*index, l);
+        kept_ifindex.insert(*ifindex);
+        continue;
+      }
+    }
     if (Status s = rtnl->delete_link(l); !s && s.error().kind() != ErrorKind::kNotFound)
       return Error(ErrorKind::kUnavailable, "removing the stale sandbox link " + l + ": " + s.error().message());
   }
@@ -85,8 +135,10 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
   const uint32_t metric = range_metric(cfg.instance);
   Result<std::vector<Rtnl::Route4>> routes = rtnl->routes4();
   if (!routes) return Error(ErrorKind::kUnavailable, routes.error().message());
-  // This server's own reservation, left by a crash: taken back.
+  // This server's own reservation, left by a crash or a stop that kept
+  // its sandboxes: taken back; so are the routes of the links it kept.
   std::erase_if(*routes, [&](const Rtnl::Route4& r) {
+    if (kept_ifindex.count(r.oif)) return true;
     if (!ours(r, metric)) return false;
     (void)rtnl->delete_route4(r);
     return true;
@@ -109,7 +161,7 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
     Result<std::vector<Rtnl::Route4>> now = rtnl->routes4();
     if (!now) return Error(ErrorKind::kUnavailable, now.error().message());
     std::erase_if(*now, [&](const Rtnl::Route4& r) {
-      return ours(r, metric) || (r.protocol == kRangeProtocol && r.metric > metric);
+      return ours(r, metric) || kept_ifindex.count(r.oif) || (r.protocol == kRangeProtocol && r.metric > metric);
     });
     if (!overlapping(*now, n)) return true;
     Rtnl::Route4 mine{n.addr, n.prefix, RTN_UNREACHABLE, kRangeProtocol, RT_TABLE_MAIN, metric};
@@ -187,6 +239,17 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
   }
   range_guard.armed = false;
   auto hn = std::unique_ptr<HostNetwork>(new HostNetwork(cfg, std::move(nft), std::move(*nftables)));
+  {
+    MutexLock l(hn->mu_);
+    for (auto& [index, link] : kept) {
+      if (index >= hn->used_.size()) {
+        (void)rtnl->delete_link(link);  // of another range: its sandbox cannot be adopted
+        continue;
+      }
+      hn->used_[index] = true;
+      hn->stale_.emplace(index, link);
+    }
+  }
   hn->dns_ = std::move(dns);
   self->store(hn.get());
   if (cfg.policies) cfg.policies->listen(hn.get());
@@ -208,8 +271,17 @@ HostNetwork::~HostNetwork() {
   std::vector<std::string> links;
   {
     MutexLock l(mu_);
+    if (cfg_.keep_links && !(sandboxes_.empty() && stale_.empty())) {
+      // Sandboxes outlive this server: their links, their rules (the
+      // kernel enforces them meanwhile) and the range stay for the next.
+      LOG_INFO("network: " << sandboxes_.size() + stale_.size() << " sandboxes keep their links, table inet "
+                           << nft_.table << " and " << ipv4_net_text(nft_.range) << " for the next start");
+      return;
+    }
     for (auto& [id, e] : sandboxes_) links.push_back(e.nft.link);
+    for (auto& [index, link] : stale_) links.push_back(link);
     sandboxes_.clear();
+    stale_.clear();
   }
   if (Result<Rtnl> rtnl = Rtnl::open()) {
     for (const std::string& l : links) (void)rtnl->delete_link(l);
@@ -398,6 +470,72 @@ Status HostNetwork::attach(const std::string& id, int netns_fd) {
   it->second.chain = true;
   by_address_[s.address] = id;
   return Status::Ok();
+}
+
+Status HostNetwork::adopt(const std::string& id, int netns_fd) {
+  Result<Rtnl> inside = Rtnl::open_in(netns_fd);
+  if (!inside) return inside.error();
+  Result<int> eth = inside->link_index("eth0");
+  if (!eth) return eth.error();  // kNotFound: made without a network
+  Result<std::vector<std::pair<uint32_t, int>>> addrs = inside->addresses4(*eth);
+  if (!addrs) return addrs.error();
+  const Ipv4Net r = nft_.range;
+  const uint64_t size = uint64_t{1} << (32 - r.prefix);
+  std::optional<uint32_t> index;
+  uint32_t address = 0;
+  for (auto [a, prefix] : *addrs) {
+    uint64_t off = static_cast<uint64_t>(a) - r.addr;
+    if (prefix != 30 || a < r.addr || off >= size || off % 4 != 2) continue;
+    index = static_cast<uint32_t>(off / 4);
+    address = a;
+  }
+  if (!index) return not_found_error("sandbox " + id + " has no address of " + ipv4_net_text(r));
+  NftSandbox s;
+  {
+    MutexLock l(mu_);
+    if (sandboxes_.count(id)) return Error(ErrorKind::kConflict, "sandbox " + id + " has a network already");
+    auto st = stale_.find(*index);
+    if (st == stale_.end())
+      return not_found_error("sandbox " + id + "'s link " + nft_.if_prefix + std::to_string(*index) + " is gone");
+    Entry e;
+    e.nft.index = *index;
+    e.nft.link = st->second;
+    e.nft.address = address;
+    e.attached = true;
+    s = e.nft;
+    stale_.erase(st);
+    sandboxes_.emplace(id, std::move(e));
+  }
+  // Its rules as attach() installs them; until then the forward chain
+  // drops everything from its link.
+  EgressPolicy p = policy_of(id);
+  MutexLock l(mu_);
+  auto it = sandboxes_.find(id);
+  if (it == sandboxes_.end()) return Error(ErrorKind::kNotFound, "sandbox " + id + " is gone");
+  if (Status st = nftables_->run(nft_sandbox_script(nft_, s, p, false)); !st) return st;
+  it->second.chain = true;
+  by_address_[s.address] = id;
+  return Status::Ok();
+}
+
+void HostNetwork::sweep() {
+  std::map<uint32_t, std::string> gone;
+  {
+    MutexLock l(mu_);
+    gone = stale_;
+  }
+  if (gone.empty()) return;
+  Result<Rtnl> rtnl = Rtnl::open();
+  for (const auto& [index, link] : gone) {
+    if (rtnl)
+      if (Status s = rtnl->delete_link(link); !s && s.error().kind() != ErrorKind::kNotFound) {
+        LOG_WARN("network: removing the previous run's link " << link << ": " << s.error().message());
+        continue;  // its slot stays taken
+      }
+    MutexLock l(mu_);
+    if (stale_.erase(index)) used_[index] = false;
+  }
+  LOG_INFO("network: removed " << gone.size() << " links of sandboxes the previous run had and this one did not take back");
 }
 
 void HostNetwork::release(const std::string& id) {

@@ -9,7 +9,11 @@
 // Names are the server's own (an nft table and a link prefix made from
 // NetworkConfig::instance), so several servers share a host as long as
 // their ranges differ. start() replaces what a previous run of the same
-// instance left (table, links); stop or destruction removes it all.
+// instance left (table, links); stop or destruction removes it all, but
+// with NetworkConfig::keep_links (sandboxes that outlive the server) the
+// links, table and range of sandboxes still there stay: the kernel goes on
+// enforcing their policies while no server runs, and the next start takes
+// each one back (adopt) and removes the rest (sweep).
 //
 // Thread safety: internally synchronised; reserve/attach/release may be
 // called from any thread, for different sandboxes at once.
@@ -49,6 +53,8 @@ struct NetworkConfig {
   uint32_t dns_upstream = 0;
   // Sandboxes' policies, by id; a sandbox with none gets no internet.
   EgressPolicies* policies = nullptr;
+  // Sandboxes outlive the server (--keep-sandboxes on): see above.
+  bool keep_links = false;
 };
 
 struct SandboxLink {
@@ -60,7 +66,7 @@ struct SandboxLink {
 class HostNetwork : public EgressPolicies::Listener {
  public:
   // Enables IPv4 forwarding, installs the table, removes links a previous
-  // run left. kUnavailable where this host cannot (no CAP_NET_ADMIN, no
+  // run left (with keep_links: keeps them for adopt and sweep). kUnavailable where this host cannot (no CAP_NET_ADMIN, no
   // nf_tables): the caller falls back to the egress proxy.
   static Result<std::unique_ptr<HostNetwork>> start(const NetworkConfig& cfg);
   ~HostNetwork() override;
@@ -75,6 +81,15 @@ class HostNetwork : public EgressPolicies::Listener {
   Status attach(const std::string& id, int netns_fd);
   // Everything of id's gone (link, chain, address); no-op if none.
   void release(const std::string& id);
+  // A sandbox a previous run of this server made, taken back after a
+  // restart (keep_links): its address read from the eth0 in the namespace
+  // netns_fd names, its link (left in place) counted again and its policy
+  // installed. kNotFound when it has no network of this server's (made
+  // without one, or in another range). Then release() as for any other.
+  Status adopt(const std::string& id, int netns_fd);
+  // The links of a previous run that no adopt() took back, removed (their
+  // sandboxes are gone): once, after the restart's adoptions.
+  void sweep();
 
   void policy_changed(const std::string& id) override;
 
@@ -116,6 +131,9 @@ class HostNetwork : public EgressPolicies::Listener {
   std::unique_ptr<DnsForwarder> dns_;
   std::vector<bool> used_ GUARDED_BY(mu_);  // by /30 index
   size_t next_ GUARDED_BY(mu_) = 0;
+  // A previous run's links not yet adopted, by /30 index (their slots
+  // count as used until sweep()).
+  std::map<uint32_t, std::string> stale_ GUARDED_BY(mu_);
 };
 
 }  // namespace sg::network

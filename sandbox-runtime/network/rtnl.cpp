@@ -4,6 +4,7 @@
 #include "sandbox-runtime/network/rtnl.h"
 
 #include <linux/if.h>
+#include <linux/if_addr.h>
 #include <linux/if_link.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -217,6 +218,29 @@ Result<std::vector<std::string>> Rtnl::links_with_prefix(const std::string& pref
   return out;
 }
 
+Result<std::vector<std::pair<uint32_t, int>>> Rtnl::addresses4(int ifindex) {
+  std::string b = header(RTM_GETADDR, NLM_F_DUMP);
+  struct ifaddrmsg ifa{};
+  ifa.ifa_family = AF_INET;
+  put(b, &ifa, sizeof ifa);
+  std::vector<std::pair<uint32_t, int>> out;
+  Status s = transact(b, "list addresses", [&](const struct nlmsghdr* m) {
+    if (m->nlmsg_type != RTM_NEWADDR || m->nlmsg_len < NLMSG_LENGTH(sizeof(struct ifaddrmsg))) return;
+    // SAFETY: as in links_with_prefix, RTA_OK bounds every attribute.
+    const auto* a = static_cast<const struct ifaddrmsg*>(NLMSG_DATA(m));
+    if (a->ifa_family != AF_INET || static_cast<int>(a->ifa_index) != ifindex) return;
+    int alen = static_cast<int>(m->nlmsg_len - NLMSG_LENGTH(sizeof(struct ifaddrmsg)));
+    for (auto* r = IFA_RTA(a); RTA_OK(r, alen); r = RTA_NEXT(r, alen)) {
+      if (r->rta_type != IFA_LOCAL || RTA_PAYLOAD(r) != 4) continue;
+      uint32_t addr = 0;
+      std::memcpy(&addr, RTA_DATA(r), 4);
+      out.emplace_back(ntohl(addr), a->ifa_prefixlen);
+    }
+  });
+  if (!s) return s.error();
+  return out;
+}
+
 Result<std::vector<Rtnl::Route4>> Rtnl::routes4() {
   std::string b = header(RTM_GETROUTE, NLM_F_DUMP);
   struct rtmsg rt{};
@@ -235,6 +259,7 @@ Result<std::vector<Rtnl::Route4>> Rtnl::routes4() {
     for (auto* a = RTM_RTA(r); RTA_OK(a, alen); a = RTA_NEXT(a, alen)) {
       if (a->rta_type == RTA_DST && RTA_PAYLOAD(a) == 4) std::memcpy(&dst, RTA_DATA(a), 4);
       if (a->rta_type == RTA_PRIORITY && RTA_PAYLOAD(a) == 4) std::memcpy(&route.metric, RTA_DATA(a), 4);
+      if (a->rta_type == RTA_OIF && RTA_PAYLOAD(a) == 4) std::memcpy(&route.oif, RTA_DATA(a), 4);
       if (a->rta_type == RTA_TABLE && RTA_PAYLOAD(a) == 4) {
         uint32_t t = 0;
         std::memcpy(&t, RTA_DATA(a), 4);

@@ -42,6 +42,9 @@ class Rtnl {
   Status add_address4(int ifindex, uint32_t addr, int prefix);
   // The default route through gateway (network byte order) on ifindex.
   Status add_default_route4(int ifindex, uint32_t gateway);
+  // The IPv4 addresses (host byte order) with their prefix lengths on
+  // link ifindex.
+  Result<std::vector<std::pair<uint32_t, int>>> addresses4(int ifindex);
   // Link names starting with prefix, in this namespace.
   Result<std::vector<std::string>> links_with_prefix(const std::string& prefix);
   // An IPv4 route as routes4 lists it: destination in host byte order.
@@ -52,6 +55,7 @@ class Rtnl {
     uint8_t protocol = 0;  // RTPROT_*: who made it
     uint8_t table = 0;     // RT_TABLE_*
     uint32_t metric = 0;   // RTA_PRIORITY
+    int oif = 0;           // the link it goes out on (0: none)
   };
   // The IPv4 routes but local and broadcast ones, every table.
   Result<std::vector<Route4>> routes4();

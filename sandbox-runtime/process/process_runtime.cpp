@@ -535,7 +535,26 @@ class ProcessRuntime final : public runtime::Runtime {
     Status attached = attach_channel(sb);
     if (*frozen)
       if (Status s = sb.cgroup_.freeze(kFreezeTimeout); !s && attached) attached = s;
+    if (attached && cfg_.networks) adopt_network(sb);
     return attached;
+  }
+
+  // Its own network, which outlived the previous server, counted again.
+  // One that cannot be (made without a network, or its link gone) leaves
+  // the sandbox as it is, with what its namespace still has.
+  void adopt_network(ProcessSandbox& sb) {
+    std::string ns_path = "/proc/" + std::to_string(sb.pid_) + "/ns/net";
+    UniqueFd ns(::open(ns_path.c_str(), O_RDONLY | O_CLOEXEC));
+    Status s = ns ? cfg_.networks->adopt(sb.id_, ns.get()) : Status(sys::errno_error("open", ns_path));
+    if (s) {
+      sb.networks_ = cfg_.networks;
+      return;
+    }
+    cfg_.networks->release(sb.id_);  // whatever part of it was counted
+    if (s.error().kind() == ErrorKind::kNotFound)
+      LOG_INFO("sandbox " << sb.id_ << " has no network of this server's to take back: " << s.error().message());
+    else
+      LOG_WARN("sandbox " << sb.id_ << ": taking back its network: " << s.error().message());
   }
 
   Status attach_channel(ProcessSandbox& sb) {

@@ -1,5 +1,6 @@
-// Sandboxes' own networks (--network veth, docs/networking.md) as the
-// unmodified official E2B JS SDK uses them, on the process backend. Two
+// Sandboxes' own networks (--network auto, the default: veth pairs on the
+// process backend; docs/networking.md) as the unmodified official E2B JS
+// SDK uses them. Two
 // network namespaces stand in for what lies behind this host: "the
 // internet" (198.51.100.2: HTTP, a UDP echo and the DNS server sandgate
 // forwards to, which knows web.test and other.test) and a private network
@@ -14,9 +15,12 @@ import { startNetwork } from './fixtures/netns.mjs';
 let server, opts, inet, priv, open;
 
 before(async () => {
-  inet = await startNetwork('198.51.100', { 'web.test': '198.51.100.2', 'other.test': '198.51.100.2' });
+  // many.test: 40 addresses, an answer past 512 bytes (truncated over UDP).
+  const many = Array.from({ length: 40 }, (_, k) => `198.51.100.${100 + k}`).join(',');
+  inet = await startNetwork('198.51.100', { 'web.test': '198.51.100.2', 'other.test': '198.51.100.2', 'many.test': many });
   priv = await startNetwork('192.168.214');
-  server = await startSandgate(['--network', 'veth', '--dns-upstream', inet.addr]);
+  // No --network: the default is what is tested.
+  server = await startSandgate(['--dns-upstream', inet.addr]);
   opts = server.opts;
   open = await Sandbox.create('base', opts);
 });
@@ -65,6 +69,11 @@ test('by default a sandbox is on the internet: names, TCP, UDP, no proxy anywher
   const inBytes = new RegExp(`^sandgate_sandbox_network_bytes_total\\{sandbox="${open.sandboxId}",direction="in"\\} (\\d+)$`, 'm').exec(m);
   assert.ok(inBytes && Number(inBytes[1]) > 0, m);
   assert.match(m, /^sandgate_dns_queries_total\{outcome="forwarded"\} [1-9]/m);
+});
+
+test('a long DNS answer: truncated over UDP, the resolver asks again over TCP', async () => {
+  const got = await run(open, 'getent ahostsv4 many.test | cut -d" " -f1 | sort -u | wc -l');
+  assert.equal(got.trim(), '40');
 });
 
 test('the host\'s networks, its metadata address, the gateway and other sandboxes are closed', async () => {
@@ -134,5 +143,48 @@ test('updateNetwork applies at once and cuts a running download', { timeout: 600
     assert.match(await curl(sbx, 'http://198.51.100.2:8080/'), /^hello from/);
   } finally {
     await sbx.kill();
+  }
+});
+
+test('sandboxes keep their networks and policies through a crash and a stop of sandgate', { timeout: 120000 }, async () => {
+  // A second server beside the first (a range of its own), whose
+  // sandboxes outlive it (--keep-sandboxes on).
+  const kept = await startSandgate(['--dns-upstream', inet.addr], { keep: true });
+  const boxes = [];
+  try {
+    const on = await Sandbox.create('base', kept.opts);
+    const off = await Sandbox.create('base', { ...kept.opts, allowInternetAccess: false });
+    boxes.push(on, off);
+    const addr = (sbx) => run(sbx, "ip -4 -o addr show eth0 | awk '{print $4}'");
+    const onAddr = await addr(on);
+    assert.match(onAddr, /^10\.\d+\.\d+\.\d+\/30\n$/);
+    assert.notEqual(onAddr, await addr(open), 'two servers, two ranges');
+    for (const sig of ['SIGKILL', 'SIGTERM']) {
+      await kept.signal(sig);
+      await kept.restart();
+      const on2 = await Sandbox.connect(on.sandboxId, kept.opts);
+      const off2 = await Sandbox.connect(off.sandboxId, kept.opts);
+      assert.equal(await addr(on2), onAddr, `after ${sig}: the same address`);
+      // Names through the new server's DNS forwarder, the policy as it was.
+      assert.match(await curl(on2, 'http://web.test:8080/'), /^hello from 198\.51\.100\.2/, `after ${sig}`);
+      assert.equal(await curl(off2, 'http://198.51.100.2:8080/'), 'exit 7', `after ${sig}`);
+      assert.equal(await curl(on2, 'http://192.168.214.2:8080/'), 'exit 7', `after ${sig}`);
+      // The taken-back sandbox's policy is live again, and counted.
+      await on2.updateNetwork({ allowInternetAccess: false });
+      assert.equal(await curl(on2, 'http://198.51.100.2:8080/'), 'exit 7', `after ${sig}`);
+      await on2.updateNetwork({});
+      assert.match(await curl(on2, 'http://198.51.100.2:8080/'), /^hello from/, `after ${sig}`);
+      const m = await (await fetch(`${kept.url}/metrics`)).text();
+      assert.match(m, new RegExp(`^sandgate_sandbox_network_bytes_total\\{sandbox="${on.sandboxId}",direction="in"\\} [1-9]`, 'm'));
+      // A new sandbox beside them gets an address of its own.
+      const fresh = await Sandbox.create('base', kept.opts);
+      boxes.push(fresh);
+      const freshAddr = await addr(fresh);
+      assert.notEqual(freshAddr, onAddr);
+      assert.match(await curl(fresh, 'http://web.test:8080/'), /^hello from/);
+    }
+  } finally {
+    for (const b of boxes) await Sandbox.kill(b.sandboxId, kept.opts).catch(() => {});
+    await kept.stop();
   }
 });

@@ -254,19 +254,57 @@ void udp_spoof(int netns, uint32_t from, uint32_t addr, uint16_t port, const cha
 // A DNS server in a namespace (UDP port 53): A records from a table, NXDOMAIN otherwise.
 class DnsServer {
  public:
-  DnsServer(int netns, uint32_t addr, std::map<std::string, uint32_t> records) : records_(std::move(records)) {
+  // records: one A record each; many: several, an answer over 512 bytes
+  // (truncated over UDP, whole over TCP).
+  DnsServer(int netns, uint32_t addr, std::map<std::string, uint32_t> records,
+            std::map<std::string, std::vector<uint32_t>> many = {})
+      : many_(std::move(many)) {
+    for (auto& [n, a] : records) many_[n] = {a};
     sock_ = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+    tcp_ = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)); });
     REQUIRE(sock_);
+    REQUIRE(tcp_);
     sockaddr_in s = sa(addr, 53);
     REQUIRE(::bind(sock_.get(), reinterpret_cast<sockaddr*>(&s), sizeof s) == 0);
+    int one = 1;
+    ::setsockopt(tcp_.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    REQUIRE(::bind(tcp_.get(), reinterpret_cast<sockaddr*>(&s), sizeof s) == 0);
+    REQUIRE(::listen(tcp_.get(), 16) == 0);
     thread_ = std::thread([this] { loop(); });
+    tcp_thread_ = std::thread([this] { tcp_loop(); });
   }
   ~DnsServer() {
     ::shutdown(sock_.get(), SHUT_RDWR);
+    ::shutdown(tcp_.get(), SHUT_RDWR);
     thread_.join();
+    tcp_thread_.join();
   }
 
  private:
+  // The answer to query q (empty: not a query), whole or cut to a
+  // header and question with TC set when it would pass max bytes.
+  std::string answer(std::string_view q, size_t max) {
+    Result<DnsQuestion> dq = parse_dns_query(q);
+    if (!dq) return "";
+    auto it = many_.find(dq->name);
+    std::string r = dns_error_reply(q, it == many_.end() ? 3 : 0);
+    if (it == many_.end()) return r;
+    size_t n = it->second.size();
+    if (r.size() + n * 16 > max) {
+      r[2] = static_cast<char>(r[2] | 0x02);  // TC
+      return r;
+    }
+    r[6] = static_cast<char>(n >> 8);
+    r[7] = static_cast<char>(n & 0xff);
+    for (uint32_t a : it->second) {
+      // A pointer to the question's name, A IN, TTL 60.
+      const unsigned char rr[] = {0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4};
+      r.append(reinterpret_cast<const char*>(rr), sizeof rr);
+      uint32_t be = htonl(a);
+      r.append(reinterpret_cast<const char*>(&be), 4);
+    }
+    return r;
+  }
   void loop() {
     char buf[512];
     for (;;) {
@@ -274,31 +312,42 @@ class DnsServer {
       socklen_t fl = sizeof from;
       ssize_t n = ::recvfrom(sock_.get(), buf, sizeof buf, 0, reinterpret_cast<sockaddr*>(&from), &fl);
       if (n <= 0) return;
-      std::string_view q(buf, static_cast<size_t>(n));
-      Result<DnsQuestion> dq = parse_dns_query(q);
-      if (!dq) continue;
-      auto it = records_.find(dq->name);
-      std::string r = dns_error_reply(q, it == records_.end() ? 3 : 0);
-      if (it != records_.end()) {
-        r[7] = 1;  // one answer: a pointer to the question's name, A IN, TTL 60
-        const unsigned char rr[] = {0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4};
-        r.append(reinterpret_cast<const char*>(rr), sizeof rr);
-        uint32_t a = htonl(it->second);
-        r.append(reinterpret_cast<const char*>(&a), 4);
-      }
-      ::sendto(sock_.get(), r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
+      std::string r = answer(std::string_view(buf, static_cast<size_t>(n)), 512);
+      if (!r.empty()) ::sendto(sock_.get(), r.data(), r.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
     }
   }
-  std::map<std::string, uint32_t> records_;
-  UniqueFd sock_;
-  std::thread thread_;
+  // One connection at a time, queries answered in order until it closes.
+  void tcp_loop() {
+    for (;;) {
+      UniqueFd c(::accept4(tcp_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (!c) return;
+      std::string in;
+      char buf[4096];
+      for (;;) {
+        pollfd p = {c.get(), POLLIN, 0};
+        if (::poll(&p, 1, 5000) != 1) break;
+        ssize_t n = ::recv(c.get(), buf, sizeof buf, 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+        while (in.size() >= 2) {
+          size_t len = (static_cast<size_t>(static_cast<unsigned char>(in[0])) << 8) | static_cast<unsigned char>(in[1]);
+          if (in.size() < 2 + len) break;
+          std::string r = answer(std::string_view(in).substr(2, len), 65535);
+          in.erase(0, 2 + len);
+          std::string f{static_cast<char>(r.size() >> 8), static_cast<char>(r.size() & 0xff)};
+          f += r;
+          (void)::send(c.get(), f.data(), f.size(), MSG_NOSIGNAL);
+        }
+      }
+    }
+  }
+  std::map<std::string, std::vector<uint32_t>> many_;
+  UniqueFd sock_, tcp_;
+  std::thread thread_, tcp_thread_;
 };
 
-// An A query for name from inside netns to server:53; the answer's rcode
-// and addresses (rcode -1: no answer within 3 s).
-std::pair<int, std::vector<uint32_t>> resolve(int netns, uint32_t server, const std::string& name) {
-  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
-  REQUIRE(s);
+// An A query for name (id 0x1234, RD).
+std::string a_query(const std::string& name) {
   std::string q("\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00", 12);
   size_t start = 0;
   while (start <= name.size()) {
@@ -309,17 +358,71 @@ std::pair<int, std::vector<uint32_t>> resolve(int netns, uint32_t server, const 
     start = dot + 1;
   }
   q += std::string("\0\0\x01\0\x01", 5);
+  return q;
+}
+
+struct Resolved {
+  int rcode = -1;  // -1: no answer within 3 s
+  std::vector<uint32_t> a;
+  bool truncated = false;
+};
+Resolved parse_reply(std::string_view r) {
+  Result<DnsAnswers> a = parse_dns_answers(r);
+  REQUIRE(a);
+  CHECK(a->id == 0x1234);
+  return {a->rcode, a->a, (static_cast<unsigned char>(r[2]) & 0x02) != 0};
+}
+
+// An A query for name from inside netns to server:53 over UDP.
+Resolved resolve_udp(int netns, uint32_t server, const std::string& name) {
+  UniqueFd s = in_ns(netns, [] { return UniqueFd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)); });
+  REQUIRE(s);
+  std::string q = a_query(name);
   sockaddr_in d = sa(server, 53);
   REQUIRE(::sendto(s.get(), q.data(), q.size(), 0, reinterpret_cast<sockaddr*>(&d), sizeof d) > 0);
   pollfd p = {s.get(), POLLIN, 0};
-  if (::poll(&p, 1, 3000) != 1) return {-1, {}};
+  if (::poll(&p, 1, 3000) != 1) return {};
   char buf[1024];
   ssize_t n = ::recv(s.get(), buf, sizeof buf, 0);
-  if (n <= 0) return {-1, {}};
-  Result<DnsAnswers> a = parse_dns_answers(std::string_view(buf, static_cast<size_t>(n)));
-  REQUIRE(a);
-  CHECK(a->id == 0x1234);
-  return {a->rcode, a->a};
+  if (n <= 0) return {};
+  return parse_reply(std::string_view(buf, static_cast<size_t>(n)));
+}
+
+// Frames (two-byte length + bytes) from inside netns to server:53 over one
+// TCP connection, all sent at once; the replies in order (fewer when the
+// connection ends or 3 s pass without one).
+std::vector<Resolved> resolve_tcp(int netns, uint32_t server, const std::vector<std::string>& frames) {
+  Got got = Got::kOther;
+  UniqueFd s = connect_from(netns, server, 53, &got);
+  REQUIRE_MESSAGE(s, "TCP to the DNS server: " << name(got));
+  std::string out;
+  for (const std::string& f : frames) out += f;
+  REQUIRE(::send(s.get(), out.data(), out.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(out.size()));
+  std::vector<Resolved> got_back;
+  std::string in;
+  char buf[8192];
+  while (got_back.size() < frames.size()) {
+    pollfd p = {s.get(), POLLIN, 0};
+    if (::poll(&p, 1, 3000) != 1) break;
+    ssize_t n = ::recv(s.get(), buf, sizeof buf, 0);
+    if (n <= 0) break;
+    in.append(buf, static_cast<size_t>(n));
+    while (in.size() >= 2) {
+      size_t len = (static_cast<size_t>(static_cast<unsigned char>(in[0])) << 8) | static_cast<unsigned char>(in[1]);
+      if (in.size() < 2 + len) break;
+      got_back.push_back(parse_reply(std::string_view(in).substr(2, len)));
+      in.erase(0, 2 + len);
+    }
+  }
+  return got_back;
+}
+std::string frame(const std::string& m) {
+  return std::string{static_cast<char>(m.size() >> 8), static_cast<char>(m.size() & 0xff)} + m;
+}
+
+std::pair<int, std::vector<uint32_t>> resolve(int netns, uint32_t server, const std::string& name) {
+  Resolved r = resolve_udp(netns, server, name);
+  return {r.rcode, r.a};
 }
 
 EgressPolicy policy(std::vector<std::string> allow, std::vector<std::string> deny, bool internet) {
@@ -427,8 +530,11 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
   Servers inet_srv(inet.ns.get(), internet, 8080);
   Servers priv_srv(priv.ns.get(), private_host, 8080);
 
+  std::vector<uint32_t> forty;
+  for (uint32_t k = 0; k < 40; ++k) forty.push_back(internet + 100 + k);
   DnsServer dns(inet.ns.get(), internet,
-                {{"internet.test", internet}, {"allowed.test", internet}, {"a.wild.test", internet}});
+                {{"internet.test", internet}, {"allowed.test", internet}, {"a.wild.test", internet}},
+                {{"many.test", forty}});
 
   EgressPolicies policies;
   NetworkConfig cfg;
@@ -590,6 +696,40 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
     CHECK(c.forwarded >= 4);
     CHECK(c.refused >= 1);
   }
+  SUBCASE("DNS over TCP: a truncated answer asked again over TCP, by the same policy") {
+    Resolved udp = resolve_udp(sb1.get(), l1->gateway, "many.test");
+    CHECK(udp.rcode == 0);
+    CHECK(udp.truncated);
+    CHECK(udp.a.empty());
+    // Two queries on one connection, answered in order; the long answer whole.
+    std::vector<Resolved> tcp = resolve_tcp(sb1.get(), l1->gateway, {frame(a_query("many.test")), frame(a_query("missing.test"))});
+    REQUIRE(tcp.size() == 2);
+    CHECK(tcp[0].rcode == 0);
+    CHECK_FALSE(tcp[0].truncated);
+    CHECK(tcp[0].a == forty);
+    CHECK(tcp[1].rcode == 3);
+    policies.set("sb1", policy({"allowed.test"}, {}, false));
+    tcp = resolve_tcp(sb1.get(), l1->gateway, {frame(a_query("many.test")), frame(a_query("allowed.test"))});
+    REQUIRE(tcp.size() == 2);
+    CHECK(tcp[0].rcode == 5);  // REFUSED
+    CHECK(tcp[1].a == std::vector<uint32_t>{internet});
+    CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("hello"));  // opened by the TCP answer
+    // A frame too short for a header: FORMERR is not possible, the stream
+    // cannot be followed past it, the connection closes.
+    CHECK(resolve_tcp(sb1.get(), l1->gateway, {std::string("\0\3abc", 5), frame(a_query("allowed.test"))}).empty());
+    // A query split across writes is still one query.
+    std::string q = frame(a_query("allowed.test"));
+    Got got = Got::kOther;
+    UniqueFd c = connect_from(sb1.get(), l1->gateway, 53, &got);
+    REQUIRE(c);
+    REQUIRE(::send(c.get(), q.data(), 5, MSG_NOSIGNAL) == 5);
+    REQUIRE(::send(c.get(), q.data() + 5, q.size() - 5, MSG_NOSIGNAL) == static_cast<ssize_t>(q.size() - 5));
+    pollfd p = {c.get(), POLLIN, 0};
+    CHECK(::poll(&p, 1, 3000) == 1);
+    DnsForwarder::Counters n = (*hn)->dns_counters();
+    CHECK(n.forwarded >= 3);
+    CHECK(n.malformed >= 1);
+  }
   SUBCASE("denyOut by CIDR for TCP and UDP, other sandboxes unaffected") {
     policies.set("sb1", policy({}, {"203.0.113.0/28"}, true));
     CHECK(name(hello(sb1.get(), internet, 8080)) == std::string("refused"));
@@ -676,4 +816,86 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
   Result<std::vector<std::string>> left = h->links_with_prefix((*hn)->nft_config().if_prefix);
   REQUIRE(left);
   CHECK(left->empty());
+}
+
+TEST_CASE("host network: sandboxes' links outlive the server and are taken back after a restart" *
+          doctest::test_suite("own-entry")) {
+  if (::geteuid() != 0) test::skip_case("needs root (CAP_NET_ADMIN) for veth pairs and nftables");
+  const std::string inst = hex4();
+  const uint32_t internet = v4("203.0.113.2");
+  Net inet("sgt" + inst + "i", v4("203.0.113.1"), internet);
+  Servers inet_srv(inet.ns.get(), internet, 8080);
+
+  EgressPolicies policies;
+  NetworkConfig cfg;
+  cfg.instance = inst;
+  cfg.dns = false;
+  cfg.range = Ipv4Net{v4("10.223.0.0"), 24};
+  cfg.policies = &policies;
+  cfg.keep_links = true;
+  Result<std::unique_ptr<HostNetwork>> hn = HostNetwork::start(cfg);
+  if (!hn && hn.error().kind() == ErrorKind::kUnavailable) test::skip_case("no host networking here: " + hn.error().message());
+  REQUIRE_MESSAGE(hn, hn.error().message());
+  const std::string prefix = (*hn)->nft_config().if_prefix;
+
+  UniqueFd sb1 = new_netns(), sb2 = new_netns();
+  policies.set("sb1", policy({}, {}, true));
+  policies.set("sb2", policy({}, {}, true));
+  Result<SandboxLink> l1 = (*hn)->reserve("sb1");
+  Result<SandboxLink> l2 = (*hn)->reserve("sb2");
+  REQUIRE(l1);
+  REQUIRE(l2);
+  REQUIRE((*hn)->attach("sb1", sb1.get()));
+  REQUIRE((*hn)->attach("sb2", sb2.get()));
+  CHECK(hello(sb1.get(), internet, 8080) == Got::kHello);
+
+  // The server goes (a stop that keeps its sandboxes): links, table and
+  // range stay, and the kernel keeps enforcing the policies meanwhile.
+  hn->reset();
+  Result<Rtnl> h = Rtnl::open();
+  REQUIRE(h);
+  CHECK(h->link_index(l1->link));
+  CHECK(h->link_index(l2->link));
+  CHECK(hello(sb1.get(), internet, 8080) == Got::kHello);
+
+  // The next start keeps them (their routes overlap the range, as its
+  // own), takes sb1 back, refuses a namespace with no link of its own,
+  // keeps sb2's slot until the sweep, which removes sb2's link.
+  policies.set("sb1", policy({}, {}, false));  // the policy now in force is the new server's
+  Result<std::unique_ptr<HostNetwork>> again = HostNetwork::start(cfg);
+  REQUIRE_MESSAGE(again, again.error().message());
+  REQUIRE((*again)->adopt("sb1", sb1.get()));
+  CHECK((*again)->adopt("sb1", sb1.get()).error().kind() == ErrorKind::kConflict);
+  UniqueFd bare = new_netns();
+  Status none = (*again)->adopt("bare", bare.get());
+  REQUIRE_FALSE(none);
+  CHECK(none.error().kind() == ErrorKind::kNotFound);
+  CHECK(hello(sb1.get(), internet, 8080) == Got::kRefused);
+  policies.set("sb1", policy({}, {}, true));
+  CHECK(hello(sb1.get(), internet, 8080) == Got::kHello);
+  Result<HostNetwork::Traffic> t = (*again)->traffic("sb1");
+  REQUIRE(t);
+  CHECK(t->rx_bytes > 0);
+  Result<SandboxLink> l3 = (*again)->reserve("sb3");
+  REQUIRE(l3);
+  CHECK(l3->address != l1->address);
+  CHECK(l3->address != l2->address);
+  (*again)->sweep();
+  CHECK(h->link_index(l1->link));
+  Result<int> gone = h->link_index(l2->link);
+  REQUIRE_FALSE(gone);
+  CHECK(gone.error().kind() == ErrorKind::kNotFound);
+  // sb2 is not the new server's: its namespace lost eth0 with the pair.
+  CHECK(hello(sb2.get(), internet, 8080) == Got::kOther);
+
+  // With no sandbox left, a stop removes everything, keep_links or not.
+  (*again)->release("sb1");
+  (*again)->release("sb3");
+  again->reset();
+  Result<std::vector<std::string>> left = h->links_with_prefix(prefix);
+  REQUIRE(left);
+  CHECK(left->empty());
+  Result<std::vector<Rtnl::Route4>> routes = h->routes4();
+  REQUIRE(routes);
+  CHECK(std::none_of(routes->begin(), routes->end(), [](const Rtnl::Route4& r) { return r.protocol == 83; }));
 }
