@@ -269,7 +269,14 @@ def main():
             check(f"export E2B_API_KEY={key}" in first, "the banner prints the key saved in the volume", first[-2000:])
 
             r = run(["node", E2E / "compose_sdk.mjs", stack.url, key, "disk-limited"], engine.env, check=False, timeout=600)
-            check(r.returncode == 0, "the E2B JS SDK subset passes against the container", r.stdout + r.stderr)
+            check(r.returncode == 0, "the E2B JS SDK subset passes against the container",
+                  r.stdout + r.stderr + "\n--- sandgate's log, its end ---\n" + stack.logs()[-6000:])
+            # Sandboxes reach the internet by default (--network auto): each
+            # process sandbox has a network of its own inside the container.
+            status, body = http("GET", f"{stack.url}/metrics")
+            check(status == 200 and 'sandgate_network_path{path="veth"} 1' in body,
+                  "sandboxes have networks of their own in the container (--network auto)",
+                  "\n".join(l for l in body.splitlines() if "network" in l)[:2000] + stack.logs()[-2000:])
 
             status, body = http("POST", f"{stack.url}/sandboxes", {"templateID": "base", "timeout": 60},
                                 {"X-API-Key": key})

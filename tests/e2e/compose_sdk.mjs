@@ -5,7 +5,8 @@
 //
 // The subset of the e2e cases that shows the container works as a server:
 // create with metadata, list, commands (output, exit code, a background
-// process), files both ways, pause and resume (connect), kill.
+// process), its own network, files both ways, pause and resume (connect),
+// kill.
 import assert from 'node:assert/strict';
 import { Sandbox, SandboxNotFoundError } from 'e2b';
 
@@ -25,6 +26,23 @@ try {
   assert.equal(hi.exitCode, 0);
   assert.match(hi.stdout, /^hi from .+\nuser\n$/);
   await assert.rejects(sbx.commands.run('exit 3'), (e) => e.exitCode === 3);
+
+  // A network of its own (--network auto in the container): its address
+  // and default route (read without iproute2, which the template may
+  // lack), no proxy variables; the host (the container) answers it only
+  // for DNS, so the API port is closed to it.
+  const net = await sbx.commands.run('python3 -c "import socket,struct,os\n' +
+    "r=[l.split() for l in open('/proc/net/route')][1:]\n" +
+    "g=socket.inet_ntoa(struct.pack('<L',int([x for x in r if x[1]=='00000000'][0][2],16)))\n" +
+    's=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.connect((g,53))\n' +
+    "print(s.getsockname()[0],g,'['+os.environ.get('HTTP_PROXY','')+']')\n" +
+    "c=socket.socket();c.settimeout(5)\n" +
+    "print(c.connect_ex((g,3000)))\"");
+  const [addr, gw, proxy] = net.stdout.split('\n')[0].split(' ');
+  assert.match(addr, /^10\.\d+\.\d+\.\d+$/, net.stdout);
+  assert.match(gw, /^10\.\d+\.\d+\.\d+$/, net.stdout);
+  assert.equal(proxy, '[]', net.stdout);
+  assert.equal(net.stdout.split('\n')[1], '111', `the API port from the sandbox: ${net.stdout}`);  // ECONNREFUSED
   const bg = await sbx.commands.run('sleep 300', { background: true });
   assert.ok(bg.pid > 0);
 

@@ -153,7 +153,10 @@ SandgateProcess::SandgateProcess(std::string data_dir, std::vector<std::string> 
   std::vector<std::string> args = {"serve", "--listen", "127.0.0.1:0", "--data-dir", data_dir_,
                                    "--templates-dir", templates, "--cgroup-parent", cgroup_parent_,
                                    // Sandboxes end with the server (the restart tests say otherwise).
-                                   "--keep-sandboxes", "off"};
+                                   "--keep-sandboxes", "off",
+                                   // Loopback only: these tests are about the API (an allowOut
+                                   // is refused); the e2e tests run the default network.
+                                   "--network", "off"};
   args.insert(args.end(), extra.begin(), extra.end());
   Spawned s = spawn(args, data_dir_ + ".log");
   if (s.pid < 0) return;
