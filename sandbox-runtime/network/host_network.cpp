@@ -460,9 +460,14 @@ Status HostNetwork::attach(const std::string& id, int netns_fd) {
   // namespace, so raw sockets are not its to open.
   if (Status st = set_ping_group_range(netns_fd); !st) return st;
   // The policy last: until its chain is in the verdict map the forward
-  // chain drops everything from the link. Under the lock, so that a
-  // policy change or a release sees the chain whole or not at all.
+  // chain drops everything from the link.
+  return install_rules(id, s);
+}
+
+Status HostNetwork::install_rules(const std::string& id, const NftSandbox& s) {
   EgressPolicy p = policy_of(id);
+  // Under the lock, so that a policy change or a release sees the chain
+  // whole or not at all.
   MutexLock l(mu_);
   auto it = sandboxes_.find(id);
   if (it == sandboxes_.end()) return Error(ErrorKind::kNotFound, "sandbox " + id + " is gone");
@@ -508,14 +513,7 @@ Status HostNetwork::adopt(const std::string& id, int netns_fd) {
   }
   // Its rules as attach() installs them; until then the forward chain
   // drops everything from its link.
-  EgressPolicy p = policy_of(id);
-  MutexLock l(mu_);
-  auto it = sandboxes_.find(id);
-  if (it == sandboxes_.end()) return Error(ErrorKind::kNotFound, "sandbox " + id + " is gone");
-  if (Status st = nftables_->run(nft_sandbox_script(nft_, s, p, false)); !st) return st;
-  it->second.chain = true;
-  by_address_[s.address] = id;
-  return Status::Ok();
+  return install_rules(id, s);
 }
 
 void HostNetwork::sweep() {

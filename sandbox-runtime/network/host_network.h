@@ -120,6 +120,8 @@ class HostNetwork : public EgressPolicies::Listener {
   void allow_names(uint32_t address, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
   Ipv4Net range() const { return nft_.range; }
   EgressPolicy policy_of(const std::string& id) const;
+  // id's chain with its policy, its link in the verdict maps (attach, adopt).
+  Status install_rules(const std::string& id, const NftSandbox& s);
 
   const NetworkConfig cfg_;
   const NftConfig nft_;

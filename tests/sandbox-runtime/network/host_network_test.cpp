@@ -252,6 +252,21 @@ void udp_spoof(int netns, uint32_t from, uint32_t addr, uint16_t port, const cha
 }
 
 // A DNS server in a namespace (UDP port 53): A records from a table, NXDOMAIN otherwise.
+// DNS over TCP: a message with its two-byte length in front; and each
+// whole message at the front of in handed to f and taken off.
+std::string frame(std::string_view m) {
+  return std::string{static_cast<char>(m.size() >> 8), static_cast<char>(m.size() & 0xff)} + std::string(m);
+}
+template <typename F>
+void take_frames(std::string& in, F f) {
+  while (in.size() >= 2) {
+    size_t len = (static_cast<size_t>(static_cast<unsigned char>(in[0])) << 8) | static_cast<unsigned char>(in[1]);
+    if (in.size() < 2 + len) return;
+    f(std::string_view(in).substr(2, len));
+    in.erase(0, 2 + len);
+  }
+}
+
 class DnsServer {
  public:
   // records: one A record each; many: several, an answer over 512 bytes
@@ -329,15 +344,10 @@ class DnsServer {
         ssize_t n = ::recv(c.get(), buf, sizeof buf, 0);
         if (n <= 0) break;
         in.append(buf, static_cast<size_t>(n));
-        while (in.size() >= 2) {
-          size_t len = (static_cast<size_t>(static_cast<unsigned char>(in[0])) << 8) | static_cast<unsigned char>(in[1]);
-          if (in.size() < 2 + len) break;
-          std::string r = answer(std::string_view(in).substr(2, len), 65535);
-          in.erase(0, 2 + len);
-          std::string f{static_cast<char>(r.size() >> 8), static_cast<char>(r.size() & 0xff)};
-          f += r;
+        take_frames(in, [&](std::string_view q) {
+          std::string f = frame(answer(q, 65535));
           (void)::send(c.get(), f.data(), f.size(), MSG_NOSIGNAL);
-        }
+        });
       }
     }
   }
@@ -407,17 +417,9 @@ std::vector<Resolved> resolve_tcp(int netns, uint32_t server, const std::vector<
     ssize_t n = ::recv(s.get(), buf, sizeof buf, 0);
     if (n <= 0) break;
     in.append(buf, static_cast<size_t>(n));
-    while (in.size() >= 2) {
-      size_t len = (static_cast<size_t>(static_cast<unsigned char>(in[0])) << 8) | static_cast<unsigned char>(in[1]);
-      if (in.size() < 2 + len) break;
-      got_back.push_back(parse_reply(std::string_view(in).substr(2, len)));
-      in.erase(0, 2 + len);
-    }
+    take_frames(in, [&](std::string_view r) { got_back.push_back(parse_reply(r)); });
   }
   return got_back;
-}
-std::string frame(const std::string& m) {
-  return std::string{static_cast<char>(m.size() >> 8), static_cast<char>(m.size() & 0xff)} + m;
 }
 
 std::pair<int, std::vector<uint32_t>> resolve(int netns, uint32_t server, const std::string& name) {
