@@ -11,6 +11,7 @@ import assert from 'node:assert/strict';
 import { Sandbox, CommandExitError } from 'e2b';
 import { startSandgate } from './server.mjs';
 import { startNetwork } from './fixtures/netns.mjs';
+import { execFileSync } from 'node:child_process';
 
 let server, opts, inet, priv, open;
 
@@ -186,5 +187,29 @@ test('sandboxes keep their networks and policies through a crash and a stop of s
   } finally {
     for (const b of boxes) await Sandbox.kill(b.sandboxId, kept.opts).catch(() => {});
     await kept.stop();
+  }
+});
+
+test('auto takes the egress proxy where sandboxes cannot have networks of their own', { timeout: 60000 }, async () => {
+  // A host whose routes cover all of 10.192.0.0/10 (a VPN, say), so no
+  // range is free for sandboxes: sandgate runs in a namespace of its own
+  // with such a route, reached from here over a veth.
+  const host = await startNetwork('203.0.113');
+  let s;
+  try {
+    execFileSync('ip', ['-n', host.ns, 'route', 'add', 'unreachable', '10.192.0.0/10']);
+    s = await startSandgate(['--listen', `${host.addr}:0`], { wrap: ['nsenter', `--net=/run/netns/${host.ns}`] });
+    const m = await (await fetch(`${s.url}/metrics`)).text();
+    assert.match(m, /^sandgate_network_path\{path="proxy"\} 1$/m);
+    const sbx = await Sandbox.create('base', s.opts);
+    try {
+      assert.match(await run(sbx, 'echo "$HTTP_PROXY"'), /^http:\/\/127\.0\.0\.1:49984\/?\n$/);
+      assert.equal(await run(sbx, 'ls /sys/class/net'), 'lo\n');
+    } finally {
+      await sbx.kill();
+    }
+  } finally {
+    if (s) await s.stop();
+    await host.stop();
   }
 });
