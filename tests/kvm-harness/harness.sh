@@ -330,7 +330,11 @@ if [ -z "$exec_cmd" ]; then
   model_key=sk-harness-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
   mkdir -p "$work/seed/harness"
   (umask 077 && printf '%s\n' "$model_key" >"$work/seed/harness/upstream.key")
-  SANDGATE_HARNESS_MODEL_KEY=$model_key $pdeathsig node "$here/model-upstream.mjs" >"$work/model-upstream.out" 2>&1 &
+  # The file exists before the job starts: the job's own redirection may
+  # come after the first read below (a fresh-clone run here failed so, the
+  # read fatal under set -e, on 2026-12-06).
+  : >"$work/model-upstream.out"
+  SANDGATE_HARNESS_MODEL_KEY=$model_key $pdeathsig node "$here/model-upstream.mjs" >>"$work/model-upstream.out" 2>&1 &
   model_pid=$!
   deadline=$(($(date +%s) + 30))
   model_port=
