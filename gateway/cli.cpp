@@ -181,7 +181,7 @@ serve options:
   --egress                      let sandboxes out through the egress proxy
                                 (HTTP_PROXY/HTTPS_PROXY inside), by each
                                 one's allow_internet_access and
-                                network.allowOut/denyOut (default: no egress)
+                                network.allowOut/denyOut: --network proxy
   --egress-allow-private        the proxy (or the sandboxes' own networks)
                                 may also reach the host's internal
                                 networks (loopback, private, link-local):
