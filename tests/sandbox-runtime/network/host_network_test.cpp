@@ -24,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -433,6 +434,16 @@ EgressPolicy policy(std::vector<std::string> allow, std::vector<std::string> den
   return *p;
 }
 
+// Sandbox id on hn with the default policy (the internet), its link
+// made into netns.
+std::optional<SandboxLink> add_sandbox(HostNetwork& hn, EgressPolicies& policies, const std::string& id, int netns) {
+  policies.set(id, policy({}, {}, true));
+  Result<SandboxLink> l = hn.reserve(id);
+  REQUIRE(l);
+  REQUIRE_MESSAGE(hn.attach(id, netns), "attach " << id);
+  return *l;
+}
+
 std::string hex4() {
   std::random_device rd;
   char b[8];
@@ -613,16 +624,10 @@ TEST_CASE("host network: sandboxes reach the internet by their policy, nothing e
   }
 
   UniqueFd sb1 = new_netns(), sb2 = new_netns();
-  policies.set("sb1", policy({}, {}, true));
-  policies.set("sb2", policy({}, {}, true));
-  Result<SandboxLink> l1 = (*hn)->reserve("sb1");
-  Result<SandboxLink> l2 = (*hn)->reserve("sb2");
-  REQUIRE(l1);
-  REQUIRE(l2);
+  std::optional<SandboxLink> l1 = add_sandbox(**hn, policies, "sb1", sb1.get());
+  std::optional<SandboxLink> l2 = add_sandbox(**hn, policies, "sb2", sb2.get());
   CHECK(l1->gateway + 1 == l1->address);
   CHECK(l1->address != l2->address);
-  REQUIRE_MESSAGE((*hn)->attach("sb1", sb1.get()), "attach sb1");
-  REQUIRE((*hn)->attach("sb2", sb2.get()));
   Servers sb2_srv(sb2.get(), l2->address, 8080);
 
   // A host service on all addresses (as the gateway's API may be).
@@ -841,14 +846,8 @@ TEST_CASE("host network: sandboxes' links outlive the server and are taken back 
   const std::string prefix = (*hn)->nft_config().if_prefix;
 
   UniqueFd sb1 = new_netns(), sb2 = new_netns();
-  policies.set("sb1", policy({}, {}, true));
-  policies.set("sb2", policy({}, {}, true));
-  Result<SandboxLink> l1 = (*hn)->reserve("sb1");
-  Result<SandboxLink> l2 = (*hn)->reserve("sb2");
-  REQUIRE(l1);
-  REQUIRE(l2);
-  REQUIRE((*hn)->attach("sb1", sb1.get()));
-  REQUIRE((*hn)->attach("sb2", sb2.get()));
+  std::optional<SandboxLink> l1 = add_sandbox(**hn, policies, "sb1", sb1.get());
+  std::optional<SandboxLink> l2 = add_sandbox(**hn, policies, "sb2", sb2.get());
   CHECK(hello(sb1.get(), internet, 8080) == Got::kHello);
 
   // The server goes (a stop that keeps its sandboxes): links, table and
