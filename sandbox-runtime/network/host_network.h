@@ -66,8 +66,9 @@ struct SandboxLink {
 class HostNetwork : public EgressPolicies::Listener {
  public:
   // Enables IPv4 forwarding, installs the table, removes links a previous
-  // run left (with keep_links: keeps them for adopt and sweep). kUnavailable where this host cannot (no CAP_NET_ADMIN, no
-  // nf_tables): the caller falls back to the egress proxy.
+  // run left (with keep_links: keeps them for adopt and sweep).
+  // kUnavailable where this host cannot (no CAP_NET_ADMIN, no nf_tables,
+  // no free range): the caller falls back to the egress proxy.
   static Result<std::unique_ptr<HostNetwork>> start(const NetworkConfig& cfg);
   ~HostNetwork() override;
   HostNetwork(const HostNetwork&) = delete;

@@ -278,20 +278,20 @@ Result<std::vector<Rtnl::Route4>> Rtnl::routes4() {
 
 namespace {
 
-// The request add_unreachable_route4 and delete_route4 share.
-std::string unreachable_route_request(uint16_t type, uint16_t flags, uint32_t dst, int prefix, uint8_t protocol,
-                                      uint32_t metric) {
+// A route request for r (its destination, type, table, protocol and
+// metric): what add_unreachable_route4 and delete_route4 send.
+std::string route_request(uint16_t type, uint16_t flags, const Rtnl::Route4& r) {
   std::string b = header(type, flags);
   struct rtmsg rt{};
   rt.rtm_family = AF_INET;
-  rt.rtm_dst_len = static_cast<unsigned char>(prefix);
-  rt.rtm_table = RT_TABLE_MAIN;
-  rt.rtm_protocol = protocol;
+  rt.rtm_dst_len = static_cast<unsigned char>(r.prefix);
+  rt.rtm_table = r.table;
+  rt.rtm_protocol = r.protocol;
   rt.rtm_scope = RT_SCOPE_UNIVERSE;
-  rt.rtm_type = RTN_UNREACHABLE;
+  rt.rtm_type = r.type;
   put(b, &rt, sizeof rt);
-  attr_val<uint32_t>(b, RTA_DST, htonl(dst));
-  attr_val<uint32_t>(b, RTA_PRIORITY, metric);
+  attr_val<uint32_t>(b, RTA_DST, htonl(r.dst));
+  attr_val<uint32_t>(b, RTA_PRIORITY, r.metric);
   return b;
 }
 
@@ -299,17 +299,14 @@ std::string unreachable_route_request(uint16_t type, uint16_t flags, uint32_t ds
 
 Status Rtnl::add_unreachable_route4(uint32_t dst, int prefix, uint8_t protocol, uint32_t metric) {
   if (prefix < 0 || prefix > 32) return invalid_error("route prefix /" + std::to_string(prefix));
-  std::string b = unreachable_route_request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, dst, prefix, protocol, metric);
+  Route4 r{dst, prefix, RTN_UNREACHABLE, protocol, RT_TABLE_MAIN, metric};
+  std::string b = route_request(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL, r);
   return transact(b, "add unreachable route");
 }
 
 Status Rtnl::delete_route4(const Route4& r) {
   if (r.prefix < 0 || r.prefix > 32) return invalid_error("route prefix /" + std::to_string(r.prefix));
-  std::string b = unreachable_route_request(RTM_DELROUTE, 0, r.dst, r.prefix, r.protocol, r.metric);
-  // SAFETY: the request starts with the nlmsghdr and rtmsg put above.
-  auto* rt = reinterpret_cast<struct rtmsg*>(b.data() + NLMSG_HDRLEN);
-  rt->rtm_type = r.type;
-  rt->rtm_table = r.table;
+  std::string b = route_request(RTM_DELROUTE, 0, r);
   return transact(b, "delete route");
 }
 
