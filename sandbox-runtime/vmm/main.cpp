@@ -26,6 +26,7 @@ void usage() {
   std::fprintf(stderr,
                "usage: sandgate-vmm --kernel BZIMAGE [--initrd CPIO] [--initrd-file GUEST=HOST]... --disk IMG [--disk-rw]\n"
                "                    [--cmdline STR] [--mem-mib N] [--cpus N] --channel-fd N [--control-fd N]\n"
+               "                    [--tap-fd N] [--mac AA:BB:CC:DD:EE:FF]\n"
                "                    [--serial-log PATH] [--die-with-parent | --outlive] [--cgroup-procs FILE]... [--snapshot-dir DIR]\n"
                "                    [--jail EMPTY_DIR --jail-uid N --jail-gid N [--jail-snapshot-dir DIR]]\n"
                "       sandgate-vmm --jail-probe --jail EMPTY_DIR --jail-uid N --jail-gid N\n"
@@ -82,6 +83,8 @@ int main(int argc, char** argv) {
     else if (a == "--cpus" && parse_uint(next(), 32, &v) && v >= 1) boot.cpus = static_cast<uint32_t>(v);
     else if (a == "--channel-fd" && parse_uint(next(), 1 << 20, &v)) io.channel_fd = static_cast<int>(v);
     else if (a == "--control-fd" && parse_uint(next(), 1 << 20, &v)) control_fd = static_cast<int>(v);
+    else if (a == "--tap-fd" && parse_uint(next(), 1 << 20, &v)) io.tap_fd = static_cast<int>(v);
+    else if (a == "--mac" && sg::vmm::VirtioNet::parse_mac(next(), &io.mac)) continue;
     else if (a == "--serial-log") serial_log = next();
     else if (a == "--restore") restore_dir = next();
     else if (a == "--die-with-parent") die_with_parent = true;

@@ -1,5 +1,6 @@
 // libFuzzer target: the virtio-mmio transport with a VirtioBlk (over a
-// memfd disk) and with a VirtioConsole (over one end of a socketpair),
+// memfd disk), a VirtioConsole (over one end of a socketpair) and a
+// VirtioNet (over one end of a datagram socketpair, a TAP's semantics),
 // driven by arbitrary bytes read as a sequence of operations: register
 // reads and writes through the BusDevice entry points, raw guest-memory
 // writes, descriptors and avail-ring entries at the rings' addresses,
@@ -14,12 +15,12 @@
 //     VERSION_1 and are a subset of what the device offered;
 //   - InterruptStatus only ever has bits 0 and 1;
 //   - an active device's ready queues have a valid configuration;
-//   - every chain the device pops is completed at once (blk requests and
-//     console transmit chains: next_used == next_avail);
+//   - every chain the device pops is completed at once (blk requests,
+//     console and net transmit chains: next_used == next_avail);
 //   - the console never holds more than 2 * kOutMax bytes of output;
 //   - save -> restore -> save gives the same bytes.
 //
-// Input: byte 0 is flags (bit 0 read-only disk, bit 1 console I/O thread
+// Input: byte 0 is flags (bit 0 read-only disk, bit 1 console and net I/O threads
 // running, bit 2 RAM above 4 GiB too); then operations, see run_op().
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,6 +39,7 @@
 #include "sandbox-runtime/vmm/devices/virtio_blk.h"
 #include "sandbox-runtime/vmm/devices/virtio_console.h"
 #include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "sandbox-runtime/vmm/devices/virtio_net.h"
 #include "base/fd.h"
 #include "sandbox-runtime/vmm/kvm/memory.h"
 
@@ -60,7 +62,7 @@ constexpr uint64_t kDataBase = 0x100000;  // 1 MiB of buffers from here
 constexpr size_t kMaxOps = 2048;
 constexpr uint64_t kRegQueueNotify = 0x050, kRegInterruptStatus = 0x060, kRegInterruptAck = 0x064, kRegStatus = 0x070;
 
-// Queue q of device d (0 blk, 1 console) lives at ring_base(d, q).
+// Queue q of device d (0 blk, 1 console, 2 net) lives at ring_base(d, q).
 uint64_t ring_base(int d, size_t q) { return 0x10000 + (d * 2 + q) * 0x10000ull; }
 uint64_t desc_at(int d, size_t q) { return ring_base(d, q); }
 uint64_t avail_at(int d, size_t q) { return ring_base(d, q) + 0x4000; }
@@ -146,14 +148,18 @@ struct Rig {
   std::unique_ptr<VirtioMmio> blk_t;
   std::unique_ptr<VirtioConsole> con;
   std::unique_ptr<VirtioMmio> con_t;
+  UniqueFd net_host, net_guest_end;  // a datagram pair: one send is one frame
+  std::unique_ptr<VirtioNet> net;
+  std::unique_ptr<VirtioMmio> net_t;
   bool threaded = false;
   bool paused = false;
   bool read_only = false;
   std::atomic<int> disconnects{0};
-  DriverQueue dq[2][2];
+  DriverQueue dq[3][2];
 
-  VirtioMmio& transport(int d) { return d ? *con_t : *blk_t; }
+  VirtioMmio& transport(int d) { return d == 2 ? *net_t : d ? *con_t : *blk_t; }
   size_t queues(int d) const { return d ? 2 : 1; }
+  uint64_t offered(int d) const { return d == 2 ? net->device_features() : d ? con->device_features() : blk->device_features(); }
 };
 
 uint32_t reg_read(VirtioMmio& t, uint64_t off) {
@@ -197,12 +203,12 @@ void bring_up(Rig& r, int d, uint64_t features, uint16_t size) {
 }
 
 void check_invariants(Rig& r) {
-  for (int d = 0; d < 2; ++d) {
+  for (int d = 0; d < 3; ++d) {
     VirtioMmio& t = r.transport(d);
     uint32_t status = reg_read(t, kRegStatus);
     uint32_t isr = reg_read(t, kRegInterruptStatus);
     FUZZ_CHECK((isr & ~3u) == 0);
-    uint64_t offered = d ? r.con->device_features() : r.blk->device_features();
+    uint64_t offered = r.offered(d);
     auto lock = t.lock();
     if (status & kVirtioStatusFeaturesOk) {
       FUZZ_CHECK((t.acked_features() & kVirtioFVersion1) != 0);
@@ -211,7 +217,8 @@ void check_invariants(Rig& r) {
     if (t.active())
       for (size_t q = 0; q < r.queues(d); ++q)
         if (t.queue(q).ready) FUZZ_CHECK(t.queue(q).valid_config(r.mem));
-    // blk completes every request it pops; the console every transmit chain.
+    // blk completes every request it pops; the console and net every
+    // transmit chain.
     size_t q = d ? 1 : 0;
     FUZZ_CHECK(t.queue(q).next_used == t.queue(q).next_avail);
     if (d == 1) {
@@ -237,9 +244,16 @@ void round_trip(Rig& r, int d) {
     FUZZ_CHECK(t.restore(rd));
     FUZZ_CHECK(rd.done());
     t.save(w2);
-  } else {
+  } else if (d == 1) {
     VirtioConsole con(r.guest_end.get(), nullptr);  // never started: no thread
     VirtioMmio t(r.mem, irq, con);
+    StateReader rd(w.bytes().data(), w.bytes().size());
+    FUZZ_CHECK(t.restore(rd));
+    FUZZ_CHECK(rd.done());
+    t.save(w2);
+  } else {
+    VirtioNet net(-1, {0x02, 0, 0, 0, 0, 9});  // another MAC: the saved one comes back
+    VirtioMmio t(r.mem, irq, net);
     StateReader rd(w.bytes().data(), w.bytes().size());
     FUZZ_CHECK(t.restore(rd));
     FUZZ_CHECK(rd.done());
@@ -263,6 +277,10 @@ void restore_fuzzed(Rig& r, int d, const std::vector<uint8_t>& state) {
     VirtioBlk blk(r.disk.get(), kDiskBytes, r.read_only, "fuzz-disk");
     VirtioMmio t(r.mem, irq, blk);
     poke(t, 1);
+  } else if (d == 2) {
+    VirtioNet net(-1, {0x02, 0, 0, 0, 0, 9});  // no host end: transmit only drops
+    VirtioMmio t(r.mem, irq, net);
+    poke(t, 2);
   } else if (!r.threaded) {  // the guest end is the running console's otherwise
     VirtioConsole con(r.guest_end.get(), nullptr);
     VirtioMmio t(r.mem, irq, con);
@@ -272,7 +290,9 @@ void restore_fuzzed(Rig& r, int d, const std::vector<uint8_t>& state) {
 
 void run_op(Rig& r, Input& in) {
   uint8_t op = in.u8();
-  int d = op & 1;
+  // Bit 0 picks blk or console, bit 5 the net device instead (the corpus
+  // from before it had no op with bit 5 set); bits 1-4 the operation.
+  int d = (op & 0x20) ? 2 : op & 1;
   VirtioMmio& t = r.transport(d);
   switch ((op >> 1) % 16) {
     case 0: {  // register or config read, any width
@@ -345,25 +365,28 @@ void run_op(Rig& r, Input& in) {
     }
     case 8: {  // Linux bring-up
       uint8_t fsel = in.u8();
-      uint64_t offered = d ? r.con->device_features() : r.blk->device_features();
+      uint64_t offered = r.offered(d);
       uint64_t features = fsel % 4 == 0 ? kVirtioFVersion1 : fsel % 4 == 1 ? offered : fsel % 4 == 2 ? 0 : in.u64();
       bring_up(r, d, features, static_cast<uint16_t>(1u << (in.u8() % 10)));
       break;
     }
-    case 9: {  // the host sends bytes
+    case 9: {  // the host sends bytes (net: one frame, sometimes a large one)
       std::vector<uint8_t> b = in.bytes(in.u8());
-      if (r.host && !b.empty()) (void)!::send(r.host.get(), b.data(), b.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+      if (d == 2 && !b.empty() && (b[0] & 0x80)) b.resize(1500 + b[0] * 256u);
+      UniqueFd& host = d == 2 ? r.net_host : r.host;
+      if (host && !b.empty()) (void)!::send(host.get(), b.data(), b.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
       break;
     }
     case 10: {  // the host reads what there is
       if (r.threaded) std::this_thread::yield();  // let the I/O thread move some data first
-      char buf[65536];
-      while (r.host && ::recv(r.host.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
+      static char buf[70000];
+      UniqueFd& host = d == 2 ? r.net_host : r.host;
+      while (host && ::recv(host.get(), buf, sizeof buf, MSG_DONTWAIT) > 0) {
       }
       break;
     }
     case 11:  // the host goes away
-      r.host.reset();
+      (d == 2 ? r.net_host : r.host).reset();
       break;
     case 12:
       round_trip(r, d);
@@ -371,8 +394,12 @@ void run_op(Rig& r, Input& in) {
     case 13:
       restore_fuzzed(r, d, in.bytes(in.u16() & 0x3ff));
       break;
-    case 14:  // pause or resume the console's I/O thread
-      if (r.threaded) r.con->set_paused(r.paused = !r.paused);
+    case 14:  // pause or resume the I/O threads
+      if (r.threaded) {
+        r.paused = !r.paused;
+        r.con->set_paused(r.paused);
+        r.net->set_paused(r.paused);
+      }
       break;
     case 15: {  // the interrupt handler
       uint32_t isr = reg_read(t, kRegInterruptStatus);
@@ -413,13 +440,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   r.blk_t = std::make_unique<VirtioMmio>(r.mem, r.irq, *r.blk);
   r.con = std::make_unique<VirtioConsole>(r.guest_end.get(), [&r](const std::string&) { ++r.disconnects; });
   r.con_t = std::make_unique<VirtioMmio>(r.mem, r.irq, *r.con);
-  if (r.threaded) FUZZ_CHECK(r.con->start(*r.con_t).ok());
+  FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) == 0);
+  r.net_host.reset(sv[0]);
+  r.net_guest_end.reset(sv[1]);
+  r.net = std::make_unique<VirtioNet>(r.net_guest_end.get(), VirtioNet::Mac{0x02, 0x53, 0x47, 0, 0, 1});
+  r.net_t = std::make_unique<VirtioMmio>(r.mem, r.irq, *r.net);
+  if (r.threaded) {
+    FUZZ_CHECK(r.con->start(*r.con_t).ok());
+    FUZZ_CHECK(r.net->start(*r.net_t).ok());
+  }
 
   for (size_t n = 0; n < kMaxOps && !in.empty(); ++n) {
     run_op(r, in);
     check_invariants(r);
   }
   r.con->stop();
+  r.net->stop();
   FUZZ_CHECK(r.disconnects.load() <= 1);
   if (std::getenv("VIRTIO_FUZZ_VERBOSE"))  // to see what a corpus entry does
     std::fprintf(stderr, "virtio_fuzz: blk %llu requests %llu errors, console %llu to host %llu to guest, %llu irqs\n",

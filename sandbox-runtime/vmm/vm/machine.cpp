@@ -81,7 +81,7 @@ const char* state_name(State s) {
   return "?";
 }
 
-Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::string& disk, bool disk_ro) {
+Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::string& disk, bool disk_ro, bool with_net) {
   if (cpus == 0 || cpus > boot::kMaxCpus) return invalid_error("vCPU count must be 1.." + std::to_string(boot::kMaxCpus));
   if (io.channel_fd < 0) return invalid_error("a channel fd is required");
   install_kick_handler();
@@ -105,7 +105,7 @@ Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::strin
   if (mem_.high_size())
     if (Status s = vm_.set_user_memory_region(1, kHighStart, mem_.high_size(), mem_.host_base() + mem_.low_size()); !s) return s;
 
-  for (uint32_t gsi : {Serial::kIrq, kVirtioBlkIrq, kVirtioConsoleIrq}) {
+  for (uint32_t gsi : {Serial::kIrq, kVirtioBlkIrq, kVirtioConsoleIrq, kVirtioNetIrq}) {
     auto irq = EventFdIrq::create(vm_, gsi);
     if (!irq) return irq.error();
     irqs_.push_back(std::move(*irq));
@@ -134,6 +134,13 @@ Status Machine::build_common(uint32_t cpus, const IoConfig& io, const std::strin
   console_mmio_ = std::make_unique<VirtioMmio>(mem_, *irqs_[2], *console_);
   if (Status s = mmio_.add(kVirtioBlkBase, kVirtioMmioWindow, blk_mmio_.get()); !s) return s;
   if (Status s = mmio_.add(kVirtioConsoleBase, kVirtioMmioWindow, console_mmio_.get()); !s) return s;
+  if (with_net) {
+    net_ = std::make_unique<VirtioNet>(io.tap_fd, io.mac);
+    net_mmio_ = std::make_unique<VirtioMmio>(mem_, *irqs_[3], *net_);
+    if (Status s = mmio_.add(kVirtioNetBase, kVirtioMmioWindow, net_mmio_.get()); !s) return s;
+  } else if (io.tap_fd >= 0) {
+    return invalid_error("this snapshot's machine has no network device (written by an older sandgate-vmm)");
+  }
 
   for (uint32_t i = 0; i < cpus; ++i) {
     auto v = kvm::Vcpu::create(kvm_, vm_, i);
@@ -191,7 +198,7 @@ Result<std::unique_ptr<Machine>> Machine::boot(const BootConfig& cfg, const IoCo
   auto mem = GuestMemory::create_memfd(cfg.mem_bytes);
   if (!mem) return mem.error();
   m->mem_ = std::move(*mem);
-  if (Status s = m->build_common(cfg.cpus, io, cfg.disk, cfg.disk_read_only); !s) return s.error();
+  if (Status s = m->build_common(cfg.cpus, io, cfg.disk, cfg.disk_read_only, true); !s) return s.error();
 
   auto kernel = read_whole(cfg.kernel, 256ull << 20);
   if (!kernel) return kernel.error();
@@ -215,7 +222,8 @@ Result<std::unique_ptr<Machine>> Machine::boot(const BootConfig& cfg, const IoCo
   if (!k) return k.error();
   if (Status s = boot::write_long_mode_tables(m->mem_); !s) return s.error();
   std::vector<boot::MmioDeviceInfo> devs = {{kVirtioBlkBase, kVirtioMmioWindow, kVirtioBlkIrq},
-                                            {kVirtioConsoleBase, kVirtioMmioWindow, kVirtioConsoleIrq}};
+                                            {kVirtioConsoleBase, kVirtioMmioWindow, kVirtioConsoleIrq},
+                                            {kVirtioNetBase, kVirtioMmioWindow, kVirtioNetIrq}};
   if (Status s = boot::write_acpi_tables(m->mem_, cfg.cpus, devs); !s) return s.error();
   if (Status s = m->setup_boot_vcpus(k->entry); !s) return s.error();
   return m;
@@ -226,6 +234,7 @@ Machine::~Machine() {
   for (auto& t : threads_)
     if (t.joinable()) t.join();
   if (console_) console_->stop();
+  if (net_) net_->stop();
 }
 
 Status Machine::start() {
@@ -234,6 +243,8 @@ Status Machine::start() {
   // The first threads: boot and restore make none, so the VMM can be
   // jailed and filtered between them and this (main.cpp).
   if (Status s = console_->start(*console_mmio_); !s) return s.error();
+  if (net_)
+    if (Status s = net_->start(*net_mmio_); !s) return s.error();
   state_ = State::kRunning;
   for (size_t i = 0; i < vcpus_.size(); ++i) threads_.emplace_back([this, i] { vcpu_loop(i); });
   return {};
@@ -314,6 +325,7 @@ Status Machine::pause() {
   state_ = State::kPaused;
   lock.unlock();
   console_->set_paused(true);
+  if (net_) net_->set_paused(true);
   // Tell the guest's kvmclock it was stopped, so its watchdogs do not fire.
   for (auto& v : vcpus_) (void)::ioctl(v->fd(), KVM_KVMCLOCK_CTRL, 0);
   return {};
@@ -327,6 +339,7 @@ Status Machine::resume() {
   pause_requested_ = false;
   lock.unlock();
   console_->set_paused(false);
+  if (net_) net_->set_paused(false);
   cv_.notify_all();
   return {};
 }
@@ -399,6 +412,10 @@ MachineStats Machine::stats() {
     s.blk_errors = blk_->errors();
   }
   s.serial_bytes = serial_->bytes_written();
+  if (net_) {
+    s.net = true;
+    s.net_counters = net_->counters();
+  }
   return s;
 }
 

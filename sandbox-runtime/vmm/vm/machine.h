@@ -5,6 +5,7 @@
 //   port 0x3f8 serial (IRQ 4), 0x70 CMOS RTC, 0x60/0x64 i8042 (reset)
 //   0xd0000000 virtio-blk (IRQ 5): the root filesystem image
 //   0xd0001000 virtio-console (IRQ 6): the channel to the agent (hvc0)
+//   0xd0002000 virtio-net (IRQ 7): eth0 on a TAP device (or unplugged)
 //   in-kernel: LAPICs, I/O APIC, PIC, PIT; kvmclock
 //
 // Lifecycle (State): kCreated -> kRunning <-> kPaused -> kStopped. The
@@ -34,6 +35,7 @@
 #include "sandbox-runtime/vmm/devices/virtio_blk.h"
 #include "sandbox-runtime/vmm/devices/virtio_console.h"
 #include "sandbox-runtime/vmm/devices/virtio_mmio.h"
+#include "sandbox-runtime/vmm/devices/virtio_net.h"
 #include "base/fd.h"
 #include "base/status.h"
 #include "sandbox-runtime/vmm/kvm/kvm.h"
@@ -41,8 +43,8 @@
 
 namespace sg::vmm {
 
-inline constexpr uint64_t kVirtioBlkBase = 0xd000'0000, kVirtioConsoleBase = 0xd000'1000;
-inline constexpr uint32_t kVirtioBlkIrq = 5, kVirtioConsoleIrq = 6;
+inline constexpr uint64_t kVirtioBlkBase = 0xd000'0000, kVirtioConsoleBase = 0xd000'1000, kVirtioNetBase = 0xd000'2000;
+inline constexpr uint32_t kVirtioBlkIrq = 5, kVirtioConsoleIrq = 6, kVirtioNetIrq = 7;
 
 struct BootConfig {
   uint32_t cpus = 1;
@@ -63,6 +65,10 @@ struct IoConfig {
   // The host going (channel EOF) does not stop the machine: it runs on
   // and waits for reattach_channel() (sandgate-vmm --outlive).
   bool outlive = false;
+  // The host end of eth0 (borrowed; -1: the device is there, unplugged).
+  int tap_fd = -1;
+  // The guest's MAC at boot (a restored machine keeps the one it had).
+  VirtioNet::Mac mac = {0x02, 0x53, 0x47, 0x00, 0x00, 0x01};
 };
 
 // The CPUID a vCPU runs with: KVM's supported set with the hypervisor bit
@@ -80,6 +86,8 @@ struct MachineStats {
   uint64_t console_to_host = 0, console_to_guest = 0;
   uint64_t blk_requests = 0, blk_errors = 0;
   uint64_t serial_bytes = 0;
+  bool net = false;  // the machine has a virtio-net device
+  VirtioNet::Counters net_counters{};
 };
 
 // An IrqLine backed by an eventfd registered with KVM_IRQFD on one GSI.
@@ -142,7 +150,9 @@ class Machine {
 
  private:
   Machine() = default;
-  Status build_common(uint32_t cpus, const IoConfig& io, const std::string& disk, bool disk_ro);
+  // with_net: the machine has the virtio-net device (every booted one;
+  // restored ones from snapshots written before it existed do not).
+  Status build_common(uint32_t cpus, const IoConfig& io, const std::string& disk, bool disk_ro, bool with_net);
   Status setup_boot_vcpus(uint64_t entry);
   void vcpu_loop(size_t i);
   void kick_all();
@@ -166,6 +176,8 @@ class Machine {
   std::unique_ptr<VirtioMmio> blk_mmio_;
   std::unique_ptr<VirtioConsole> console_;
   std::unique_ptr<VirtioMmio> console_mmio_;
+  std::unique_ptr<VirtioNet> net_;  // null only in machines restored from version-1 snapshots
+  std::unique_ptr<VirtioMmio> net_mmio_;
   std::vector<std::unique_ptr<kvm::Vcpu>> vcpus_;
   std::vector<std::thread> threads_;
   std::string snapshot_host_dir_, snapshot_jail_dir_;  // set before start(), then read only

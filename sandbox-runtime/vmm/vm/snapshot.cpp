@@ -5,11 +5,12 @@
 //
 // vm.state layout (native endian, this host's KVM structs):
 //   "SGVMSNP1" u32 version, u32 struct sizes (checked on load),
-//   u32 cpus, u64 mem_bytes, str disk, u8 disk_ro,
+//   u32 cpus, u64 mem_bytes, str disk, u8 disk_ro, u8 has_net (from version 2),
 //   irqchip PIC master, PIC slave, IOAPIC; pit2; clock;
 //   per vCPU: cpuid, mp_state, regs, sregs, xsave, xcrs, debugregs, lapic,
 //   msrs, events; then serial, cmos, virtio-blk and virtio-console
-//   transports with their device state.
+//   transports with their device state, and with has_net the virtio-net
+//   transport. Version 1 snapshots restore without a network device.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -25,7 +26,7 @@ namespace sg::vmm {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'G', 'V', 'M', 'S', 'N', 'P', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2, kOldestVersion = 1;
 constexpr uint64_t kPage = 4096;
 constexpr size_t kMaxMsrs = 4096, kMaxCpuid = 4096;
 
@@ -144,6 +145,7 @@ Result<std::vector<uint8_t>> Machine::state_bytes() {
   w.put(mem_.size());
   w.put_bytes(disk_path_);
   w.put(static_cast<uint8_t>(disk_ro_));
+  w.put(static_cast<uint8_t>(net_mmio_ != nullptr));
   for (uint32_t chip = 0; chip < 3; ++chip) {
     auto c = vm_.get_irqchip(chip);
     if (!c) return c.error();
@@ -197,6 +199,7 @@ Result<std::vector<uint8_t>> Machine::state_bytes() {
   cmos_->save(w);
   blk_mmio_->save(w);
   console_mmio_->save(w);
+  if (net_mmio_) net_mmio_->save(w);
   return std::move(w.bytes());
 }
 
@@ -210,7 +213,9 @@ Result<std::unique_ptr<Machine>> Machine::restore(const std::string& dir, const 
   uint32_t version = 0;
   r.get(&version);
   if (!r.ok() || std::memcmp(magic, kMagic, 8) != 0) return bad("not a sandgate-vmm snapshot");
-  if (version != kVersion) return bad("snapshot version " + std::to_string(version) + ", this VMM reads " + std::to_string(kVersion));
+  if (version < kOldestVersion || version > kVersion)
+    return bad("snapshot version " + std::to_string(version) + ", this VMM reads " + std::to_string(kOldestVersion) +
+               " to " + std::to_string(kVersion));
   for (uint32_t want : layout_sizes()) {
     uint32_t got = 0;
     if (!r.get(&got) || got != want) return bad("written by a host with different KVM structures");
@@ -221,12 +226,14 @@ Result<std::unique_ptr<Machine>> Machine::restore(const std::string& dir, const 
   uint8_t disk_ro = 1;
   if (!(r.get(&cpus) && r.get(&mem_bytes) && r.get_bytes(&disk, 4096) && r.get(&disk_ro))) return bad("truncated header");
 
+  uint8_t has_net = 0;
+  if (version >= 2 && (!r.get(&has_net) || has_net > 1)) return bad("truncated header");
   std::unique_ptr<Machine> m(new Machine());
   auto mem = GuestMemory::map_private_file(dir + "/memory");
   if (!mem) return mem.error();
   if (mem->size() != mem_bytes) return bad("memory file size does not match the saved RAM size");
   m->mem_ = std::move(*mem);
-  if (Status s = m->build_common(cpus, io, disk, disk_ro != 0); !s) return s.error();
+  if (Status s = m->build_common(cpus, io, disk, disk_ro != 0, has_net != 0); !s) return s.error();
 
   kvm_irqchip chips[3];
   kvm_pit_state2 pit;
@@ -275,6 +282,7 @@ Result<std::unique_ptr<Machine>> Machine::restore(const std::string& dir, const 
   }
   if (!m->serial_->restore(r) || !m->cmos_->restore(r) || !m->blk_mmio_->restore(r) || !m->console_mmio_->restore(r))
     return bad("bad device state");
+  if (m->net_mmio_ && !m->net_mmio_->restore(r)) return bad("bad network device state");
   if (!r.done()) return bad("trailing bytes");
   return m;
 }
