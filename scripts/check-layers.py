@@ -29,10 +29,12 @@ LAYERS = {
     'sandbox-runtime/channel': ['base'],
     'sandbox-runtime/templates': ['base'],
     'sandbox-runtime/vmm': ['base'],
-    'sandbox-runtime/network': ['base'],
+    # The rtnetlink client: the host's networks and a microVM's agent (its eth0).
+    'sandbox-runtime/network/rtnl.h': ['base'],
+    'sandbox-runtime/network': ['base', 'sandbox-runtime/network/rtnl.h'],
     'sandbox-runtime/lifecycle': ['base/http', 'tenancy', 'sandbox-runtime/runtime.h', 'sandbox-runtime/channel',
                                   'sandbox-runtime/network', 'sandbox-runtime/host', 'wait-engine/coordinator'],
-    'sandbox-runtime/agent': ['sandbox-runtime/channel'],
+    'sandbox-runtime/agent': ['sandbox-runtime/channel', 'sandbox-runtime/network/rtnl.h'],
     'sandbox-runtime/host': ['sandbox-runtime/channel', 'sandbox-runtime/runtime.h'],
     'sandbox-runtime/process': ['sandbox-runtime/host', 'sandbox-runtime/templates'],
     # The runtime that starts sandgate-vmm speaks its attach protocol (vm/attach_protocol.h).

@@ -3,12 +3,17 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <linux/if_tun.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <linux/rtnetlink.h>
 #include <sched.h>
 #include <sys/mount.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <atomic>
 #include <map>
 #include <optional>
@@ -106,6 +111,11 @@ Result<std::unique_ptr<HostNetwork>> HostNetwork::start(const NetworkConfig& cfg
 
   Result<Rtnl> rtnl = Rtnl::open();
   if (!rtnl) return Error(ErrorKind::kUnavailable, "netlink: " + rtnl.error().message());
+  if (cfg.tap) {
+    // microVMs' links are TAP devices: made through /dev/net/tun.
+    UniqueFd tun(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+    if (!tun) return Error(ErrorKind::kUnavailable, std::string("/dev/net/tun: ") + std::strerror(errno));
+  }
   // A previous run's links: a crash leaves them, and so does a stop whose
   // sandboxes outlive it (keep_links). Without keep_links their sandboxes
   // are gone; with it, those adopt() takes back keep theirs, sweep()
@@ -462,6 +472,43 @@ Status HostNetwork::attach(const std::string& id, int netns_fd) {
   // The policy last: until its chain is in the verdict map the forward
   // chain drops everything from the link.
   return install_rules(id, s);
+}
+
+Result<UniqueFd> HostNetwork::attach_tap(const std::string& id) {
+  NftSandbox s;
+  {
+    MutexLock l(mu_);
+    auto it = sandboxes_.find(id);
+    if (it == sandboxes_.end()) return internal_error("network: attach before reserve for " + id);
+    s = it->second.nft;
+  }
+  const uint32_t gateway = s.address - 1;
+  UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+  if (!tap) return Error(errno == ENOENT ? ErrorKind::kUnavailable : ErrorKind::kInternal,
+                         std::string("open /dev/net/tun: ") + std::strerror(errno));
+  struct ifreq ifr {};
+  std::strncpy(ifr.ifr_name, s.link.c_str(), IFNAMSIZ - 1);
+  // No packet-information prefix and no vnet header: one read or write
+  // is one plain Ethernet frame (the VMM's virtio-net, vmm/devices/virtio_net.h).
+  ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+  // SAFETY: ifr is a zeroed ifreq with a NUL-terminated name, as TUNSETIFF expects.
+  if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", s.link);
+  {
+    // From here the link exists (while the fd is open): release() removes it.
+    MutexLock l(mu_);
+    sandboxes_[id].attached = true;
+  }
+  Result<Rtnl> host = Rtnl::open();
+  if (!host) return host.error();
+  Result<int> idx = host->link_index(s.link);
+  if (!idx) return idx.error();
+  // Every TAP's host end has the same address: a microVM restored onto
+  // another TAP (a fork, a resume) keeps its gateway's neighbour entry.
+  if (Status st = host->set_mac(*idx, kTapHostMac.data()); !st) return st.error();
+  if (Status st = host->add_address4(*idx, htonl(gateway), 30); !st) return st.error();
+  if (Status st = host->set_up(*idx); !st) return st.error();
+  if (Status st = install_rules(id, s); !st) return st.error();
+  return tap;
 }
 
 Status HostNetwork::install_rules(const std::string& id, const NftSandbox& s) {

@@ -1,6 +1,7 @@
 // HostNetwork: every sandbox's own network on this host
 // (docs/networking.md). A sandbox gets a veth pair, its end "eth0" in the
-// sandbox's network namespace, a /30 of the server's range (the host end
+// sandbox's network namespace (a microVM: a TAP device, the host end of
+// its virtio-net), a /30 of the server's range (the host end
 // .1 is its gateway and DNS server, the sandbox .2), a default route, and
 // its policy as an nftables chain (nft_rules.h) kept in step with the
 // EgressPolicies table: a create's policy is there before the sandbox's
@@ -19,12 +20,14 @@
 // called from any thread, for different sandboxes at once.
 #pragma once
 
+#include <array>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/fd.h"
 #include "base/status.h"
 #include "base/thread_annotations.h"
 #include "sandbox-runtime/network/dns_forwarder.h"
@@ -55,7 +58,12 @@ struct NetworkConfig {
   EgressPolicies* policies = nullptr;
   // Sandboxes outlive the server (--keep-sandboxes on): see above.
   bool keep_links = false;
+  // The sandboxes are microVMs (attach_tap): start() also needs /dev/net/tun.
+  bool tap = false;
 };
+
+// The host end's Ethernet address on every TAP (locally administered).
+inline constexpr std::array<uint8_t, 6> kTapHostMac = {0x02, 0x53, 0x47, 0xff, 0xff, 0xfe};
 
 struct SandboxLink {
   std::string link;       // the host end's name
@@ -80,6 +88,12 @@ class HostNetwork : public EgressPolicies::Listener {
   // The reserved link made, into the namespace netns_fd names, and the
   // sandbox's policy installed. On error the caller still calls release.
   Status attach(const std::string& id, int netns_fd);
+  // The same for a microVM: the reserved link made as a TAP device
+  // (the host end of its virtio-net, docs/networking.md), addressed,
+  // up, and the sandbox's policy installed; returns the TAP's fd for its
+  // VMM. The link lives while that fd is open or until release(). The
+  // guest configures its own end (the agent, from "configure").
+  Result<UniqueFd> attach_tap(const std::string& id);
   // Everything of id's gone (link, chain, address); no-op if none.
   void release(const std::string& id);
   // A sandbox a previous run of this server made, taken back after a

@@ -321,8 +321,9 @@ Status Rtnl::set_up(int ifindex) {
   return transact(b, "set link up");
 }
 
-Status Rtnl::add_address4(int ifindex, uint32_t addr, int prefix) {
-  std::string b = header(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL);
+namespace {
+std::string address_request(uint16_t type, uint16_t flags, int ifindex, uint32_t addr, int prefix) {
+  std::string b = header(type, flags);
   struct ifaddrmsg ifa{};
   ifa.ifa_family = AF_INET;
   ifa.ifa_prefixlen = static_cast<unsigned char>(prefix);
@@ -330,11 +331,32 @@ Status Rtnl::add_address4(int ifindex, uint32_t addr, int prefix) {
   put(b, &ifa, sizeof ifa);
   attr_val<uint32_t>(b, IFA_LOCAL, addr);
   attr_val<uint32_t>(b, IFA_ADDRESS, addr);
+  return b;
+}
+}  // namespace
+
+Status Rtnl::add_address4(int ifindex, uint32_t addr, int prefix) {
+  std::string b = address_request(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL, ifindex, addr, prefix);
   return transact(b, "add address");
 }
 
-Status Rtnl::add_default_route4(int ifindex, uint32_t gateway) {
-  std::string b = header(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL);
+Status Rtnl::delete_address4(int ifindex, uint32_t addr, int prefix) {
+  std::string b = address_request(RTM_DELADDR, 0, ifindex, addr, prefix);
+  return transact(b, "delete address");
+}
+
+Status Rtnl::set_mac(int ifindex, const uint8_t mac[6]) {
+  std::string b = header(RTM_NEWLINK, 0);
+  struct ifinfomsg ifi{};
+  ifi.ifi_family = AF_UNSPEC;
+  ifi.ifi_index = ifindex;
+  put(b, &ifi, sizeof ifi);
+  attr(b, IFLA_ADDRESS, mac, 6);
+  return transact(b, "set link address");
+}
+
+Status Rtnl::add_default_route4(int ifindex, uint32_t gateway, bool replace) {
+  std::string b = header(RTM_NEWROUTE, NLM_F_CREATE | (replace ? NLM_F_REPLACE : NLM_F_EXCL));
   struct rtmsg rt{};
   rt.rtm_family = AF_INET;
   rt.rtm_table = RT_TABLE_MAIN;

@@ -40,8 +40,12 @@ class Rtnl {
   Status set_up(int ifindex);
   // An IPv4 address (network byte order) with its prefix length.
   Status add_address4(int ifindex, uint32_t addr, int prefix);
-  // The default route through gateway (network byte order) on ifindex.
-  Status add_default_route4(int ifindex, uint32_t gateway);
+  Status delete_address4(int ifindex, uint32_t addr, int prefix);
+  // The link's hardware address (an Ethernet link's six bytes).
+  Status set_mac(int ifindex, const uint8_t mac[6]);
+  // The default route through gateway (network byte order) on ifindex;
+  // with replace, whatever default route the main table had goes.
+  Status add_default_route4(int ifindex, uint32_t gateway, bool replace = false);
   // The IPv4 addresses (host byte order) with their prefix lengths on
   // link ifindex.
   Result<std::vector<std::pair<uint32_t, int>>> addresses4(int ifindex);

@@ -9,10 +9,14 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
+#include <linux/if_tun.h>
 #include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -899,4 +903,143 @@ TEST_CASE("host network: sandboxes' links outlive the server and are taken back 
   Result<std::vector<Rtnl::Route4>> routes = h->routes4();
   REQUIRE(routes);
   CHECK(std::none_of(routes->begin(), routes->end(), [](const Rtnl::Route4& r) { return r.protocol == 83; }));
+}
+
+namespace {
+
+// A TAP device named name in netns (made on a thread inside it); its fd.
+UniqueFd tap_in(int netns, const std::string& name) {
+  UniqueFd fd;
+  std::thread t([&] {
+    if (::setns(netns, CLONE_NEWNET) != 0) return;
+    UniqueFd f(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+    struct ifreq ifr {};
+    std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+    ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+    if (f && ::ioctl(f.get(), TUNSETIFF, &ifr) == 0) fd = std::move(f);
+  });
+  t.join();
+  REQUIRE_MESSAGE(fd, "a TAP device in the namespace: " << std::strerror(errno));
+  return fd;
+}
+
+// Copies frames both ways between two TAP fds until stopped: the wire a
+// microVM's VMM is (its virtio-net moves whole frames, unchanged).
+class FramePump {
+ public:
+  FramePump(int a, int b) : a_(a), b_(b), stop_(::eventfd(0, EFD_CLOEXEC)) {
+    thread_ = std::thread([this] { run(); });
+  }
+  ~FramePump() {
+    uint64_t one = 1;
+    (void)!::write(stop_.get(), &one, sizeof one);
+    thread_.join();
+  }
+  uint64_t frames() const { return frames_.load(); }
+
+ private:
+  void run() {
+    std::vector<char> buf(65536);
+    for (;;) {
+      struct pollfd p[3] = {{a_, POLLIN, 0}, {b_, POLLIN, 0}, {stop_.get(), POLLIN, 0}};
+      if (::poll(p, 3, -1) < 0 && errno != EINTR) return;
+      if (p[2].revents) return;
+      for (int i = 0; i < 2; ++i)
+        if (p[i].revents & POLLIN) {
+          ssize_t n = ::read(i == 0 ? a_ : b_, buf.data(), buf.size());
+          if (n > 0 && ::write(i == 0 ? b_ : a_, buf.data(), static_cast<size_t>(n)) == n) ++frames_;
+        }
+    }
+  }
+  int a_, b_;
+  UniqueFd stop_;
+  std::atomic<uint64_t> frames_{0};
+  std::thread thread_;
+};
+
+}  // namespace
+
+TEST_CASE("host network: a microVM's TAP gets the same address plan and policy" * doctest::test_suite("own-entry")) {
+  if (::geteuid() != 0) test::skip_case("needs root (CAP_NET_ADMIN) for TAP devices and nftables");
+  const std::string inst = hex4();
+  const uint32_t internet = v4("203.0.113.2"), private_host = v4("192.168.214.2");
+  Net inet("sgt" + inst + "i", v4("203.0.113.1"), internet);
+  Net priv("sgt" + inst + "p", v4("192.168.214.1"), private_host);
+  Servers inet_srv(inet.ns.get(), internet, 8080);
+  Servers priv_srv(priv.ns.get(), private_host, 8080);
+
+  EgressPolicies policies;
+  NetworkConfig cfg;
+  cfg.instance = inst;
+  cfg.dns = false;
+  cfg.range = Ipv4Net{v4("10.224.0.0"), 24};
+  cfg.policies = &policies;
+  Result<std::unique_ptr<HostNetwork>> hn = HostNetwork::start(cfg);
+  if (!hn && hn.error().kind() == ErrorKind::kUnavailable) test::skip_case("no host networking here: " + hn.error().message());
+  REQUIRE_MESSAGE(hn, hn.error().message());
+
+  // The microVM: a namespace whose eth0 is a TAP, configured as the agent
+  // configures a guest's (address, default route), joined to the host's
+  // TAP by a frame pump. A veth sandbox beside it.
+  policies.set("vm1", policy({}, {}, true));
+  Result<SandboxLink> l = (*hn)->reserve("vm1");
+  REQUIRE(l);
+  Result<UniqueFd> host_tap = (*hn)->attach_tap("vm1");
+  REQUIRE_MESSAGE(host_tap, host_tap.error().message());
+  Result<Rtnl> h = Rtnl::open();
+  REQUIRE(h);
+  Result<int> hidx = h->link_index(l->link);
+  REQUIRE(hidx);
+  Result<std::vector<std::pair<uint32_t, int>>> haddr = h->addresses4(*hidx);
+  REQUIRE(haddr);
+  REQUIRE(haddr->size() == 1);
+  CHECK(haddr->front() == std::make_pair(l->gateway, 30));
+
+  UniqueFd vm = new_netns();
+  UniqueFd guest_tap = tap_in(vm.get(), "eth0");
+  {
+    Result<Rtnl> in = Rtnl::open_in(vm.get());
+    REQUIRE(in);
+    Result<int> e = in->link_index("eth0");
+    REQUIRE(e);
+    REQUIRE(in->add_address4(*e, htonl(l->address), 30));
+    REQUIRE(in->set_up(*e));
+    REQUIRE(in->add_default_route4(*e, htonl(l->gateway), true));
+  }
+  FramePump wire(host_tap->get(), guest_tap.get());
+  UniqueFd sb = new_netns();
+  std::optional<SandboxLink> l2 = add_sandbox(**hn, policies, "sb2", sb.get());
+  Servers sb_srv(sb.get(), l2->address, 8080);
+
+  CHECK(name(hello(vm.get(), internet, 8080)) == std::string("hello"));
+  CHECK(udp_echo(vm.get(), internet, 8080));
+  CHECK(name(hello(vm.get(), private_host, 8080)) == std::string("refused"));
+  CHECK(name(hello(vm.get(), l2->address, 8080)) == std::string("refused"));
+  // A spoofed source (another sandbox's address) gets nowhere.
+  {
+    Result<Rtnl> in = Rtnl::open_in(vm.get());
+    REQUIRE(in);
+    Result<int> e = in->link_index("eth0");
+    REQUIRE(e);
+    REQUIRE(in->add_address4(*e, htonl(l2->address), 32));
+  }
+  udp_spoof(vm.get(), l2->address, internet, 8080, "spf3");
+  CHECK(udp_echo(vm.get(), internet, 8080, "okay"));
+  std::vector<std::string> got = inet_srv.received();
+  CHECK(std::find(got.begin(), got.end(), "spf3") == got.end());
+  // The policy follows the table, as for a veth sandbox.
+  policies.set("vm1", policy({}, {}, false));
+  CHECK(name(hello(vm.get(), internet, 8080)) == std::string("refused"));
+  Result<HostNetwork::Traffic> t = (*hn)->traffic("vm1");
+  REQUIRE(t);
+  CHECK(t->tx_bytes > 0);
+  CHECK(t->refused_packets > 0);
+  CHECK(wire.frames() > 0);
+
+  // release removes the TAP even while its fd (the VMM's) is open.
+  (*hn)->release("vm1");
+  Result<int> gone = h->link_index(l->link);
+  REQUIRE_FALSE(gone);
+  CHECK(gone.error().kind() == ErrorKind::kNotFound);
+  (*hn)->release("sb2");
 }
