@@ -33,6 +33,7 @@
 #include "sandbox-runtime/agent/service_forwarder.h"
 #include "sandbox-runtime/channel/control_message.h"
 #include "sandbox-runtime/channel/mux.h"
+#include "sandbox-runtime/network/rtnl.h"
 #include "base/fd.h"
 #include "base/log.h"
 #include "base/sys.h"
@@ -275,6 +276,26 @@ static Result<VmConfigure> configure_from_json(const json& msg) {
     if (!it->is_number_integer()) return invalid_error("configure: bad unixTimeNs");
     c.unix_time_ns = it->get<int64_t>();
   }
+  if (auto it = msg.find("network"); it != msg.end()) {
+    auto addr = [&](const char* k, uint32_t* out) {
+      auto a = it->find(k);
+      struct in_addr v {};
+      if (a == it->end() || !a->is_string() || ::inet_pton(AF_INET, a->get_ref<const std::string&>().c_str(), &v) != 1)
+        return false;
+      *out = ntohl(v.s_addr);
+      return true;
+    };
+    VmConfigure::Network n;
+    auto prefix = it->is_object() ? it->find("prefix") : it->end();
+    if (!it->is_object() || !addr("address", &n.address) || !addr("gateway", &n.gateway) || prefix == it->end() ||
+        !prefix->is_number_integer() || prefix->get<int>() < 1 || prefix->get<int>() > 30)
+      return invalid_error("configure: network wants {address, gateway, prefix 1..30}");
+    n.prefix = prefix->get<int>();
+    uint32_t mask = ~0u << (32 - n.prefix);
+    if ((n.address & mask) != (n.gateway & mask) || n.address == n.gateway)
+      return invalid_error("configure: the network's gateway is not a neighbour of its address");
+    c.network = n;
+  }
   if (auto it = msg.find("env"); it != msg.end()) {
     if (!it->is_object()) return invalid_error("configure: env must be an object");
     size_t total = 0;
@@ -324,6 +345,37 @@ void apply_vm_configure(const VmConfigure& c) {
       (void)::ioctl(r.get(), RNDRESEEDCRNG);
     }
   }
+}
+
+Status write_resolv_conf(const std::string& nameserver);
+
+// eth0 of a microVM (virtio-net) as "configure" says: its old addresses
+// (a clone's template or parent had its own) replaced by the new one, up,
+// the default route through the gateway, which is the DNS server too.
+Status apply_vm_network(const VmConfigure::Network& n) {
+  Result<network::Rtnl> rt = network::Rtnl::open();
+  if (!rt) return rt.error();
+  Result<int> eth = rt->link_index("eth0");
+  if (!eth) return eth.error().with_context("the microVM has no eth0 (virtio_net)");
+  Result<std::vector<std::pair<uint32_t, int>>> old = rt->addresses4(*eth);
+  if (!old) return old.error();
+  bool have = false;
+  for (auto [a, prefix] : *old) {
+    if (a == n.address && prefix == n.prefix) {
+      have = true;
+      continue;
+    }
+    if (Status s = rt->delete_address4(*eth, htonl(a), prefix); !s) return s;
+  }
+  if (!have)
+    if (Status s = rt->add_address4(*eth, htonl(n.address), n.prefix); !s) return s;
+  if (Status s = rt->set_up(*eth); !s) return s;
+  if (Status s = rt->add_default_route4(*eth, htonl(n.gateway), true); !s) return s;
+  struct in_addr g {};
+  g.s_addr = htonl(n.gateway);
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &g, text, sizeof text);
+  return write_resolv_conf(text);
 }
 
 // /etc/resolv.conf naming the host's DNS forwarder, replacing whatever the
@@ -618,6 +670,12 @@ int run(const AgentConfig& cfg) {
         // The clock and entropy are a clone's, not a process sandbox's (the
         // host's clock; no CAP_SYS_TIME).
         if (cfg.vm) apply_vm_configure(*act.configure);
+        if (cfg.vm && act.configure->network)
+          if (Status s = apply_vm_network(*act.configure->network); !s) {
+            (void)mux_ptr->send_control(
+                json{{"type", "error"}, {"message", "configure network: " + s.error().message()}, {"request", "configure"}}.dump());
+            return;
+          }
         std::vector<std::string> env = cfg.child_env;
         env.insert(env.end(), act.configure->env.begin(), act.configure->env.end());
         // A second configure is a clone of a snapshot taken with envd running

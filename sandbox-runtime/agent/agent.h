@@ -129,6 +129,15 @@ struct VmConfigure {
   std::vector<std::string> env;  // "K=V"
   int64_t unix_time_ns = 0;      // host wall clock when sent; 0: leave the clock
   std::string entropy;           // raw bytes to mix into the guest's RNG
+  // "network": {"address", "gateway" (dotted IPv4), "prefix"}: eth0's
+  // address (replacing every other it has: a clone keeps its template's
+  // or its parent's), the default route and /etc/resolv.conf (the
+  // gateway is the DNS server). Absent: eth0 is left as it is.
+  struct Network {
+    uint32_t address = 0, gateway = 0;  // host byte order
+    int prefix = 0;
+  };
+  std::optional<Network> network;
 };
 // Parses and validates one (bounded: 64 KiB of env, 512 bytes of entropy).
 Result<VmConfigure> parse_vm_configure(std::string_view payload);

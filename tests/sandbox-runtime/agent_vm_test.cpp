@@ -46,6 +46,13 @@ TEST_CASE("a malformed configure gets an error reply and changes nothing") {
            std::string(R"({"type":"configure","env":{"A":")") + big + "\"}}",     // over 64 KiB
            std::string(R"({"type":"configure","unixTimeNs":"now"})"),
            std::string(R"({"type":"configure","sandboxId":7})"),
+           std::string(R"({"type":"configure","network":"10.0.0.2"})"),
+           std::string(R"({"type":"configure","network":{"address":"10.0.0.2","gateway":"10.0.0.1"}})"),  // no prefix
+           std::string(R"({"type":"configure","network":{"address":"10.0.0.2","gateway":"10.0.0.1","prefix":31}})"),
+           std::string(R"({"type":"configure","network":{"address":"10.0.0.2","gateway":"10.0.0.9","prefix":30}})"),  // not a neighbour
+           std::string(R"({"type":"configure","network":{"address":"10.0.0.2","gateway":"10.0.0.2","prefix":30}})"),
+           std::string(R"({"type":"configure","network":{"address":"10.0.0.2x","gateway":"10.0.0.1","prefix":30}})"),
+           std::string(R"({"type":"configure","network":{"address":"::1","gateway":"10.0.0.1","prefix":30}})"),
        }) {
     auto a = agent::handle_control(bad, no_procs, true);
     CAPTURE(bad.substr(0, 80));
@@ -56,6 +63,19 @@ TEST_CASE("a malformed configure gets an error reply and changes nothing") {
   }
   CHECK_FALSE(agent::parse_vm_configure("[]"));
   CHECK(agent::parse_vm_configure(R"({"type":"configure"})"));  // every field optional
+}
+
+TEST_CASE("configure's network: eth0's address, gateway and prefix, checked") {
+  auto c = agent::parse_vm_configure(
+      R"({"type":"configure","network":{"address":"10.192.0.6","gateway":"10.192.0.5","prefix":30}})");
+  REQUIRE(c);
+  REQUIRE(c->network);
+  CHECK(c->network->address == 0x0ac00006u);
+  CHECK(c->network->gateway == 0x0ac00005u);
+  CHECK(c->network->prefix == 30);
+  auto none = agent::parse_vm_configure(R"({"type":"configure"})");
+  REQUIRE(none);
+  CHECK_FALSE(none->network);  // eth0 left as it is
 }
 
 TEST_CASE("count_processes can leave out kernel threads (kthreadd and its children)") {
