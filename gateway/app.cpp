@@ -594,6 +594,7 @@ std::unique_ptr<runtime::Runtime> make_runtime(const AppConfig& cfg, bool use_kv
     mcfg.first_vmm_uid = std::max<uint32_t>(1, cfg.first_sandbox_uid - std::min<uint32_t>(cfg.first_sandbox_uid, 65536));
     mcfg.vmm_uids = cfg.first_sandbox_uid - mcfg.first_vmm_uid;
     mcfg.sandboxes_outlive_host = cfg.keep_sandboxes == "on";
+    mcfg.networks = networks;
     return microvm::make_microvm_runtime(mcfg);
   }
   runtime::RuntimeConfig rcfg;
@@ -771,7 +772,8 @@ api::ControlPlaneConfig control_plane_config(const AppConfig& cfg) {
 }
 
 // The sandboxes' way out, decided once at start (docs/networking.md):
-// "veth" with the host network that makes their links, "proxy", or "off".
+// "veth" (microVMs: "tap") with the host network that makes their links,
+// "proxy", or "off".
 struct NetworkPath {
   std::string path;
   std::unique_ptr<network::HostNetwork> host;
@@ -791,10 +793,7 @@ std::string network_instance(const std::string& data_dir) {
 Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::EgressPolicies& policies) {
   NetworkPath n;
   n.path = cfg.network;
-  if (n.path == "veth" && use_kvm)
-    return invalid_error("--network veth: microVMs have no network device yet (the kvm backend); "
-                         "use --network proxy, or auto");
-  if (n.path == "auto") n.path = use_kvm ? "proxy" : "veth";
+  if (n.path == "auto") n.path = "veth";
   if (n.path != "veth") return n;
   network::NetworkConfig nc;
   nc.instance = network_instance(cfg.data_dir);
@@ -804,6 +803,7 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
   nc.max_connections = static_cast<uint32_t>(cfg.sandbox_connections);
   nc.policies = &policies;
   nc.keep_links = cfg.keep_sandboxes == "on" && !use_kvm;  // process sandboxes outlive the server
+  nc.tap = use_kvm;  // microVMs: a TAP device each, their VMM's virtio-net the other end
   if (!cfg.dns_upstream.empty()) {
     struct in_addr ia {};
     ::inet_pton(AF_INET, cfg.dns_upstream.c_str(), &ia);  // checked by the CLI
@@ -820,6 +820,7 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
     return Error(h.error().kind(), "--network veth: " + h.error().message());
   }
   n.host = std::move(*h);
+  if (use_kvm) n.path = "tap";
   return n;
 }
 
@@ -833,6 +834,7 @@ class RuntimeNetworks final : public runtime::SandboxNetworks {
     return Link{network::ipv4_text(l->address), network::ipv4_text(l->gateway)};
   }
   Status attach(const std::string& id, int netns_fd) override { return h_.attach(id, netns_fd); }
+  Result<UniqueFd> attach_tap(const std::string& id) override { return h_.attach_tap(id); }
   Status adopt(const std::string& id, int netns_fd) override { return h_.adopt(id, netns_fd); }
   void release(const std::string& id) override { h_.release(id); }
 
@@ -915,7 +917,8 @@ struct Routes {
   ClusterRoutes* cluster = nullptr;
   Cluster* membership = nullptr;
   ClusterTemplates* shared_templates = nullptr;
-  // How sandboxes get out: "veth", "proxy" or "off"; with veth, their networks.
+  // How sandboxes get out: "veth", "tap", "proxy" or "off"; with veth or
+  // tap, their networks.
   std::string network_path;
   const network::HostNetwork* host_network = nullptr;
 

@@ -75,7 +75,8 @@ struct AppConfig {
   // 1918, link-local, ...): for local use and tests, never for tenants.
   bool egress_allow_private = false;
   // How sandboxes get out (docs/networking.md): "veth" (a network of their
-  // own per sandbox, policy in nftables; process backend), "proxy" (the
+  // own per sandbox, policy in nftables: a veth pair each, microVMs a TAP
+  // device and virtio-net), "proxy" (the
   // egress proxy, as --egress), "auto" (veth where this host can, else
   // proxy), "off" (loopback only). "": --egress decides (proxy or off).
   std::string network;

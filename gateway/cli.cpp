@@ -187,8 +187,9 @@ serve options:
                                 networks (loopback, private, link-local):
                                 local use only, never with tenants
   --network veth|proxy|auto|off how sandboxes get out: veth, a network of
-                                their own (a veth pair each, NAT, policy in
-                                nftables; process backend); proxy, the
+                                their own (a veth pair each, a TAP device
+                                and virtio-net for microVMs; NAT, policy in
+                                nftables); proxy, the
                                 egress proxy (as --egress); auto, veth
                                 where this host can, else proxy (the
                                 default, as E2B: internet on unless a

@@ -66,7 +66,7 @@ enum class UserNamespaces { kAuto, kOn, kOff };
 // made by the server and handed to the backend, which calls reserve()
 // before a sandbox's first process is built (the addresses go into its
 // agent's environment), attach() once its network namespace exists and
-// before that process runs, and release() when the sandbox is gone (also
+// before that process runs (a microVM: attach_tap() before its VMM starts), and release() when the sandbox is gone (also
 // after a failed attach). A sandbox taken back after a restart
 // (Runtime::recover) is adopt()ed instead: its link outlived the previous
 // server. Thread-safe.
@@ -79,6 +79,10 @@ class SandboxNetworks {
   };
   virtual Result<Link> reserve(const std::string& id) = 0;
   virtual Status attach(const std::string& id, int netns_fd) = 0;
+  // The microVM backend's attach: the link as a TAP device, whose fd goes
+  // to the sandbox's VMM (its virtio-net); the guest is told its address
+  // in "configure".
+  virtual Result<UniqueFd> attach_tap(const std::string& id) = 0;
   // kNotFound when the sandbox has no network of this server's.
   virtual Status adopt(const std::string& id, int netns_fd) = 0;
   virtual void release(const std::string& id) = 0;

@@ -29,7 +29,7 @@ KERNEL_META=linux-image-cloud-amd64
 # added in front of them from each module's .modinfo. virtio_pci and its
 # helpers cover a VMM that offers virtio over PCI instead of virtio-mmio.
 GUEST_MODULES=(virtio_ring virtio virtio_mmio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci
-  virtio_blk virtio_console overlay)
+  virtio_blk virtio_console virtio_net overlay)
 # What the init relies on being built into the kernel.
 BUILTIN_CONFIG=(CONFIG_BLK_DEV_INITRD CONFIG_DEVTMPFS CONFIG_TMPFS CONFIG_EXT4_FS CONFIG_SERIAL_8250
   CONFIG_SERIAL_8250_CONSOLE CONFIG_HVC_DRIVER CONFIG_UNIX98_PTYS CONFIG_PROC_FS CONFIG_SYSFS)

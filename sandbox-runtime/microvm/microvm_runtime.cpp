@@ -171,8 +171,9 @@ struct Spawned {
 
 // outlive: the VMM runs on when sandgate goes and waits for the next one
 // (--outlive, docs/vmm.md "Restarts"); otherwise it dies with it.
+// tap_fd: the host end of its network (fd 5 in the VMM), -1: none.
 Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args, const std::string& dir,
-                          const process::Cgroup* cgroup, bool outlive) {
+                          const process::Cgroup* cgroup, bool outlive, int tap_fd = -1) {
   int ch[2], ctl[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ch) != 0) return sys::errno_error("socketpair", "channel");
   UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
@@ -181,6 +182,8 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   std::vector<std::string> argv = {vmm};
   argv.insert(argv.end(), args.begin(), args.end());
   for (const char* a : {"--channel-fd", "3", "--control-fd", "4"}) argv.emplace_back(a);
+  if (tap_fd >= 0)
+    for (const char* a : {"--tap-fd", "5"}) argv.emplace_back(a);
   argv.emplace_back(outlive ? "--outlive" : "--die-with-parent");
   argv.emplace_back("--serial-log");
   argv.push_back(dir + "/serial.log");
@@ -197,9 +200,10 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   posix_spawn_file_actions_adddup2(&fa, 1, 2);
   posix_spawn_file_actions_adddup2(&fa, ch_vm.get(), 3);
   posix_spawn_file_actions_adddup2(&fa, ctl_vm.get(), 4);
+  if (tap_fd >= 0) posix_spawn_file_actions_adddup2(&fa, tap_fd, 5);
   // Nothing else of sandgate's (its listening sockets, its database):
   // a VMM that outlives it must not hold its port.
-  posix_spawn_file_actions_addclosefrom_np(&fa, 5);
+  posix_spawn_file_actions_addclosefrom_np(&fa, tap_fd >= 0 ? 6 : 5);
   std::vector<char*> cargs;
   for (auto& a : argv) cargs.push_back(a.data());
   cargs.push_back(nullptr);
@@ -282,6 +286,31 @@ struct HeldUid {
   }
 };
 
+// A sandbox's network (runtime::SandboxNetworks), released when the
+// holder goes: a failed create, or the sandbox's VMM reaped.
+struct HeldNetwork {
+  runtime::SandboxNetworks* networks = nullptr;
+  std::string id;
+  runtime::SandboxNetworks::Link link;
+  HeldNetwork() = default;
+  HeldNetwork(runtime::SandboxNetworks* n, std::string i) : networks(n), id(std::move(i)) {}
+  HeldNetwork(HeldNetwork&& o) noexcept
+      : networks(std::exchange(o.networks, nullptr)), id(std::move(o.id)), link(std::move(o.link)) {}
+  HeldNetwork& operator=(HeldNetwork&& o) noexcept {
+    reset();
+    networks = std::exchange(o.networks, nullptr);
+    id = std::move(o.id);
+    link = std::move(o.link);
+    return *this;
+  }
+  ~HeldNetwork() { reset(); }
+  explicit operator bool() const { return networks != nullptr; }
+  void reset() {
+    if (networks) networks->release(id);
+    networks = nullptr;
+  }
+};
+
 // The lines of a VMM's log in which its seccomp filter refused a syscall
 // (vm/confine.h): each is a path the allow list lacks, reported so an
 // operator sees it (the KVM harness fails a run that has any).
@@ -331,6 +360,16 @@ class MicrovmSandbox final : public runtime::Sandbox {
   void set_cgroup(process::Cgroup cg) { cgroup_ = std::move(cg); }
   // The jailed VMM's uid, free for another VMM once this one is reaped.
   void set_uid(HeldUid uid) { uid_ = std::move(uid); }
+  // Its network, released once the VMM is reaped.
+  void set_network(HeldNetwork n) {
+    std::lock_guard lock(mu_);
+    net_ = std::move(n);
+  }
+  std::optional<runtime::SandboxNetworks::Link> network_link() {
+    std::lock_guard lock(mu_);
+    if (!net_) return std::nullopt;
+    return net_.link;
+  }
   uint32_t uid() {
     std::lock_guard lock(mu_);
     return uid_.uid;
@@ -443,6 +482,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
       }
       report_seccomp_refusals(id_, dir_ + "/vmm.log");
       uid_.reset();
+      net_.reset();
       if (cgroup_) {
         if (Status s = cgroup_->destroy(std::chrono::milliseconds(5000)); !s)
           LOG_WARN("sandbox " << id_ << ": VMM cgroup: " << s.error().message());
@@ -571,6 +611,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
   std::shared_ptr<process::HostChannel> host_;  // GUARDED_BY(mu_)
   std::optional<process::Cgroup> cgroup_;        // GUARDED_BY(mu_)
   HeldUid uid_;                                  // GUARDED_BY(mu_)
+  HeldNetwork net_;                              // GUARDED_BY(mu_)
   bool killed_ = false, reaped_ = false;         // GUARDED_BY(mu_)
 };
 
@@ -787,6 +828,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     Spawned vmm;
     std::optional<process::Cgroup> cgroup;
     HeldUid uid;
+    HeldNetwork net;  // a sandbox's (not a template VM's), where sandboxes have networks
   };
   // snapshot_dir: where a template VMM is to write its snapshot (created
   // here, for the jailed VMM's uid, when it is jailed); the only VMMs that
@@ -826,7 +868,21 @@ class MicrovmRuntime final : public runtime::Runtime {
       if (!cg) return cg.error().with_context("the VMM's cgroup");
       st.cgroup = std::move(*cg);
     }
-    auto s = spawn_vmm(cfg_.vmm_path, std::move(args), dir, st.cgroup ? &*st.cgroup : nullptr, outlive);
+    // A sandbox's own network: the TAP its VMM's virtio-net is the guest
+    // end of (a template VM has none: its snapshot's device is unplugged).
+    UniqueFd tap;
+    if (cfg_.networks && snapshot_dir.empty() && name == spec.id) {
+      st.net = HeldNetwork(cfg_.networks, spec.id);
+      Result<runtime::SandboxNetworks::Link> link = cfg_.networks->reserve(spec.id);
+      Result<UniqueFd> t = link ? cfg_.networks->attach_tap(spec.id) : Result<UniqueFd>(link.error());
+      if (!t) {
+        if (st.cgroup) (void)st.cgroup->destroy(std::chrono::milliseconds(5000));
+        return t.error().with_context("sandbox " + spec.id + "'s network");
+      }
+      st.net.link = *link;
+      tap = std::move(*t);
+    }
+    auto s = spawn_vmm(cfg_.vmm_path, std::move(args), dir, st.cgroup ? &*st.cgroup : nullptr, outlive, tap.get());
     if (!s) {
       if (st.cgroup) (void)st.cgroup->destroy(std::chrono::milliseconds(5000));
       return s.error();
@@ -847,6 +903,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
     if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
     sb->set_uid(std::move(s->uid));
+    sb->set_network(std::move(s->net));
     uint64_t deadline = sys::monotonic_ns() + static_cast<uint64_t>(timeout.count()) * 1000000ull;
     // A pidfd of the VMM: its exit means no ready will come.
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
@@ -869,6 +926,8 @@ class MicrovmRuntime final : public runtime::Runtime {
                 {"env", env},
                 {"unixTimeNs", static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec},
                 {"entropy", sys::random_hex(64)}};
+    if (auto link = sb.network_link())
+      req["network"] = {{"address", link->address}, {"gateway", link->gateway}, {"prefix", 30}};
     auto r = sb.control(req.dump(), std::max(spec.ready_timeout, std::chrono::milliseconds(30000)));
     if (!r) return r.error().with_context("configure the microVM's agent");
     json reply = json::parse(*r, nullptr, false);
@@ -1085,6 +1144,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     auto sb = std::make_unique<MicrovmSandbox>(spec.id, dir, std::move(s->vmm), spec.memory_mb << 20);
     if (s->cgroup) sb->set_cgroup(std::move(*s->cgroup));
     sb->set_uid(std::move(s->uid));
+    sb->set_network(std::move(s->net));
     sb->set_template_memory(snap + "/memory");
     sb->attach_channel(cfg_.open_service);
     sb->new_host();

@@ -51,6 +51,10 @@ struct MicrovmConfig {
   // when it goes (sandgate-vmm --outlive) and the next run takes them back
   // (Runtime::recover, docs/vmm.md "Restarts"). Off: they die with it.
   bool sandboxes_outlive_host = false;
+  // Each sandbox's own network (runtime.h): a TAP device per sandbox,
+  // its VMM's virtio-net the guest end, eth0 configured by the agent at
+  // "configure". Null: sandboxes' microVMs have an unplugged eth0.
+  runtime::SandboxNetworks* networks = nullptr;
   uint32_t first_vmm_uid = (1u << 30) - 65536;
   uint32_t vmm_uids = 65536;
 };
