@@ -11,7 +11,10 @@
 # (kvm_code_interpreter.bench.mjs): docs/bench/code-interpreter-kvm-emulated.json.
 # Then pauses to disk, resumes and a fork of 8 of microVMs
 # (kvm_durable.bench.mjs): docs/bench/durable-kvm-emulated.json.
-# SANDGATE_BENCH_ONLY=templates|code-interpreter|durable runs only that one.
+# Then microVM networking (virtio-net on a TAP: creates with and without,
+# connects and a download from the guest), in the harness on its own:
+# docs/bench/network-kvm-emulated.json.
+# SANDGATE_BENCH_ONLY=templates|code-interpreter|durable|network runs only that one.
 # SANDGATE_BENCH_PRESET=debug uses the debug build tree (the result says which).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,10 +41,24 @@ else
   SANDGATE_BIN_DIR=$b/bin SANDGATE_GUEST_DIR=$b/guest \
     SANDGATE_TESTS_TEMPLATES_DIR=$b/tests-rootfs SANDGATE_HARNESS_TEST_TIMEOUT=1800 \
     tests/kvm-harness/harness.sh --with $b/bin/microvm_bench \
-    --exec "SANDGATE_BENCH_EMULATED=1 microvm_bench - ${1:-50} 10" | tee "$log"
+    --exec "SANDGATE_BENCH_EMULATED=1 microvm_bench - ${1:-50} 10" 2>&1 | tee "$log"
   grep -a -o 'BENCH-RESULT .*' "$log" | sed 's/^BENCH-RESULT //' | tr -d '\r' >docs/bench/microvm-emulated.json
   rm -f "$log"
 fi
+# microVM networking (virtio-net on a TAP) in the harness, on its own
+# (SANDGATE_BENCH_NETWORK_ONLY); the outer guest loads tun for it. (The
+# harness prints the command's output on stderr.)
+if [ -z "${SANDGATE_BENCH_ONLY:-}" ] || [ "${SANDGATE_BENCH_ONLY:-}" = network ]; then
+  log=$(mktemp)
+  SANDGATE_BIN_DIR=$b/bin SANDGATE_GUEST_DIR=$b/guest SANDGATE_HARNESS_MODULES=tun \
+    SANDGATE_TESTS_TEMPLATES_DIR=$b/tests-rootfs SANDGATE_HARNESS_TEST_TIMEOUT=1800 \
+    tests/kvm-harness/harness.sh --with $b/bin/microvm_bench \
+    --exec "SANDGATE_BENCH_EMULATED=1 SANDGATE_BENCH_NETWORK_ONLY=1 microvm_bench - 20" 2>&1 | tee "$log"
+  grep -a -o 'BENCH-RESULT .*' "$log" | sed 's/^BENCH-RESULT //' | tr -d '\r' |
+    sed "s/}\$/,\"build\":\"$preset\"}/" >docs/bench/network-kvm-emulated.json
+  rm -f "$log"
+fi
+[ "${SANDGATE_BENCH_ONLY:-}" = network ] && exit 0
 
 # The code interpreter in the harness (its assets disk then carries the
 # code interpreter template): docs/bench/code-interpreter-kvm-emulated.json.

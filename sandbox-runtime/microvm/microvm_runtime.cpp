@@ -179,6 +179,19 @@ Result<Spawned> spawn_vmm(const std::string& vmm, std::vector<std::string> args,
   UniqueFd ch_host(ch[0]), ch_vm(ch[1]);
   if (::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, ctl) != 0) return sys::errno_error("socketpair", "control");
   UniqueFd ctl_host(ctl[0]), ctl_vm(ctl[1]);
+  // The dup2 actions below run in order: a source numbered 3, 4 or 5
+  // would be overwritten by an earlier one (a TAP opened first in a
+  // process with few fds is fd 3). Every source moves above them first.
+  UniqueFd tap_high;
+  for (UniqueFd* f : {&ch_vm, &ctl_vm}) {
+    f->reset(::fcntl(f->get(), F_DUPFD_CLOEXEC, 16));
+    if (!*f) return sys::errno_error("fcntl F_DUPFD", "VMM descriptors");
+  }
+  if (tap_fd >= 0) {
+    tap_high.reset(::fcntl(tap_fd, F_DUPFD_CLOEXEC, 16));
+    if (!tap_high) return sys::errno_error("fcntl F_DUPFD", "the TAP");
+    tap_fd = tap_high.get();
+  }
   std::vector<std::string> argv = {vmm};
   argv.insert(argv.end(), args.begin(), args.end());
   for (const char* a : {"--channel-fd", "3", "--control-fd", "4"}) argv.emplace_back(a);

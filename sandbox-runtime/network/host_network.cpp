@@ -436,23 +436,27 @@ Result<SandboxLink> HostNetwork::reserve(const std::string& id) {
                                       " (one /30 per sandbox); pass a larger --network-range");
 }
 
+Result<NftSandbox> HostNetwork::reserved(const std::string& id) const {
+  MutexLock l(mu_);
+  auto it = sandboxes_.find(id);
+  if (it == sandboxes_.end()) return internal_error("network: attach before reserve for " + id);
+  return it->second.nft;
+}
+
+void HostNetwork::mark_attached(const std::string& id) {
+  MutexLock l(mu_);
+  sandboxes_[id].attached = true;
+}
+
 Status HostNetwork::attach(const std::string& id, int netns_fd) {
-  NftSandbox s;
-  {
-    MutexLock l(mu_);
-    auto it = sandboxes_.find(id);
-    if (it == sandboxes_.end()) return internal_error("network: attach before reserve for " + id);
-    s = it->second.nft;
-  }
+  Result<NftSandbox> r = reserved(id);
+  if (!r) return r.error();
+  const NftSandbox s = std::move(*r);
   const uint32_t gateway = s.address - 1;
   Result<Rtnl> host = Rtnl::open();
   if (!host) return host.error();
   if (Status st = host->create_veth(s.link, "eth0", netns_fd); !st) return st;
-  {
-    // From here the link exists: release() removes it.
-    MutexLock l(mu_);
-    sandboxes_[id].attached = true;
-  }
+  mark_attached(id);  // from here the link exists: release() removes it
   Result<int> hidx = host->link_index(s.link);
   if (!hidx) return hidx.error();
   if (Status st = host->add_address4(*hidx, htonl(gateway), 30); !st) return st;
@@ -475,13 +479,9 @@ Status HostNetwork::attach(const std::string& id, int netns_fd) {
 }
 
 Result<UniqueFd> HostNetwork::attach_tap(const std::string& id) {
-  NftSandbox s;
-  {
-    MutexLock l(mu_);
-    auto it = sandboxes_.find(id);
-    if (it == sandboxes_.end()) return internal_error("network: attach before reserve for " + id);
-    s = it->second.nft;
-  }
+  Result<NftSandbox> r = reserved(id);
+  if (!r) return r.error();
+  const NftSandbox s = std::move(*r);
   const uint32_t gateway = s.address - 1;
   UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
   if (!tap) return Error(errno == ENOENT ? ErrorKind::kUnavailable : ErrorKind::kInternal,
@@ -493,11 +493,7 @@ Result<UniqueFd> HostNetwork::attach_tap(const std::string& id) {
   ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
   // SAFETY: ifr is a zeroed ifreq with a NUL-terminated name, as TUNSETIFF expects.
   if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", s.link);
-  {
-    // From here the link exists (while the fd is open): release() removes it.
-    MutexLock l(mu_);
-    sandboxes_[id].attached = true;
-  }
+  mark_attached(id);  // the link exists while the fd is open: release() removes it
   Result<Rtnl> host = Rtnl::open();
   if (!host) return host.error();
   Result<int> idx = host->link_index(s.link);

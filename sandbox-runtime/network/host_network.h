@@ -135,6 +135,10 @@ class HostNetwork : public EgressPolicies::Listener {
   void allow_names(uint32_t address, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
   Ipv4Net range() const { return nft_.range; }
   EgressPolicy policy_of(const std::string& id) const;
+  // id's addresses and names from reserve(); kInternal if it has none.
+  Result<NftSandbox> reserved(const std::string& id) const;
+  // id's link exists from now on: release() removes it.
+  void mark_attached(const std::string& id);
   // id's chain with its policy, its link in the verdict maps (attach, adopt).
   Status install_rules(const std::string& id, const NftSandbox& s);
 

@@ -5,16 +5,13 @@
 // KVM exists (CTest kvm_runtime_direct); elsewhere it exits 77 (skipped).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
-#include <dirent.h>
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
-#include <linux/if_tun.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -24,21 +21,22 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <map>
-#include <mutex>
 #include <sys/time.h>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tests/kvm/kvm_env.h"
+#include "tests/kvm/kvm_guest.h"
 #include "sandbox-runtime/vmm/vm/attach.h"
 #include "wait-engine/memory/offload.h"
 #include "sandbox-runtime/host/cgroup.h"
-#include "sandbox-runtime/network/rtnl.h"
 #include "base/sys.h"
 
 using namespace sg;
 using namespace std::chrono_literals;
+using testing::envd_exchange;
+using testing::envd_run;
+using testing::exited_with;
 
 namespace {
 
@@ -64,24 +62,6 @@ bool ping(runtime::Sandbox& sb, std::chrono::milliseconds timeout = 30000ms) {
 // TCG a vCPU can stop taking interrupts; a run that failed only so is
 // retried on a fresh boot, and a fault that repeats fails every attempt.
 #define CHECK_ANSWERS(sb) CHECK_MESSAGE(ping(sb), "no pong in 30 s [sg-harness: unanswered]")
-
-// Sends req to envd inside the sandbox over a channel stream and returns
-// everything until EOF (Connection: close), each read bounded by timeout_ms.
-std::string envd_exchange(runtime::Sandbox& sb, const std::string& req, int timeout_ms) {
-  auto fd = sb.open_port(49983);
-  REQUIRE(fd);
-  REQUIRE(::write(fd->get(), req.data(), req.size()) == static_cast<ssize_t>(req.size()));
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    struct pollfd p = {fd->get(), POLLIN, 0};
-    if (::poll(&p, 1, timeout_ms) <= 0) break;
-    ssize_t n = ::read(fd->get(), buf, sizeof buf);
-    if (n <= 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return out;
-}
 
 // One HTTP request to envd inside the sandbox over a channel stream.
 std::string envd_get(runtime::Sandbox& sb, const std::string& path) {
@@ -426,28 +406,6 @@ TEST_CASE("sandgate-vmm hands the guest-RAM memfd and a userfaultfd over its con
 
 namespace {
 
-// Runs a bash script inside the sandbox through envd (process.Process/Start,
-// Connect streaming JSON) and returns the whole response, which ends when
-// the script has exited; its end event says how.
-// As root with as_root ("Authorization: Basic root:"), else envd's default
-// user; each read bounded by timeout_ms.
-std::string envd_run(runtime::Sandbox& sb, const std::string& script, bool as_root = false, int timeout_ms = 180000) {
-  std::string msg = nlohmann::json{{"process", {{"cmd", "/bin/bash"}, {"args", {"-c", script}}}}}.dump();
-  std::string body(5, '\0');
-  for (int i = 0; i < 4; ++i) body[1 + i] = static_cast<char>((msg.size() >> (8 * (3 - i))) & 0xff);
-  body += msg;
-  std::string req = "POST /process.Process/Start HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                    "Connect-Protocol-Version: 1\r\nContent-Type: application/connect+json\r\n" +
-                    std::string(as_root ? "Authorization: Basic cm9vdDo=\r\n" : "") +
-                    "X-Access-Token: tok\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  return envd_exchange(sb, req, timeout_ms);
-}
-
-// (Protobuf JSON leaves out a zero exitCode; the status text is always there.)
-bool exited_with(const std::string& resp, int code) {
-  return resp.find("\"status\":\"exit status " + std::to_string(code) + "\"") != std::string::npos;
-}
-
 std::string printable(const std::string& b) {
   std::string o;
   for (unsigned char c : b) o += (c == '\n' || (c >= 0x20 && c < 0x7f)) ? static_cast<char>(c) : '.';
@@ -646,61 +604,6 @@ TEST_CASE("hostile root in a microVM: the VMM is confined; a disk fill and garba
 
 namespace {
 
-// The test's own SandboxNetworks for microVMs: each sandbox a /30 of
-// 10.250.0.0/24 and a TAP made as HostNetwork::attach_tap makes one
-// (name, host MAC, gateway address, up). The nftables policy on those
-// links is HostNetwork's and is tested on the real kernel without KVM
-// (host_network_tap_test); here the wire is what is new: virtio-net in
-// sandgate-vmm, the guest's driver, the agent's configure.
-class TestTaps final : public runtime::SandboxNetworks {
- public:
-  Result<Link> reserve(const std::string& id) override {
-    std::lock_guard lock(mu_);
-    uint32_t k = next_++;
-    slots_[id] = k;
-    return Link{"10.250.0." + std::to_string(4 * k + 2), "10.250.0." + std::to_string(4 * k + 1)};
-  }
-  Result<UniqueFd> attach_tap(const std::string& id) override {
-    uint32_t k;
-    {
-      std::lock_guard lock(mu_);
-      k = slots_.at(id);
-    }
-    UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-    if (!tap) return sys::errno_error("open", "/dev/net/tun");
-    struct ifreq ifr {};
-    std::snprintf(ifr.ifr_name, IFNAMSIZ, "sgkt%u", k);
-    ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
-    if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", ifr.ifr_name);
-    Result<network::Rtnl> rt = network::Rtnl::open();
-    if (!rt) return rt.error();
-    Result<int> idx = rt->link_index(ifr.ifr_name);
-    if (!idx) return idx.error();
-    const uint8_t mac[6] = {0x02, 0x53, 0x47, 0xff, 0xff, 0xfe};
-    if (Status s = rt->set_mac(*idx, mac); !s) return s.error();
-    if (Status s = rt->add_address4(*idx, htonl((10u << 24) | (250u << 16) | (4 * k + 1)), 30); !s) return s.error();
-    if (Status s = rt->set_up(*idx); !s) return s.error();
-    return tap;
-  }
-  Status attach(const std::string&, int) override { return internal_error("microVMs only"); }
-  Status adopt(const std::string&, int) override { return not_found_error("microVMs only"); }
-  void release(const std::string& id) override {
-    std::lock_guard lock(mu_);
-    auto it = slots_.find(id);
-    if (it == slots_.end()) return;
-    if (Result<network::Rtnl> rt = network::Rtnl::open(); rt)
-      (void)rt->delete_link("sgkt" + std::to_string(it->second));
-    slots_.erase(it);
-    ++released;
-  }
-  int released = 0;
-
- private:
-  std::mutex mu_;
-  uint32_t next_ = 0;
-  std::map<std::string, uint32_t> slots_;
-};
-
 // A TCP server on the host: each connection gets "hello <peer address>\n".
 class PeerEcho {
  public:
@@ -740,7 +643,7 @@ class PeerEcho {
 
 TEST_CASE("microVM networking: eth0 on virtio-net over a TAP, configured by the agent; a clone gets its own address") {
   REQUIRE_MESSAGE(::access("/dev/net/tun", R_OK | W_OK) == 0, "no /dev/net/tun (the harness loads tun)");
-  TestTaps taps;
+  testing::TestTaps taps;
   auto cfg = testing::kvm_test_config("net", true);
   cfg.networks = &taps;
   auto rt = microvm::make_microvm_runtime(cfg);
@@ -779,5 +682,5 @@ TEST_CASE("microVM networking: eth0 on virtio-net over a TAP, configured by the 
   CHECK_MESSAGE(exited_with(r, 0), printable(r));
   CHECK((*a)->kill());
   CHECK((*b)->kill());
-  CHECK(taps.released == 2);
+  CHECK(taps.released() == 2);
 }
