@@ -458,9 +458,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   r.net->stop();
   FUZZ_CHECK(r.disconnects.load() <= 1);
   if (std::getenv("VIRTIO_FUZZ_VERBOSE"))  // to see what a corpus entry does
-    std::fprintf(stderr, "virtio_fuzz: blk %llu requests %llu errors, console %llu to host %llu to guest, %llu irqs\n",
+    std::fprintf(stderr,
+                 "virtio_fuzz: blk %llu requests %llu errors, console %llu to host %llu to guest, net %llu frames out "
+                 "%llu in %llu dropped, %llu irqs\n",
                  static_cast<unsigned long long>(r.blk->requests()), static_cast<unsigned long long>(r.blk->errors()),
                  static_cast<unsigned long long>(r.con->bytes_to_host()),
-                 static_cast<unsigned long long>(r.con->bytes_to_guest()), static_cast<unsigned long long>(r.irq.count.load()));
+                 static_cast<unsigned long long>(r.con->bytes_to_guest()),
+                 static_cast<unsigned long long>(r.net->counters().tx_frames),
+                 static_cast<unsigned long long>(r.net->counters().rx_frames),
+                 static_cast<unsigned long long>(r.net->counters().tx_dropped + r.net->counters().rx_dropped),
+                 static_cast<unsigned long long>(r.irq.count.load()));
   return 0;
 }
