@@ -802,7 +802,7 @@ Result<NetworkPath> open_network(const AppConfig& cfg, bool use_kvm, network::Eg
   nc.rate_bytes_per_s = static_cast<uint64_t>(cfg.sandbox_bandwidth_mbit) * 1000 * 1000 / 8;
   nc.max_connections = static_cast<uint32_t>(cfg.sandbox_connections);
   nc.policies = &policies;
-  nc.keep_links = cfg.keep_sandboxes == "on" && !use_kvm;  // process sandboxes outlive the server
+  nc.keep_links = cfg.keep_sandboxes == "on";  // sandboxes (and their links) outlive the server
   nc.tap = use_kvm;  // microVMs: a TAP device each, their VMM's virtio-net the other end
   if (!cfg.dns_upstream.empty()) {
     struct in_addr ia {};
@@ -836,6 +836,11 @@ class RuntimeNetworks final : public runtime::SandboxNetworks {
   Status attach(const std::string& id, int netns_fd) override { return h_.attach(id, netns_fd); }
   Result<UniqueFd> attach_tap(const std::string& id) override { return h_.attach_tap(id); }
   Status adopt(const std::string& id, int netns_fd) override { return h_.adopt(id, netns_fd); }
+  Status adopt_tap(const std::string& id, const std::string& address) override {
+    std::optional<network::Ipv4Net> a = network::parse_ipv4_net(address + "/32");
+    if (!a) return invalid_error("sandbox " + id + ": bad address " + address);
+    return h_.adopt_tap(id, a->addr);
+  }
   void release(const std::string& id) override { h_.release(id); }
 
  private:

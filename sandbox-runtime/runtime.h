@@ -85,6 +85,10 @@ class SandboxNetworks {
   virtual Result<UniqueFd> attach_tap(const std::string& id) = 0;
   // kNotFound when the sandbox has no network of this server's.
   virtual Status adopt(const std::string& id, int netns_fd) = 0;
+  // The microVM backend's adopt: the sandbox's TAP, which its VMM kept
+  // open while no server ran, taken back by the guest address it was
+  // given (the runtime's own record of it). kNotFound when its link is gone.
+  virtual Status adopt_tap(const std::string& id, const std::string& address) = 0;
   virtual void release(const std::string& id) = 0;
 };
 

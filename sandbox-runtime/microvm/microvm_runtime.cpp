@@ -1,6 +1,7 @@
 // The microVM backend: spawning sandgate-vmm, template snapshots, clones.
 #include "sandbox-runtime/microvm/microvm_runtime.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/kvm.h>
@@ -318,6 +319,8 @@ struct HeldNetwork {
   }
   ~HeldNetwork() { reset(); }
   explicit operator bool() const { return networks != nullptr; }
+  // Kept for the next server (a sandbox that outlives this one): not released.
+  void let_go() { networks = nullptr; }
   void reset() {
     if (networks) networks->release(id);
     networks = nullptr;
@@ -357,6 +360,7 @@ class MicrovmSandbox final : public runtime::Sandbox {
       {
         std::lock_guard lock(mu_);
         h = std::move(host_);
+        net_.let_go();  // its TAP stays with the VMM for the next server (adopt_tap)
       }
       if (h) h->stop();
       return;
@@ -742,6 +746,22 @@ class MicrovmRuntime final : public runtime::Runtime {
       (void)sb->kill();
       return ok.error().with_context("recover sandbox " + id);
     }
+    // Its network: the TAP its VMM kept open, with the address it had.
+    if (cfg_.networks && !rec->address.empty()) {
+      HeldNetwork n(cfg_.networks, id);
+      if (Status a = cfg_.networks->adopt_tap(id, rec->address); !a) {
+        n.let_go();  // nothing of it is this server's
+        LOG_WARN("sandbox " << id << " is taken back without its network: " << a.error().message());
+      } else {
+        struct in_addr a4 {};
+        char gw[INET_ADDRSTRLEN] = {};
+        ::inet_pton(AF_INET, rec->address.c_str(), &a4);  // parsed by adopt_tap
+        a4.s_addr = htonl(ntohl(a4.s_addr) - 1);          // the /30's .1
+        ::inet_ntop(AF_INET, &a4, gw, sizeof gw);
+        n.link = {rec->address, gw};
+        sb->set_network(std::move(n));
+      }
+    }
     sb->set_outlive(true);
     LOG_INFO("sandbox " << id << " taken back, VMM pid " << rec->pid);
     return std::unique_ptr<runtime::Sandbox>(std::move(sb));
@@ -1046,6 +1066,7 @@ class MicrovmRuntime final : public runtime::Runtime {
     uint32_t uid = 0;          // its jail uid; 0: unjailed
     uint64_t mem_bytes = 0;
     std::string template_memory;  // the snapshot memory it was restored from
+    std::string address;          // its guest's address on its own network; "": none
   };
 
   Status write_record(MicrovmSandbox& sb, const runtime::SandboxSpec& spec) {
@@ -1057,6 +1078,7 @@ class MicrovmRuntime final : public runtime::Runtime {
               {"uid", sb.uid()},
               {"memBytes", mi ? mi->size : spec.memory_mb << 20},
               {"templateMemory", mi ? mi->template_memory : std::string()}};
+    if (auto link = sb.network_link()) j["address"] = link->address;
     return sys::write_file_atomic(cfg_.state_root + "/" + spec.id + "/vmm.json", j.dump());
   }
 
@@ -1075,6 +1097,11 @@ class MicrovmRuntime final : public runtime::Runtime {
     r.uid = j["uid"].get<uint32_t>();
     r.mem_bytes = j["memBytes"].get<uint64_t>();
     r.template_memory = j["templateMemory"].get<std::string>();
+    if (auto a = j.find("address"); a != j.end()) {
+      if (!a->is_string() || a->get_ref<const std::string&>().size() > 15)
+        return internal_error("its record " + dir + "/vmm.json is damaged");
+      r.address = a->get<std::string>();
+    }
     return r;
   }
 

@@ -528,25 +528,31 @@ Status HostNetwork::adopt(const std::string& id, int netns_fd) {
   Result<std::vector<std::pair<uint32_t, int>>> addrs = inside->addresses4(*eth);
   if (!addrs) return addrs.error();
   const Ipv4Net r = nft_.range;
-  const uint64_t size = uint64_t{1} << (32 - r.prefix);
-  std::optional<uint32_t> index;
-  uint32_t address = 0;
   for (auto [a, prefix] : *addrs) {
     uint64_t off = static_cast<uint64_t>(a) - r.addr;
-    if (prefix != 30 || a < r.addr || off >= size || off % 4 != 2) continue;
-    index = static_cast<uint32_t>(off / 4);
-    address = a;
+    if (prefix == 30 && a >= r.addr && off < (uint64_t{1} << (32 - r.prefix)) && off % 4 == 2) return take_back(id, a);
   }
-  if (!index) return not_found_error("sandbox " + id + " has no address of " + ipv4_net_text(r));
+  return not_found_error("sandbox " + id + " has no address of " + ipv4_net_text(r));
+}
+
+Status HostNetwork::adopt_tap(const std::string& id, uint32_t address) { return take_back(id, address); }
+
+Status HostNetwork::take_back(const std::string& id, uint32_t address) {
+  const Ipv4Net r = nft_.range;
+  const uint64_t off = static_cast<uint64_t>(address) - r.addr;
+  if (address < r.addr || off >= (uint64_t{1} << (32 - r.prefix)) || off % 4 != 2)
+    return not_found_error("sandbox " + id + "'s address " + ipv4_text(address) + " is not a sandbox's of " +
+                           ipv4_net_text(r));
+  const auto index = static_cast<uint32_t>(off / 4);
   NftSandbox s;
   {
     MutexLock l(mu_);
     if (sandboxes_.count(id)) return Error(ErrorKind::kConflict, "sandbox " + id + " has a network already");
-    auto st = stale_.find(*index);
+    auto st = stale_.find(index);
     if (st == stale_.end())
-      return not_found_error("sandbox " + id + "'s link " + nft_.if_prefix + std::to_string(*index) + " is gone");
+      return not_found_error("sandbox " + id + "'s link " + nft_.if_prefix + std::to_string(index) + " is gone");
     Entry e;
-    e.nft.index = *index;
+    e.nft.index = index;
     e.nft.link = st->second;
     e.nft.address = address;
     e.attached = true;

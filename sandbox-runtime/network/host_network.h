@@ -102,6 +102,9 @@ class HostNetwork : public EgressPolicies::Listener {
   // installed. kNotFound when it has no network of this server's (made
   // without one, or in another range). Then release() as for any other.
   Status adopt(const std::string& id, int netns_fd);
+  // The same for a microVM (attach_tap): its TAP, kept open by its VMM,
+  // found by the address its guest was given (host byte order).
+  Status adopt_tap(const std::string& id, uint32_t address);
   // The links of a previous run that no adopt() took back, removed (their
   // sandboxes are gone): once, after the restart's adoptions.
   void sweep();
@@ -135,6 +138,9 @@ class HostNetwork : public EgressPolicies::Listener {
   void allow_names(uint32_t address, const std::vector<uint32_t>& addrs, uint32_t ttl_s);
   Ipv4Net range() const { return nft_.range; }
   EgressPolicy policy_of(const std::string& id) const;
+  // A previous run's link of the /30 whose sandbox address is address,
+  // taken back for id with its rules (adopt, adopt_tap).
+  Status take_back(const std::string& id, uint32_t address);
   // id's addresses and names from reserve(); kInternal if it has none.
   Result<NftSandbox> reserved(const std::string& id) const;
   // id's link exists from now on: release() removes it.

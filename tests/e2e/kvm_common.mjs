@@ -1,7 +1,10 @@
-// What the kvm e2e files share: a background counter (a running process)
-// and a process that holds 4 MiB of random bytes only in its memory (the
-// proof that a microVM's memory came through a snapshot, fork or restart).
+// What the kvm e2e files share: a background counter (a running process),
+// a process that holds 4 MiB of random bytes only in its memory (the
+// proof that a microVM's memory came through a snapshot, fork or restart)
+// and a restart of sandgate in the harness.
 import assert from 'node:assert/strict';
+import { writeFileSync } from 'node:fs';
+import net from 'node:net';
 
 // Waits until path exists in sandbox s (at most 120 s); returns its text.
 export async function waitFile(s, path) {
@@ -60,4 +63,27 @@ export async function startMemProc(s) {
 export async function sumNow(s, pid) {
   await s.commands.run(`rm -f /tmp/sum; kill -USR1 ${pid}`, { timeoutMs: 120_000 });
   return waitFile(s, '/tmp/sum');
+}
+
+// Asks the KVM harness (its control file, SANDGATE_HARNESS_CTL) to end
+// sandgate (kind "kill": SIGKILL, "term": SIGTERM) and start it again;
+// returns once the old one is gone (an idle connection to it closes) and
+// the new one answers.
+export async function restartSandgate(remote, ctl, kind) {
+  const u = new URL(remote);
+  const sock = net.connect(Number(u.port), u.hostname);
+  sock.on('error', () => {});
+  await new Promise((res, rej) => { sock.once('connect', res); sock.once('error', rej); });
+  const closed = new Promise((res) => sock.once('close', res));
+  writeFileSync(ctl, `restart-${kind}\n`);
+  await Promise.race([closed, new Promise((_, rej) => setTimeout(() => rej(new Error(`sandgate did not go within 120 s of restart-${kind}`)), 120_000))]);
+  const deadline = Date.now() + 300_000;
+  for (;;) {
+    try {
+      const r = await fetch(`${remote}/health`, { signal: AbortSignal.timeout(5000) });
+      if (r.ok) return;
+    } catch {}
+    if (Date.now() > deadline) assert.fail(`sandgate did not come back within 300 s after restart-${kind}`);
+    await new Promise((r) => setTimeout(r, 250));  // polling a server coming up, not synchronising
+  }
 }

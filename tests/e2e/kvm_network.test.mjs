@@ -14,8 +14,10 @@ import assert from 'node:assert/strict';
 import http from 'node:http';
 import dgram from 'node:dgram';
 import { Sandbox, CommandExitError } from 'e2b';
+import { restartSandgate } from './kvm_common.mjs';
 
 const remote = process.env.SANDGATE_E2E_URL;
+const ctl = process.env.SANDGATE_HARNESS_CTL;
 const hostAddr = process.env.SANDGATE_E2E_HOST_ADDR || '10.0.2.2';
 const STEP = { timeout: 300_000 };
 
@@ -143,6 +145,30 @@ if (!remote) {
       assert.equal(await curl(sbx), 'hello from the host\n');
     } finally {
       await child.kill();
+    }
+  });
+
+  test('microVMs keep their networks and policies through SIGKILL and SIGTERM of sandgate', { timeout: 900_000, skip: !ctl && 'needs the harness to restart sandgate' }, async () => {
+    const deny = await Sandbox.create('base', { ...opts, timeoutMs: 900_000, network: { denyOut: [`${hostAddr}/32`] } });
+    try {
+      assert.equal(await curl(deny), 'exit 7');
+      for (const kind of ['kill', 'term']) {
+        await restartSandgate(remote, ctl, kind);
+        // Taken back with its TAP, address and policy (from the database).
+        const s = await Sandbox.connect(sbx.sandboxId, opts);
+        assert.equal(await curl(s), 'hello from the host\n', `after ${kind}`);
+        assert.equal(await udp(s), 'echo: hi\n', `after ${kind}`);
+        const d = await Sandbox.connect(deny.sandboxId, opts);
+        assert.equal(await curl(d), 'exit 7', `after ${kind}: denyOut still holds`);
+      }
+      // The new server manages the taken-back networks: a live update.
+      const d = await Sandbox.connect(deny.sandboxId, opts);
+      await d.updateNetwork({});
+      assert.equal(await curl(d), 'hello from the host\n');
+      const m = await (await fetch(`${remote}/metrics`)).text();
+      assert.match(m, new RegExp(`^sandgate_sandbox_network_bytes_total\\{sandbox="${sbx.sandboxId}",direction="in"\\} [1-9]`, 'm'));
+    } finally {
+      await deny.kill().catch(() => {});
     }
   });
 }

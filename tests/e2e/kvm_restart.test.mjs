@@ -12,10 +12,8 @@
 // CTest kvm_harness_durable runs it after kvm_durable.test.mjs, in the same boot.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { writeFileSync } from 'node:fs';
-import net from 'node:net';
 import { Sandbox } from 'e2b';
-import { startMemProc, sumNow } from './kvm_common.mjs';
+import { restartSandgate, startMemProc, sumNow } from './kvm_common.mjs';
 
 const remote = process.env.SANDGATE_E2E_URL;
 const ctl = process.env.SANDGATE_HARNESS_CTL;
@@ -28,27 +26,7 @@ if (!remote || !ctl) {
   const boxes = [];  // { id, pid, sum }
   let pausedId, pausedPid, pausedSum;
 
-  // Asks the harness to end sandgate (SIGKILL or SIGTERM) and start it
-  // again; returns once the old one is gone (an idle connection to it
-  // closes) and the new one answers.
-  async function restart(kind) {
-    const u = new URL(remote);
-    const sock = net.connect(Number(u.port), u.hostname);
-    sock.on('error', () => {});
-    await new Promise((res, rej) => { sock.once('connect', res); sock.once('error', rej); });
-    const closed = new Promise((res) => sock.once('close', res));
-    writeFileSync(ctl, `restart-${kind}\n`);
-    await Promise.race([closed, new Promise((_, rej) => setTimeout(() => rej(new Error(`sandgate did not go within 120 s of restart-${kind}`)), 120_000))]);
-    const deadline = Date.now() + 300_000;
-    for (;;) {
-      try {
-        const r = await fetch(`${remote}/health`, { signal: AbortSignal.timeout(5000) });
-        if (r.ok) return;
-      } catch {}
-      if (Date.now() > deadline) assert.fail(`sandgate did not come back within 300 s after restart-${kind}`);
-      await new Promise((r) => setTimeout(r, 250));  // polling a server coming up, not synchronising
-    }
-  }
+  const restart = (kind) => restartSandgate(remote, ctl, kind);
 
   async function checkAll(label) {
     for (const b of boxes) {

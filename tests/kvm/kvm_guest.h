@@ -106,6 +106,7 @@ class TestTaps final : public runtime::SandboxNetworks {
   }
   Status attach(const std::string&, int) override { return internal_error("microVMs only"); }
   Status adopt(const std::string&, int) override { return not_found_error("microVMs only"); }
+  Status adopt_tap(const std::string&, const std::string&) override { return not_found_error("no restarts here"); }
   void release(const std::string& id) override {
     std::lock_guard lock(mu_);
     auto it = slots_.find(id);
