@@ -181,14 +181,19 @@ class Stack:
         # they leave idle; the stack itself runs at normal priority.
         if args[0] == "build":
             cmd = ["ionice", "-c", "3"] + cmd  # its disk writes wait for everyone else's too
-        return run(cmd + list(args), self.env, timeout=timeout, nice=args[0] == "build")
+        r = run(cmd + list(args), self.env, timeout=timeout, nice=args[0] == "build")
+        if args[0] == "up":
+            self.last_up = r  # podman-compose 1.0.3 exits 0 when podman fails: its words are the evidence
+        return r
 
     def container(self):
         r = self.e.podman("ps", "-a", "--filter", f"label=io.podman.compose.project={self.project}",
                           "--filter", "label=com.docker.compose.service=sandgate", "--format", "{{.Names}}", quiet=True)
         names = r.stdout.split()
         if len(names) != 1:
-            raise Failed(f"expected one sandgate container of project {self.project}, found {names}")
+            up = getattr(self, "last_up", None)
+            said = f"; podman-compose up said:\n{(up.stdout + up.stderr)[-4000:]}" if up else ""
+            raise Failed(f"expected one sandgate container of project {self.project}, found {names}{said}")
         return names[0]
 
     def logs(self):
