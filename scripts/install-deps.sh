@@ -22,7 +22,7 @@ case "${1:-}" in
     docker-registry bash-static apache2-utils zstd
     docker-compose python3-venv python3-yaml
     etcd-server etcd-client
-    podman podman-compose runc catatonit
+    podman podman-compose runc catatonit golang-github-containernetworking-plugin-dnsname
   ) ;;
   *) echo "usage: install-deps.sh [--build]" >&2; exit 2 ;;
 esac
@@ -39,9 +39,10 @@ esac
 # podman, podman-compose, runc: the compose test builds compose/Dockerfile
 # and runs compose.yaml on a real engine (tests/compose/podman_test.py;
 # runc because crun refuses cgroup v1 hosts; catatonit, the init podman
-# runs for compose.yaml's `init: true`, only recommended by Debian's
-# podman). python3-yaml: that test and compose_check read the compose
-# files.
+# runs for compose.yaml's `init: true`, and the CNI dnsname plugin, which
+# resolves the services' names on a compose network (sandgate reaches the
+# mock model as mock-model), are only recommended by Debian's podman).
+# python3-yaml: that test and compose_check read the compose files.
 
 # node and npm run the end-to-end tests with the official E2B JS SDK; the
 # image usually has them, Debian's packages are the fallback.

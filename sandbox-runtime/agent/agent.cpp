@@ -371,6 +371,10 @@ Status apply_vm_network(const VmConfigure::Network& n) {
     if (Status s = rt->add_address4(*eth, htonl(n.address), n.prefix); !s) return s;
   if (Status s = rt->set_up(*eth); !s) return s;
   if (Status s = rt->add_default_route4(*eth, htonl(n.gateway), true); !s) return s;
+  // ping without privileges (ICMP datagram sockets), as a process
+  // sandbox's namespace has it (host_network.cpp, set_ping_group_range).
+  if (Status s = sys::write_file("/proc/sys/net/ipv4/ping_group_range", "0 2147483647"); !s)
+    LOG_WARN("agent: ping_group_range: " << s.error().message());
   struct in_addr g {};
   g.s_addr = htonl(n.gateway);
   char text[INET_ADDRSTRLEN] = {};

@@ -73,7 +73,7 @@ if (!remote) {
     `python3 -c "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM);s.settimeout(10);` +
     `s.sendto(b'hi',('${hostAddr}',${echoPort}));print(s.recv(100).decode())"`);
 
-  test('a microVM is on the network by default: eth0, TCP, UDP, Python, no proxy', STEP, async () => {
+  test('a microVM is on the network by default: eth0, TCP, UDP, ICMP, Python, no proxy', STEP, async () => {
     assert.equal(await run(sbx, 'echo "[$HTTP_PROXY$HTTPS_PROXY$http_proxy]"'), '[]\n');
     const resolv = await run(sbx, 'cat /etc/resolv.conf');
     const gw = /^nameserver (10\.\d+\.\d+\.\d+)$/m.exec(resolv);
@@ -86,6 +86,12 @@ if (!remote) {
     assert.equal(await run(sbx, `python3 -c "import urllib.request;print(urllib.request.urlopen('http://${hostAddr}:${webPort}/',timeout=20).read().decode(),end='')"`),
       'hello from the host\n');
     assert.equal(await udp(sbx), 'echo: hi\n');
+    // An ICMP echo as ping sends it without privileges (an ICMP datagram
+    // socket), to QEMU's address for this host: "0 ping" is the reply's
+    // type and payload.
+    assert.equal(await run(sbx,
+      `python3 -c "import socket;s=socket.socket(socket.AF_INET,socket.SOCK_DGRAM,socket.IPPROTO_ICMP);s.settimeout(10);` +
+      `s.sendto(b'\\x08\\x00\\x00\\x00\\x00\\x01\\x00\\x01ping',('${hostAddr}',0));r=s.recv(100);print(r[0],r[8:].decode())"`), '0 ping\n');
     // The path and the sandbox's traffic on /metrics.
     const m = await (await fetch(`${remote}/metrics`)).text();
     assert.match(m, /^sandgate_network_path\{path="tap"\} 1$/m);
