@@ -3,9 +3,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <linux/if_tun.h>
-#include <net/if.h>
-#include <sys/ioctl.h>
 #include <linux/rtnetlink.h>
 #include <sched.h>
 #include <sys/mount.h>
@@ -483,16 +480,9 @@ Result<UniqueFd> HostNetwork::attach_tap(const std::string& id) {
   if (!r) return r.error();
   const NftSandbox s = std::move(*r);
   const uint32_t gateway = s.address - 1;
-  UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-  if (!tap) return Error(errno == ENOENT ? ErrorKind::kUnavailable : ErrorKind::kInternal,
-                         std::string("open /dev/net/tun: ") + std::strerror(errno));
-  struct ifreq ifr {};
-  std::strncpy(ifr.ifr_name, s.link.c_str(), IFNAMSIZ - 1);
-  // No packet-information prefix and no vnet header: one read or write
-  // is one plain Ethernet frame (the VMM's virtio-net, vmm/devices/virtio_net.h).
-  ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
-  // SAFETY: ifr is a zeroed ifreq with a NUL-terminated name, as TUNSETIFF expects.
-  if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", s.link);
+  // The VMM's virtio-net (vmm/devices/virtio_net.h) reads and writes it.
+  Result<UniqueFd> tap = open_tap(s.link);
+  if (!tap) return tap.error();
   mark_attached(id);  // the link exists while the fd is open: release() removes it
   Result<Rtnl> host = Rtnl::open();
   if (!host) return host.error();
@@ -504,7 +494,7 @@ Result<UniqueFd> HostNetwork::attach_tap(const std::string& id) {
   if (Status st = host->add_address4(*idx, htonl(gateway), 30); !st) return st.error();
   if (Status st = host->set_up(*idx); !st) return st.error();
   if (Status st = install_rules(id, s); !st) return st.error();
-  return tap;
+  return std::move(*tap);
 }
 
 Status HostNetwork::install_rules(const std::string& id, const NftSandbox& s) {

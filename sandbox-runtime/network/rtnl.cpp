@@ -4,6 +4,7 @@
 #include "sandbox-runtime/network/rtnl.h"
 
 #include <linux/if.h>
+#include <linux/if_tun.h>
 #include <linux/if_addr.h>
 #include <linux/if_link.h>
 #include <linux/netlink.h>
@@ -11,7 +12,9 @@
 #include <arpa/inet.h>
 #include <linux/veth.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -75,6 +78,19 @@ Status valid_ifname(const std::string& n) {
 }
 
 }  // namespace
+
+Result<UniqueFd> open_tap(const std::string& name) {
+  if (Status s = valid_ifname(name); !s) return s.error();
+  UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
+  if (!tap) return Error(errno == ENOENT ? ErrorKind::kUnavailable : ErrorKind::kInternal,
+                         std::string("open /dev/net/tun: ") + std::strerror(errno));
+  struct ifreq ifr {};
+  std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
+  ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
+  // SAFETY: ifr is a zeroed ifreq with a NUL-terminated name, as TUNSETIFF expects.
+  if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", name);
+  return tap;
+}
 
 Result<Rtnl> Rtnl::open() {
   UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE));

@@ -23,6 +23,12 @@ struct nlmsghdr;
 
 namespace sg::network {
 
+// A TAP device named name in the calling thread's network namespace (no
+// packet-information prefix, no vnet header: one read or write is one
+// Ethernet frame), alive while the returned fd is open. kUnavailable
+// where there is no /dev/net/tun.
+Result<UniqueFd> open_tap(const std::string& name);
+
 class Rtnl {
  public:
   // A socket in the calling thread's network namespace.

@@ -5,11 +5,7 @@
 #pragma once
 
 #include <arpa/inet.h>
-#include <fcntl.h>
-#include <linux/if_tun.h>
-#include <net/if.h>
 #include <poll.h>
-#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -88,21 +84,18 @@ class TestTaps final : public runtime::SandboxNetworks {
       std::lock_guard lock(mu_);
       k = slots_.at(id);
     }
-    UniqueFd tap(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-    if (!tap) return sys::errno_error("open", "/dev/net/tun");
-    struct ifreq ifr {};
-    std::snprintf(ifr.ifr_name, IFNAMSIZ, "sgkt%u", k);
-    ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
-    if (::ioctl(tap.get(), TUNSETIFF, &ifr) != 0) return sys::errno_error("TUNSETIFF", ifr.ifr_name);
+    const std::string name = "sgkt" + std::to_string(k);
+    Result<UniqueFd> tap = network::open_tap(name);
+    if (!tap) return tap.error();
     Result<network::Rtnl> rt = network::Rtnl::open();
     if (!rt) return rt.error();
-    Result<int> idx = rt->link_index(ifr.ifr_name);
+    Result<int> idx = rt->link_index(name);
     if (!idx) return idx.error();
     const uint8_t mac[6] = {0x02, 0x53, 0x47, 0xff, 0xff, 0xfe};
     if (Status s = rt->set_mac(*idx, mac); !s) return s.error();
     if (Status s = rt->add_address4(*idx, htonl((10u << 24) | (250u << 16) | (4 * k + 1)), 30); !s) return s.error();
     if (Status s = rt->set_up(*idx); !s) return s.error();
-    return tap;
+    return std::move(*tap);
   }
   Status attach(const std::string&, int) override { return internal_error("microVMs only"); }
   Status adopt(const std::string&, int) override { return not_found_error("microVMs only"); }

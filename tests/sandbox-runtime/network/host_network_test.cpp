@@ -9,14 +9,11 @@
 #include <arpa/inet.h>
 #include <doctest/doctest.h>
 #include <fcntl.h>
-#include <linux/if_tun.h>
 #include <linux/rtnetlink.h>
-#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/eventfd.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -909,18 +906,14 @@ namespace {
 
 // A TAP device named name in netns (made on a thread inside it); its fd.
 UniqueFd tap_in(int netns, const std::string& name) {
-  UniqueFd fd;
+  std::optional<Result<UniqueFd>> fd;
   std::thread t([&] {
-    if (::setns(netns, CLONE_NEWNET) != 0) return;
-    UniqueFd f(::open("/dev/net/tun", O_RDWR | O_CLOEXEC));
-    struct ifreq ifr {};
-    std::strncpy(ifr.ifr_name, name.c_str(), IFNAMSIZ - 1);
-    ifr.ifr_flags = IFF_TAP | IFF_NO_PI;
-    if (f && ::ioctl(f.get(), TUNSETIFF, &ifr) == 0) fd = std::move(f);
+    if (::setns(netns, CLONE_NEWNET) == 0) fd.emplace(open_tap(name));
   });
   t.join();
-  REQUIRE_MESSAGE(fd, "a TAP device in the namespace: " << std::strerror(errno));
-  return fd;
+  REQUIRE_MESSAGE(fd, "setns: " << std::strerror(errno));
+  REQUIRE_MESSAGE(*fd, "a TAP device in the namespace: " << fd->error().message());
+  return std::move(**fd);
 }
 
 // Copies frames both ways between two TAP fds until stopped: the wire a
