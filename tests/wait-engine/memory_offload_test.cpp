@@ -254,6 +254,54 @@ TEST_CASE("offload: a prefetch racing demand faults on the same pages installs e
   CHECK(env.lost == 0);
 }
 
+TEST_CASE("offload: a fault served after the page map was read is not dropped by the release") {
+  // A vCPU kicked out of a fault by the pause leaves the event with the
+  // fault server, which may serve it while the next offload runs. Served
+  // after the page map was read, the page was not read out, its record
+  // was erased as installed, and the release dropped it: the guest got
+  // the template's page back. Here the fault comes from a reader started
+  // inside the release hook, after the pages were encoded.
+  Env env(64 << 20);
+  auto mem = vmm::GuestMemory::map_private_file(env.tmpl_path);
+  REQUIRE(mem);
+  uint8_t* base = mem->host_base();
+  std::vector<uint8_t> want(kPages * kPg);
+  std::mt19937_64 rng(23);
+  for (auto& b : want) b = static_cast<uint8_t>(rng());
+  std::memcpy(base, want.data(), want.size());
+  std::atomic<bool> cancel{false};
+  auto rep = env.engine->offload("late", env.target(*mem, true), cancel);
+  REQUIRE_MESSAGE(rep, (rep ? "" : rep.error().message()));
+  REQUIRE(present_pages(base, kPages) == 0);
+  // Round 2: page 5 stays out (its record is its only copy) while the
+  // others come back and change.
+  for (uint64_t p = 0; p < kPages; ++p)
+    if (p != 5) base[p * kPg + 3] = want[p * kPg + 3] = static_cast<uint8_t>(p + 1);
+  const uint64_t page = 5;
+  std::future<bool> reader;
+  OffloadTarget t = env.target(*mem, true);
+  auto release = t.release;
+  bool late_served = false;
+  t.release = [&]() -> Result<std::pair<UniqueFd, uint64_t>> {
+    reader = std::async(std::launch::async, [&] {
+      return std::memcmp(base + page * kPg, want.data() + page * kPg, kPg) == 0;
+    });
+    // Unheld, the fault is served at once; held, not before the release.
+    late_served = reader.wait_for(500ms) == std::future_status::ready;
+    return release();
+  };
+  auto rep2 = env.engine->offload("late", t, cancel);
+  REQUIRE_MESSAGE(rep2, (rep2 ? "" : rep2.error().message()));
+  CHECK_FALSE(late_served);
+  REQUIRE(reader.valid());
+  REQUIRE(reader.wait_for(10s) == std::future_status::ready);
+  CHECK(reader.get());
+  std::string why;
+  CHECK_MESSAGE(reads_back(base, want, &why), why);
+  CHECK(env.engine->stats("late")->faults.source_errors == 0);
+  CHECK(env.lost == 0);
+}
+
 TEST_CASE("offload: cancelled between pages, nothing released and nothing kept") {
   Env env;
   auto mem = vmm::GuestMemory::map_private_file(env.tmpl_path);

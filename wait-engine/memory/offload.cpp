@@ -430,6 +430,11 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
     failed_.fetch_add(1, std::memory_order_relaxed);
     return a.error();
   }
+  // From the page map to the release no page may be installed: a fault
+  // the server read before the pause and served after the page map was
+  // read would erase the page's record, then the release would drop it.
+  std::unique_lock<std::mutex> hold;
+  if (s.fs) hold = s.fs->hold_installs();
   auto pm = read_pagemap(s.pid, s.base, s.size);
   if (!pm) {
     failed_.fetch_add(1, std::memory_order_relaxed);
@@ -474,6 +479,7 @@ Result<OffloadReport> MemoryEngine::offload(const std::string& id, const Offload
   if (!s.fs)
     if (Status st = serve_released(id, sp, std::move(rel->first), rel->second); !st) return st.error();
   s.released = true;
+  if (hold) hold.unlock();
   ++s.rounds;
   if (want_sample && pass.sample.size() >= cfg_.train.min_train_pages) {
     // Training costs seconds of CPU: the trainer thread does it, so this

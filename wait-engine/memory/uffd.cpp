@@ -256,7 +256,10 @@ void FaultServer::note_failure(uint64_t page, const Error& e) {
   }
 }
 
+std::unique_lock<std::mutex> FaultServer::hold_installs() { return std::unique_lock<std::mutex>(install_mu_); }
+
 FaultServer::Install FaultServer::install(uint64_t page, bool wake_now, uint8_t* buf, Error* err) {
+  std::lock_guard hold(install_mu_);
   uint64_t dst = base_ + page * kPage;
   uint64_t mode_wake = wake_now ? 0 : 1;  // DONTWAKE is bit 0 in COPY and ZEROPAGE
   auto fill = source_(page, buf);

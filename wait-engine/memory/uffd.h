@@ -27,6 +27,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -110,6 +111,15 @@ class FaultServer {
   // and skipped; a source error leaves the page to fault on demand. Returns
   // the number of pages installed.
   Result<uint64_t> prefetch(std::span<const uint64_t> pages);
+  // Holds back every install (a fault's and prefetch()'s) until the lock
+  // returned is released; one in progress finishes first, faults that
+  // arrive meanwhile wait. An offload holds it from reading the page map
+  // to the release: a fault read before the pause (a vCPU kicked out of it
+  // leaves the event with this server) and installed after the page map
+  // was read would erase the page's record (installed()) and then be
+  // dropped by the release, its content lost. Nothing may touch a missing
+  // page of the region while it is held (vCPUs paused, devices quiet).
+  [[nodiscard]] std::unique_lock<std::mutex> hold_installs();
   // Drops pages so they are not resident and fault again: hole punch in the
   // memfd (FaultServerOptions::memfd), or MADV_REMOVE on a local region.
   // Callers make sure nothing touches them meanwhile (vCPUs paused).
@@ -147,10 +157,12 @@ class FaultServer {
   PageSource source_;
   FaultServerOptions opt_;
   bool local_;
-  bool zeropage_ = true;
+  std::atomic<bool> zeropage_{true};  // set at registration, cleared by install()
   bool poison_ = false;
   std::thread thread_;
   std::array<uint8_t, kPage> fault_buf_{};  // the server thread's only
+  // Held across one install (source, ioctl, installed()); hold_installs().
+  std::mutex install_mu_;
   mutable std::mutex mu_;
   State state_ = State::kCreated;  // GUARDED_BY(mu_)
   FaultStats stats_;               // GUARDED_BY(mu_)
