@@ -10,6 +10,9 @@
 #
 # usage: scripts/replay-kvm.sh [N] [TIME_SCALE] [POLICIES]
 #   defaults: 1 sandbox per trajectory, times at 100 %, none,pause,offload
+# The merged report takes every policy already run at this N and scale
+# (build/PRESET/replay-kvm/nN-sSCALE/), so `... 1 4 offload` then
+# `... 1 4 none,pause` gives one report of the three.
 # SANDGATE_BENCH_PRESET=debug uses the debug build tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,8 +29,11 @@ $b/bin/sandgate template build --templates-dir $b/tests-rootfs >/dev/null
 $b/bin/sandgate template image --templates-dir $b/tests-rootfs >/dev/null
 scripts/guest-image.sh $b/guest
 
-out=$(mktemp -d)
-trap 'rm -rf "$out"' EXIT
+# One-policy reports stay in a folder per (N, scale), so the policies can
+# be run one at a time (each is tens of minutes) and merged at the end:
+# the merge takes every policy report in it.
+out=$b/replay-kvm/n$n-s$scale
+mkdir -p "$out"
 # replay.mjs's POLICIES, as `sandgate serve` flags (no commas: the harness
 # splits SANDGATE_HARNESS_ARGS on them), after the limits it lifts.
 common="--rate 0 --create-rate 0 --llm-rate 0 --llm-tokens-per-min 0"
@@ -45,7 +51,7 @@ for p in ${policies//,/ }; do
     SANDGATE_HARNESS_ARGS="$common $flags" \
     SANDGATE_REPLAY_ARGS="--external --runtime kvm --policies $p --n $n --time-scale $scale --out $out --name $p" \
     tests/kvm-harness/harness.sh tests/bench/replay/replay.mjs
-  reports+=("$out/$p.json")
 done
+for p in none pause offload; do if [ -f "$out/$p.json" ]; then reports+=("$out/$p.json"); fi; done
 combined=$(IFS=,; echo "${reports[*]}")
 node tests/bench/replay/replay.mjs --combine "$combined" --out docs/bench --name replay-kvm-emulated

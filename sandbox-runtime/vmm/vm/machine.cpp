@@ -1,6 +1,7 @@
 // Machine: building the VM, the vCPU threads, pause and stop.
 #include "sandbox-runtime/vmm/vm/machine.h"
 
+#include <asm/kvm_para.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -158,6 +159,13 @@ kvm::CpuidEntries vcpu_cpuid(const kvm::CpuidEntries& supported, uint32_t id) {
       e.ecx |= 1u << 31;                          // hypervisor present: the guest looks for KVM's leaves
     }
     if (e.function == 0xb || e.function == 0x1f) e.edx = id;  // x2APIC id
+    // No asynchronous page faults. A missing page of offloaded RAM is a
+    // userfaultfd fault the memory engine serves in microseconds; with
+    // async PF each became a "not present" event in the guest, a kworker
+    // fault and a "page ready" event. In the KVM-in-TCG harness guests
+    // died of it (a triple fault within a few offload rounds; docs/vmm.md).
+    if (e.function == KVM_CPUID_FEATURES)
+      e.eax &= ~((1u << KVM_FEATURE_ASYNC_PF) | (1u << KVM_FEATURE_ASYNC_PF_VMEXIT) | (1u << KVM_FEATURE_ASYNC_PF_INT));
   }
   return c;
 }

@@ -72,7 +72,8 @@ struct IoConfig {
 };
 
 // The CPUID a vCPU runs with: KVM's supported set with the hypervisor bit
-// and this vCPU's APIC ids. Booted and snapshotted vCPUs both use it.
+// and this vCPU's APIC ids, less KVM's async page faults. Booted and
+// snapshotted vCPUs both use it.
 kvm::CpuidEntries vcpu_cpuid(const kvm::CpuidEntries& supported, uint32_t id);
 
 enum class State { kCreated, kRunning, kPaused, kStopped };

@@ -273,7 +273,8 @@ async function runPolicy(args, policy, trajectories, progress) {
     result.model_call_added_ms = { n: added.length, p50: pct(added, 50), p99: pct(added, 99) };
     const metrics = await (await fetch(sg.url + '/metrics')).text();
     result.final_metrics = Object.fromEntries(['sandgate_wait_pauses_total', 'sandgate_memory_offloads_total',
-      'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total', 'sandgate_swap_offloads_total',
+      'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total', 'sandgate_memory_offloads_cancelled_total',
+      'sandgate_memory_offload_seconds_total', 'sandgate_wait_offloads_total{result="skipped"}', 'sandgate_swap_offloads_total',
       'sandgate_swap_out_pages_total', 'sandgate_swap_in_pages_total', 'sandgate_swap_audit_pages_total',
       'sandgate_swap_audit_unread_pages_total', ...AUDIT_CODECS.map((c) => `sandgate_swap_audit_bytes{codec="${c}"}`),
       'sandgate_swap_audit_pages_by_kind{codec="engine_plain",kind="zero"}']
