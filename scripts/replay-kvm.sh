@@ -8,10 +8,12 @@
 # VMMs' RSS and the engine's pool, read by sandgate inside); the times are
 # emulated and say nothing about real KVM speed.
 #
-# usage: scripts/replay-kvm.sh [N] [TIME_SCALE] [POLICIES]
-#   defaults: 1 sandbox per trajectory, times at 100 %, none,pause,offload
-# The merged report takes every policy already run at this N and scale
-# (build/PRESET/replay-kvm/nN-sSCALE/), so `... 1 4 offload` then
+# usage: scripts/replay-kvm.sh [N] [TIME_SCALE] [POLICIES] [TRAJECTORIES]
+#   defaults: 1 sandbox per trajectory, times at 100 %, none,pause,offload,
+#   coding,data
+# The merged report takes every policy already run at this N, scale and
+# trajectories
+# (build/PRESET/replay-kvm/nN-sSCALE-TRAJECTORIES/), so `... 1 4 offload` then
 # `... 1 4 none,pause` gives one report of the three.
 # SANDGATE_BENCH_PRESET=debug uses the debug build tree.
 set -euo pipefail
@@ -19,6 +21,7 @@ cd "$(dirname "$0")/.."
 n=${1:-1}
 scale=${2:-1}
 policies=${3:-none,pause,offload}
+trajectories=${4:-coding,data}
 preset=${SANDGATE_BENCH_PRESET:-release}
 b=build/$preset
 scripts/install-deps.sh
@@ -29,10 +32,10 @@ $b/bin/sandgate template build --templates-dir $b/tests-rootfs >/dev/null
 $b/bin/sandgate template image --templates-dir $b/tests-rootfs >/dev/null
 scripts/guest-image.sh $b/guest
 
-# One-policy reports stay in a folder per (N, scale), so the policies can
+# One-policy reports stay in a folder per (N, scale, trajectories), so the policies can
 # be run one at a time (each is tens of minutes) and merged at the end:
 # the merge takes every policy report in it.
-out=$b/replay-kvm/n$n-s$scale
+out=$b/replay-kvm/n$n-s$scale-${trajectories//,/-}
 mkdir -p "$out"
 # replay.mjs's POLICIES, as `sandgate serve` flags (no commas: the harness
 # splits SANDGATE_HARNESS_ARGS on them), after the limits it lifts.
@@ -49,7 +52,7 @@ for p in ${policies//,/ }; do
   SANDGATE_BIN_DIR=$b/bin SANDGATE_GUEST_DIR=$b/guest SANDGATE_TESTS_TEMPLATES_DIR=$b/tests-rootfs \
     SANDGATE_HARNESS_CACHE=$b/kvm-harness SANDGATE_HARNESS_TEST_TIMEOUT=${SANDGATE_HARNESS_TEST_TIMEOUT:-3000} \
     SANDGATE_HARNESS_ARGS="$common $flags" \
-    SANDGATE_REPLAY_ARGS="--external --runtime kvm --policies $p --n $n --time-scale $scale --out $out --name $p" \
+    SANDGATE_REPLAY_ARGS="--external --runtime kvm --policies $p --n $n --time-scale $scale --trajectories $trajectories --out $out --name $p" \
     tests/kvm-harness/harness.sh tests/bench/replay/replay.mjs
 done
 for p in none pause offload; do if [ -f "$out/$p.json" ]; then reports+=("$out/$p.json"); fi; done
