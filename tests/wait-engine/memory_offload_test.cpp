@@ -83,6 +83,16 @@ bool reads_back(const uint8_t* base, const std::vector<uint8_t>& want, std::stri
   return bad < 0;
 }
 
+// Fills the clone's RAM with random bytes (every page then differs from
+// the template) and returns them.
+std::vector<uint8_t> fill_random(uint8_t* base, uint64_t seed) {
+  std::vector<uint8_t> want(kPages * kPg);
+  std::mt19937_64 rng(seed);
+  for (auto& b : want) b = static_cast<uint8_t>(rng());
+  std::memcpy(base, want.data(), want.size());
+  return want;
+}
+
 // A target for RAM mapped in this process, released by the VMM's own code.
 OffloadTarget target_for(vmm::GuestMemory& mem, const std::string& template_path, const CohortKey& key = {}) {
   OffloadTarget t;
@@ -221,10 +231,7 @@ TEST_CASE("offload: a prefetch racing demand faults on the same pages installs e
   auto mem = vmm::GuestMemory::map_private_file(env.tmpl_path);
   REQUIRE(mem);
   uint8_t* base = mem->host_base();
-  std::vector<uint8_t> want(kPages * kPg);
-  std::mt19937_64 rng(11);
-  for (auto& b : want) b = static_cast<uint8_t>(rng());
-  std::memcpy(base, want.data(), want.size());
+  std::vector<uint8_t> want = fill_random(base, 11);
   std::atomic<bool> cancel{false};
   std::string why;
   for (int round = 0; round < 12; ++round) {
@@ -265,10 +272,7 @@ TEST_CASE("offload: a fault served after the page map was read is not dropped by
   auto mem = vmm::GuestMemory::map_private_file(env.tmpl_path);
   REQUIRE(mem);
   uint8_t* base = mem->host_base();
-  std::vector<uint8_t> want(kPages * kPg);
-  std::mt19937_64 rng(23);
-  for (auto& b : want) b = static_cast<uint8_t>(rng());
-  std::memcpy(base, want.data(), want.size());
+  std::vector<uint8_t> want = fill_random(base, 23);
   std::atomic<bool> cancel{false};
   auto rep = env.engine->offload("late", env.target(*mem, true), cancel);
   REQUIRE_MESSAGE(rep, (rep ? "" : rep.error().message()));
