@@ -222,7 +222,12 @@ class JupyterContext:
                                  "del __sg_env_saved, __sg_k, __sg_v\n")
 
     def _execute(self, code, sink):
-        msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
+        # Not stop_on_error: a context runs one request at a time (its lock),
+        # so there is never a queued one to abort, and ipykernel 6.17's
+        # abort window after an error (a timed-out cell's KeyboardInterrupt)
+        # could outlast it and abort the next request, which then answered
+        # with nothing at all.
+        msg_id = self.client.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
         interrupted = False
         checked = time.monotonic()
         while True:
