@@ -556,7 +556,7 @@ microvm_triple_fault() {
 # TCG's emulated SVM it has panicked inside __svm_vcpu_run
 # (docs/kvm-harness.md). Retried like a stall.
 outer_kernel_panicked() {
-  [ -z "$qemu_pid" ] || return 1
+  [ -z "$qemu_pid" ] || ! kill -0 "$qemu_pid" 2>/dev/null || return 1
   tr -d '\r' <"$work/console.log" | grep -qaE '^\[ *[0-9]+\.[0-9]+\] Kernel panic - not syncing'
 }
 
@@ -625,6 +625,9 @@ if [ -n "$exec_cmd" ]; then
   if [ -z "$rc" ]; then
     grep -q '^SG-HARNESS: exec: ' "$work/console.log" || show_console
     [ -z "$froze" ] || frozen "the outer guest stopped running before the command finished"
+    if outer_kernel_panicked; then
+      frozen "the outer guest's kernel panicked before the command finished (an emulator fault under TCG, not sandgate's: it runs in that guest's user space)"
+    fi
     kill -0 "$qemu_pid" 2>/dev/null || fail "QEMU exited before the command finished inside the guest"
     fail "the command did not finish inside the guest within $((boot_timeout + test_timeout)) s"
   fi
