@@ -6,6 +6,8 @@
 //   SANDGATE_TEST_ROOTFS   template rootfs dir, image beside it as .ext4
 //                                                          (/srv/assets/templates/base)
 //   SANDGATE_KVM_STATE     writable scratch directory      (/srv/scratch/kvm-state)
+// The harness's outer guest sets SANDGATE_KVM_EMULATED for its commands:
+// their KVM runs under QEMU's TCG (kvm_emulated()).
 #pragma once
 
 #include <cstdlib>
@@ -31,6 +33,10 @@ inline microvm::MicrovmConfig kvm_test_config(const std::string& state_suffix, b
   c.cgroup_parent = "sgkvmtest-" + state_suffix;
   return c;
 }
+
+// Whether /dev/kvm is the KVM harness's, under emulation: tests that the
+// emulator cannot carry in full size run smaller there.
+inline bool kvm_emulated() { return std::getenv("SANDGATE_KVM_EMULATED") != nullptr; }
 
 inline std::string kvm_test_rootfs() { return env_or("SANDGATE_TEST_ROOTFS", "/srv/assets/templates/base"); }
 

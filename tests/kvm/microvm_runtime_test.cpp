@@ -20,7 +20,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <sys/time.h>
 #include <nlohmann/json.hpp>
@@ -541,7 +540,7 @@ TEST_CASE("repeated offloads of a busy guest: it runs whole after every round") 
   // outer guest to the emulator (its kernel panicked under KVM_RUN in one,
   // froze in the other; docs/kvm-harness.md), each costing a boot and a
   // rerun of every case.
-  const bool emulated = std::getenv("SANDGATE_KVM_EMULATED") != nullptr;
+  const bool emulated = testing::kvm_emulated();
   auto cfg = testing::kvm_test_config("offloads", true);
   auto rt = microvm::make_microvm_runtime(cfg);
   REQUIRE(rt->cleanup_stale());
