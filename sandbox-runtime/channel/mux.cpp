@@ -165,6 +165,7 @@ struct Mux::Impl {
   uint32_t peer_high = 0;  // highest id the peer opened
   size_t stream_buffered_total = 0;
   bool throttled = false;  // out_pending() >= kChannelOutHighWater, as last applied to the streams
+  bool drop_stale = false;  // settling's HOLD is out and HELD not back: see settling
   std::optional<Status> exit;
   std::unique_ptr<char[]> scratch;
 
@@ -182,11 +183,14 @@ struct Mux::Impl {
   Hold hold_phase = Hold::kNone;  // GUARDED_BY(mu)
   bool release_req = false;       // GUARDED_BY(mu)
   bool release_reset = false;     // GUARDED_BY(mu)
+  // settle(): HELD releases the hold by itself; until then the peer's
+  // frames on stream 0 and on our streams are the previous host's.
+  bool settling = false;          // GUARDED_BY(mu)
   std::condition_variable hold_cv;
 
   struct AtomicStats {
     std::atomic<uint64_t> streams_opened{0}, streams_refused{0}, bytes_in{0}, bytes_out{0}, protocol_errors{0},
-        streams_reset_in{0};
+        streams_reset_in{0}, stale_dropped{0};
     std::atomic<size_t> open_streams{0}, stream_buffered{0}, channel_out{0}, peak_stream_buffered{0},
         peak_channel_out{0};
   } st;
@@ -407,6 +411,10 @@ struct Mux::Impl {
       on_hold_frame(f);
       return;
     }
+    if (drop_stale && (f.stream == kControlStream || is_ours(f.stream))) {
+      st.stale_dropped.fetch_add(1, std::memory_order_relaxed);
+      return;  // sent to the previous host (settle())
+    }
     if (f.stream == kControlStream) {
       if (f.type != FrameType::kData) {
         fatal(internal_error("control stream frame of type " + std::to_string(static_cast<int>(f.type))));
@@ -486,7 +494,15 @@ struct Mux::Impl {
     if (f.type == FrameType::kHeld) {
       std::lock_guard<std::mutex> l(mu);
       if (hold_phase == Hold::kSent) {
-        hold_phase = Hold::kHeld;
+        if (settling) {
+          // Everything the peer sent the previous host is through.
+          settling = false;
+          drop_stale = false;
+          release_req = true;
+          release_reset = false;
+        } else {
+          hold_phase = Hold::kHeld;
+        }
         hold_cv.notify_all();
       }
       return;
@@ -519,6 +535,7 @@ struct Mux::Impl {
       send_frame(kControlStream, FrameType::kHold, {});
       gate = out.size();
       hold_phase = Hold::kSent;
+      drop_stale = settling;
     }
     if (release_req) {
       // The end of this side's cut: RELEASE goes at the cut, before what
@@ -532,6 +549,8 @@ struct Mux::Impl {
       gate = std::string::npos;
       release_req = false;
       hold_phase = Hold::kNone;
+      settling = false;
+      drop_stale = false;
       hold_cv.notify_all();
       note_out();
     }
@@ -803,6 +822,20 @@ Status Mux::hold(std::chrono::milliseconds timeout) {
                                                  std::to_string(timeout.count()) + " ms");
 }
 
+Status Mux::settle(std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> l(impl_->mu);
+  if (impl_->finished) return Error(ErrorKind::kUnavailable, "channel is closed");
+  if (impl_->hold_phase != Impl::Hold::kNone) return conflict_error("the channel is held already");
+  impl_->hold_phase = Impl::Hold::kRequested;
+  impl_->settling = true;
+  impl_->signal_wake();
+  impl_->hold_cv.wait_for(l, wait, [&] { return !impl_->settling || impl_->finished; });
+  if (!impl_->settling) return Status::Ok();
+  if (impl_->finished) return Error(ErrorKind::kUnavailable, "channel closed while settling it");
+  return Error(ErrorKind::kTimeout, "the agent did not answer HOLD within " + std::to_string(wait.count()) +
+                                        " ms; the channel stays held until it does");
+}
+
 void Mux::release(bool reset) {
   {
     std::lock_guard<std::mutex> l(impl_->mu);
@@ -847,6 +880,7 @@ Mux::Stats Mux::stats() const {
   s.bytes_out = a.bytes_out.load();
   s.protocol_errors = a.protocol_errors.load();
   s.streams_reset_in = a.streams_reset_in.load();
+  s.stale_dropped = a.stale_dropped.load();
   s.open_streams = a.open_streams.load();
   s.stream_buffered = a.stream_buffered.load();
   s.channel_out_buffered = a.channel_out.load();

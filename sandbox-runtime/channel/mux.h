@@ -82,6 +82,16 @@ class Mux {
   // after timeout (the hold is released), kUnavailable once run() returned,
   // kConflict while another hold is on. The host side only.
   Status hold(std::chrono::milliseconds timeout);
+  // A new host's barrier, after release(true) (a restart of the host with
+  // the peer running on: docs/channel.md, "Hold"): HOLD goes out and
+  // nothing after it; until HELD is back, what the peer sends on stream 0
+  // or on this side's streams was sent to the previous host and is
+  // dropped; when HELD arrives, RELEASE goes out by itself, then what was
+  // queued meanwhile. Ok if that happened within wait; kTimeout if not,
+  // and then the hold stays on until HELD arrives: a slow peer delays this
+  // host's frames and loses none. kUnavailable once run() returned,
+  // kConflict while another hold is on. The host side only.
+  Status settle(std::chrono::milliseconds wait);
   // Ends a hold (if any): RELEASE goes out, then what was queued meanwhile.
   // reset: this is a new host for the peer (a clone or a resumed snapshot):
   // it drops every stream and whatever it queued since HELD. The host side only.
@@ -103,6 +113,7 @@ class Mux {
     uint64_t bytes_out = 0;  // DATA payload bytes to the peer
     uint64_t protocol_errors = 0;   // per-stream violations answered with RESET
     uint64_t streams_reset_in = 0;  // RESETs received for live streams
+    uint64_t stale_dropped = 0;     // frames for the previous host, dropped while settling
     size_t open_streams = 0;
     // Memory held by the Mux: DATA received but not yet written to local fds
     // (each stream's share is bounded by kInitialWindow), unsent channel

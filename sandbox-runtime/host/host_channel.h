@@ -63,6 +63,10 @@ class HostChannel {
   // reset: the agent is to drop every stream and what it queued since HELD
   // (a clone or a resumed snapshot talking to this new host).
   void release(bool reset) { mux_.release(reset); }
+  // After release(true) to a running agent (a restart of sandgate): what
+  // the agent sent the previous host is dropped, what is sent here waits
+  // until the agent has answered (channel::Mux::settle).
+  Status settle(std::chrono::milliseconds wait) { return mux_.settle(wait); }
   // Ends the Mux (closing every stream fd) and joins its thread. Idempotent.
   void stop();
   // False once the Mux loop has ended.

@@ -391,14 +391,13 @@ class MicrovmSandbox final : public runtime::Sandbox {
     std::lock_guard lock(mu_);
     return uid_.uid;
   }
-  // Hold and release the channel: whatever the agent queued before is
-  // through when it returns (recover(): a barrier after RELEASE reset).
-  Status barrier(std::chrono::milliseconds timeout) {
+  // After new_host() to a running agent (recover()): what it queued for
+  // the previous host is dropped, and this host's frames go out once it
+  // has answered (HostChannel::settle; kTimeout: not yet, they wait).
+  Status settle(std::chrono::milliseconds wait) {
     auto h = host();
     if (!h) return Error(ErrorKind::kUnavailable, "sandbox " + id_ + " has no channel");
-    Status held = h->hold(timeout);
-    if (held) h->release(false);
-    return held;
+    return h->settle(wait);
   }
 
   void attach_channel(const runtime::ServiceOpener& open_service) {
@@ -679,8 +678,9 @@ class MicrovmRuntime final : public runtime::Runtime {
   // A VMM a previous run started and left running (--outlive), checked to
   // be that one (pid, start time), attached with new sockets through its
   // attach descriptor (vm/attach.h), and its agent told this is a new host
-  // (RELEASE reset), then a hold and release as a barrier: whatever the
-  // agent had queued for the old host is through before anything is asked.
+  // (RELEASE reset), then a barrier (HostChannel::settle): whatever the
+  // agent had queued for the old host is dropped, and nothing is asked of
+  // it before that is through.
   Result<std::unique_ptr<runtime::Sandbox>> recover(const std::string& id) override {
     if (!cfg_.sandboxes_outlive_host)
       return Error(ErrorKind::kUnavailable, "sandbox " + id + ": sandboxes do not outlive sandgate here");
@@ -737,10 +737,20 @@ class MicrovmRuntime final : public runtime::Runtime {
         if (Status r = sb->resume(); !r) return r;
       sb->attach_channel(cfg_.open_service);
       sb->new_host();
-      Status barrier = sb->barrier(std::chrono::milliseconds(30000));
+      // A guest that is slow to answer (starved of CPU, or its vCPUs
+      // stalled) is taken back all the same: it runs and holds what its
+      // user wrote. What is asked of it waits behind the barrier, so the
+      // wait here is short: it only tells a slow guest in the log (and
+      // lets a paused one settle before it is paused again).
+      Status settled = sb->settle(std::chrono::milliseconds(5000));
+      if (!settled && settled.error().kind() == ErrorKind::kTimeout) {
+        LOG_WARN("sandbox " << id << ": its agent has not answered within 5 s of the restart; taken back, and "
+                            "what is asked of it waits until it answers");
+        settled = Status::Ok();
+      }
       if (paused)
-        if (Status p = sb->pause(); !p && barrier) barrier = p;
-      return barrier;
+        if (Status p = sb->pause(); !p && settled) settled = p;
+      return settled;
     }();
     if (!ok) {
       (void)sb->kill();

@@ -5,6 +5,7 @@
 
 #include "tests/sandbox-runtime/mux_harness.h"
 #include <condition_variable>
+#include <set>
 #include <tuple>
 
 using namespace sg;
@@ -444,5 +445,109 @@ TEST_CASE("mux hold: RELEASE reset keeps its place among control messages; busy 
   l.unlock();
   CHECK(mp.agent->stats().open_streams == 0);
   ends.clear();
+  mp.join();
+}
+
+// A new host's barrier after a restart (Mux::settle): the agent's frames
+// for the previous host (an answer on stream 0, output of a host-numbered
+// stream) are dropped until HELD, nothing of the new host's goes out
+// before RELEASE, and a peer slower than the wait only delays it.
+TEST_CASE("mux settle: frames for the previous host are dropped until HELD; RELEASE then goes out by itself") {
+  auto [host_end, raw] = socket_pair();
+  channel::MuxConfig c;
+  c.channel_fd = host_end.get();
+  c.odd_ids = true;
+  std::mutex mu;
+  std::vector<std::string> controls;
+  channel::Mux host(c, nullptr, [&](std::string_view p) {
+    std::lock_guard<std::mutex> l(mu);
+    controls.emplace_back(p);
+  });
+  Status result;
+  std::thread t([&] { result = host.run(); });
+  channel::Decoder dec;
+  char buf[4096];
+  auto next = [&]() -> Frame {
+    for (;;) {
+      if (auto f = dec.next()) return *f;
+      ssize_t n = ::recv(raw.get(), buf, sizeof buf, 0);
+      REQUIRE(n > 0);
+      REQUIRE(dec.feed(std::string_view(buf, static_cast<size_t>(n))));
+    }
+  };
+  auto send = [&](uint32_t stream, FrameType type, std::string payload) {
+    REQUIRE(write_all(raw.get(), channel::encode(Frame{stream, type, std::move(payload)})));
+  };
+
+  host.release(/*reset=*/true);
+  Status s = host.settle(std::chrono::milliseconds(100));
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.error().kind() == ErrorKind::kTimeout);
+  CHECK(host.hold(std::chrono::milliseconds(10)).error().kind() == ErrorKind::kConflict);
+  Frame f = next();
+  CHECK(f.type == FrameType::kRelease);
+  CHECK(f.payload == "reset");
+  CHECK(next().type == FrameType::kHold);
+  // The new host asks: a stream (id 1, as the previous host's first) and
+  // a control message. Both wait behind the hold.
+  auto [mine, theirs] = socket_pair();
+  auto id = host.open_stream(std::move(theirs), "{}");
+  REQUIRE(id);
+  CHECK(*id == 1);
+  REQUIRE(host.send_control(R"({"type":"ping","id":1})"));
+  // What the agent had sent the previous host, arriving now.
+  send(0, FrameType::kData, R"({"type":"pong","id":1})");
+  send(1, FrameType::kData, "stale");
+  send(1, FrameType::kClose, "");
+  send(0, FrameType::kHeld, "");
+  // RELEASE first, then what was queued behind the hold.
+  f = next();
+  CHECK(f.type == FrameType::kRelease);
+  CHECK(f.payload.empty());
+  // (A Mux round sends queued control messages before new OPENs.)
+  std::set<std::tuple<uint32_t, int, std::string>> queued;
+  for (int i = 0; i < 2; ++i) {
+    f = next();
+    queued.emplace(f.stream, static_cast<int>(f.type), f.payload);
+  }
+  CHECK(queued == std::set<std::tuple<uint32_t, int, std::string>>{
+                      {1, static_cast<int>(FrameType::kOpen), "{}"},
+                      {0, static_cast<int>(FrameType::kData), R"({"type":"ping","id":1})"}});
+  // The agent's answers after HELD are the new host's.
+  send(1, FrameType::kCredit, u32le(0));
+  send(1, FrameType::kData, "fresh");
+  send(0, FrameType::kData, R"({"type":"pong","id":1,"new":true})");
+  std::string got;
+  REQUIRE(read_exact(mine.get(), got, 5));
+  CHECK(got == "fresh");
+  // The stream was not closed by the stale CLOSE: it still carries data.
+  REQUIRE(write_all(mine.get(), "more"));
+  do f = next();
+  while (f.type == FrameType::kCredit);  // the window given back for "fresh"
+  CHECK(f.stream == 1);
+  CHECK(f.type == FrameType::kData);
+  CHECK(f.payload == "more");
+  CHECK(host.stats().stale_dropped == 3);
+  host.stop();
+  t.join();
+  CHECK(result.ok());
+  std::lock_guard<std::mutex> l(mu);
+  REQUIRE(controls.size() == 1);
+  CHECK(controls[0] == R"({"type":"pong","id":1,"new":true})");
+}
+
+TEST_CASE("mux settle: a running agent answers at once; its streams work after it") {
+  Server srv(echo);
+  MuxPair mp(connect_port);
+  mp.host->release(/*reset=*/true);
+  REQUIRE(mp.host->settle(std::chrono::milliseconds(10000)));
+  UniqueFd s = mp.open(port_payload(srv.port()));
+  REQUIRE(write_all(s.get(), "ping"));
+  std::string got;
+  REQUIRE(read_exact(s.get(), got, 4));
+  CHECK(got == "ping");
+  // The hold is over: another can start.
+  REQUIRE(mp.host->hold(std::chrono::milliseconds(10000)));
+  mp.host->release(false);
   mp.join();
 }
