@@ -545,9 +545,16 @@ doctest_stalled_only() {
 # whose rerun passed (docs/kvm-harness.md); it is retried like a stall.
 # A VMM bug that corrupts guest memory could look the same: one that
 # repeats fails every attempt, and each attempt's console stays in the log.
+#
+# It is asked twice: when the tests end, and again after the harness has
+# dumped the sandboxes' logs and stopped sandgate. A test can fail on a
+# dead guest (its connection refused) before sandgate has logged its
+# VMM's exit; the dump then shows the VMM's own log line. So a sandgate
+# exit counts only before the harness asked it to stop.
 microvm_triple_fault() {
   tr -d '\r' <"$work/console.log" | grep -qa 'guest shut down (triple fault)' || return 1
-  ! tr -d '\r' <"$work/console.log" | grep -qaE 'SG-HARNESS: sandgate exited|segfault|general protection|traps:'
+  ! tr -d '\r' <"$work/console.log" | grep -qaE 'segfault|general protection|traps:' || return 1
+  ! tr -d '\r' <"$work/console.log" | sed '/^SG-HARNESS: stop requested/,$d' | grep -qa 'SG-HARNESS: sandgate exited'
 }
 
 # Whether the outer guest's own kernel panicked (its console, not a
@@ -756,6 +763,9 @@ stop_rc=$(sed -n 's/^SG-HARNESS: sandgate exited rc=\([0-9]*\).*/\1/p' "$work/co
 if [ "$test_rc" -ne 0 ]; then
   show_console 200
   check_seccomp || true
+  if [ -z "$stalled" ] && [ -z "$froze" ] && microvm_triple_fault; then
+    stalled="a microVM's guest triple-faulted under the emulator (its VMM's log, dumped after the tests)"
+  fi
   [ -z "$stalled" ] || frozen "$stalled"
   if outer_kernel_panicked; then
     frozen "the outer guest's kernel panicked (an emulator fault under TCG, not sandgate's: it runs in that guest's user space)"
