@@ -17,9 +17,9 @@
 #
 # Each attempt's output goes to a file (in $SANDGATE_HARNESS_CACHE, else a
 # temporary folder) and is printed when the attempts end. After a failure
-# or a retry it comes after a summary, a few lines an attempt (its status, its failed cases and errors, the
-# harness's verdict), then the last attempt's whole output, then the
-# earlier ones'. A reader who sees only the head of a long log (CI shows
+# or a retry a summary comes first, a few lines an attempt (its status,
+# its failed cases and errors, the harness's verdict), then the last
+# attempt's whole output, then the earlier ones'. A reader who sees only the head of a long log (CI shows
 # the head of a failed test's output) sees why the last attempt failed.
 set -uo pipefail
 [ $# -ge 2 ] && [[ $1 =~ ^[1-9]$ ]] || { echo "usage: attempts.sh N(1-9) COMMAND [ARGS...]" >&2; exit 2; }

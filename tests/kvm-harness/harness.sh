@@ -546,11 +546,11 @@ doctest_stalled_only() {
 # A VMM bug that corrupts guest memory could look the same: one that
 # repeats fails every attempt, and each attempt's console stays in the log.
 #
-# It is asked twice: when the tests end, and again after the harness has
-# dumped the sandboxes' logs and stopped sandgate. A test can fail on a
-# dead guest (its connection refused) before sandgate has logged its
-# VMM's exit; the dump then shows the VMM's own log line. So a sandgate
-# exit counts only before the harness asked it to stop.
+# It is asked after the harness has dumped the sandboxes' logs and
+# stopped sandgate: a test can fail on a dead guest (its connection
+# refused) before sandgate has logged its VMM's exit, and the dump shows
+# the VMM's own log line. So a sandgate exit counts only before the
+# harness asked it to stop.
 microvm_triple_fault() {
   tr -d '\r' <"$work/console.log" | grep -qa 'guest shut down (triple fault)' || return 1
   ! tr -d '\r' <"$work/console.log" | grep -qaE 'segfault|general protection|traps:' || return 1
@@ -727,9 +727,6 @@ stalled=''
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && { [ -n "$stalled_early" ] || stalled_only; }; then
   stalled="the tests failed only by timeouts and dropped connections (a stalled guest)"
   log "every failed case failed by a timeout or a dropped connection, and sandgate did not exit: the nested guests stalled"
-elif [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && microvm_triple_fault; then
-  stalled="a microVM's guest triple-faulted under the emulator"
-  log "a microVM's guest triple-faulted and sandgate did not exit: taken as an emulator fault, the run is retried"
 fi
 # Failed tests: was it the guest that stopped? (A live one answers.)
 if [ -z "$froze" ] && [ "$test_rc" -ne 0 ] && kill -0 "$qemu_pid" 2>/dev/null; then
@@ -763,8 +760,10 @@ stop_rc=$(sed -n 's/^SG-HARNESS: sandgate exited rc=\([0-9]*\).*/\1/p' "$work/co
 if [ "$test_rc" -ne 0 ]; then
   show_console 200
   check_seccomp || true
-  if [ -z "$stalled" ] && [ -z "$froze" ] && microvm_triple_fault; then
-    stalled="a microVM's guest triple-faulted under the emulator (its VMM's log, dumped after the tests)"
+  # Asked only now: the dump above has the VMM's own log line.
+  if [ -z "$stalled" ] && microvm_triple_fault; then
+    log "a microVM's guest triple-faulted and sandgate did not exit on its own: taken as an emulator fault, the run is retried"
+    stalled="a microVM's guest triple-faulted under the emulator"
   fi
   [ -z "$stalled" ] || frozen "$stalled"
   if outer_kernel_panicked; then
