@@ -196,6 +196,7 @@ struct SwapOutAccount {
   uint64_t resident_pages = 0;  // private anonymous pages resident before
   uint64_t out_pages = 0;       // of those, in swap after
   uint64_t hot_pages = 0;       // read back before the thaw: resident at this swap-out and the one before
+  uint64_t unused_pages = 0;    // read back before the last thaw and not touched since: put back out
 };
 
 // A run of resident pages in one mapping of a process (SwapObserver).

@@ -604,9 +604,11 @@ Status SandboxService::wait_offload(const std::string& id, const std::atomic<boo
     ++swap_outs_;
     live->swap_out_pages = out->out_pages;
     swap_out_pages_ += out->out_pages;
+    swap_unused_pages_ += out->unused_pages;
     LOG_INFO("sandbox " << id << ": " << out->out_pages << " of " << out->resident_pages
-                        << " resident pages out to swap in " << (sys::monotonic_ns() - t0) / 1000000 << " ms; "
-                        << out->hot_pages << " to read back before the thaw");
+                        << " resident pages out to swap in " << (sys::monotonic_ns() - t0) / 1000000 << " ms ("
+                        << out->unused_pages << " read back and not used put back); " << out->hot_pages
+                        << " to read back before the thaw");
     return Status::Ok();
   }
   Result<runtime::GuestMemoryInfo> gm = live->sb->guest_memory();
@@ -635,6 +637,10 @@ void SandboxService::render_swap_metrics(std::string& out) {
                         "4 KiB pages process sandboxes put out to swap.", swap_out_pages_.load());
   metrics::render_count(out, "sandgate_swap_in_pages_total", "counter",
                         "4 KiB pages read back from swap before thaws.", swap_in_pages_.load());
+  metrics::render_count(out, "sandgate_swap_unused_pages_total", "counter",
+                        "4 KiB pages read back before a thaw and not touched before the next offload, which put them "
+                        "back.",
+                        swap_unused_pages_.load());
   metrics::render_header(out, "sandgate_swap_out_seconds_total", "counter",
                          "Time spent putting sandboxes' memory out to swap.");
   metrics::render_sample(out, "sandgate_swap_out_seconds_total", "", static_cast<double>(swap_out_ns_.load()) / 1e9);

@@ -387,6 +387,7 @@ class SandboxService {
   std::atomic<uint64_t> swap_outs_{0};
   std::atomic<uint64_t> swap_out_pages_{0};
   std::atomic<uint64_t> swap_in_pages_{0};
+  std::atomic<uint64_t> swap_unused_pages_{0};
   std::atomic<uint64_t> swap_out_ns_{0};
   std::atomic<uint64_t> swap_in_ns_{0};
   Mutex lost_mu_;

@@ -159,14 +159,15 @@ class ProcessSandbox final : public runtime::Sandbox {
       }
     } observing{swap_observer_};
     if (swap_observer_) swap_observer_->begin(id_, cohort_);
-    Result<PageOutResult> r = page_out(*pids, cancel, swap_observer_);
+    Result<PageOutResult> r = page_out(*pids, cancel, swap_observer_, &read_back_);
     if (!r) return r.error().with_context("swap out sandbox " + id_);
     // What was resident at a page-out is what the sandbox touched since the
     // previous one, except at the first: then it is everything it ever
     // touched. Reading back what was touched in one run period reads far
-    // more than the next touches (pages read back and not used stay in the
-    // swap cache, in RAM and charged to the sandbox, where no later
-    // page-out sees them); what was touched in the last two is read back.
+    // more than the next touches (a page read back and not used sits in
+    // RAM, charged to the sandbox, until the next page-out puts it back);
+    // what was touched in the last two is read back.
+    read_back_.clear();
     hot_ = overlap(last_resident_, r->hot);
     if (swapped_out_before_)
       last_resident_ = std::move(r->hot);
@@ -175,6 +176,7 @@ class ProcessSandbox final : public runtime::Sandbox {
     a.resident_pages = r->resident_pages;
     a.out_pages = r->out_pages;
     a.hot_pages = page_count(hot_);
+    a.unused_pages = r->unused_pages;
     return a;
   }
 
@@ -184,6 +186,7 @@ class ProcessSandbox final : public runtime::Sandbox {
     if (killed_ || !has_cgroup_) return conflict_error("swap in sandbox " + id_ + ": it has been killed");
     Result<uint64_t> n = page_in(hot_);
     if (!n) return n.error().with_context("swap in sandbox " + id_);
+    read_back_ = hot_;  // what of it the sandbox leaves untouched, the next swap_out puts back
     return n;
   }
 
@@ -357,6 +360,7 @@ class ProcessSandbox final : public runtime::Sandbox {
   bool swapped_out_before_ = false;  // GUARDED_BY(mu_)
   std::vector<ProcessPages> hot_;  // GUARDED_BY(mu_): what swap_in reads back
   std::vector<ProcessPages> last_resident_;  // GUARDED_BY(mu_): resident at the last swap_out (none: the first)
+  std::vector<ProcessPages> read_back_;  // GUARDED_BY(mu_): what the last swap_in read back
 };
 
 Result<UniqueFd> high_fd(sys::Os& os, UniqueFd fd, const char* what) {

@@ -232,6 +232,51 @@ Result<std::vector<bool>> in_swap(int pagemap, const PageRange& r) {
   return bits;
 }
 
+// The runs of the pages of ranges that are in swap and not mapped (of a
+// read-back: not touched since it).
+Result<std::vector<PageRange>> swapped_runs(int pagemap, const std::vector<PageRange>& ranges) {
+  std::vector<PageRange> out;
+  for (const PageRange& r : ranges) {
+    Result<std::vector<bool>> bits = in_swap(pagemap, r);
+    if (!bits) return bits.error();
+    for (uint64_t i = 0; i < bits->size(); ++i) {
+      if (!(*bits)[i]) continue;
+      uint64_t at = r.start + i * kPage;
+      if (!out.empty() && out.back().start + out.back().pages * kPage == at)
+        ++out.back().pages;
+      else
+        out.push_back({at, 1});
+    }
+  }
+  return out;
+}
+
+// Reads runs of pid's memory (and drops what it read), so that each page
+// is mapped again: a page in the swap cache by a minor fault, one only in
+// swap by reading it back. A run unmapped since is skipped.
+Status map_again(int pid, const std::vector<PageRange>& runs, const std::atomic<bool>& cancel) {
+  constexpr uint64_t kBatch = 64;  // pages per call
+  std::vector<char> buf(kBatch * kPage);
+  for (const PageRange& r : runs) {
+    for (uint64_t done = 0; done < r.pages;) {
+      if (cancel.load()) return Error(ErrorKind::kConflict, "cancelled");
+      uint64_t n = std::min(kBatch, r.pages - done);
+      iovec local{buf.data(), n * kPage};
+      iovec remote{reinterpret_cast<void*>(r.start + done * kPage), n * kPage};
+      ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EFAULT || errno == ENOMEM) break;  // unmapped since: the rest of the run too
+        if (errno == ESRCH) return Status::Ok();        // gone
+        return sys::errno_error("process_vm_readv", std::to_string(pid));
+      }
+      if (got == 0) break;
+      done += (static_cast<uint64_t>(got) + kPage - 1) / kPage;
+    }
+  }
+  return Status::Ok();
+}
+
 // The name of pid (its comm), for the observer's process key.
 std::string comm_of(int pid) {
   Result<std::string> c = read_trimmed("/proc/" + std::to_string(pid) + "/comm");
@@ -373,7 +418,7 @@ Result<SwapStats> SwapDevice::stats() const {
 }
 
 Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,
-                               runtime::SwapObserver* observer) {
+                               runtime::SwapObserver* observer, const std::vector<ProcessPages>* read_back) {
   PageOutResult out;
   uint64_t budget = kScanLimitPages;
   std::map<std::string, uint32_t> names;  // the observer's process ordinals
@@ -410,7 +455,28 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
       std::string name = comm_of(pid);
       observer->before(pid, name + "#" + std::to_string(names[name]++), runs);
     }
-    // Only what is resident needs advice (the hot runs).
+    // What the last read-back brought into the swap cache and the sandbox
+    // did not touch: found before the hot runs go out (then they are in
+    // swap too), and mapped again so that the advice reaches it.
+    std::vector<PageRange> unused;
+    if (read_back) {
+      auto rb = std::find_if(read_back->begin(), read_back->end(), [&](const ProcessPages& p) { return p.pid == pid; });
+      if (rb != read_back->end()) {
+        Result<std::vector<PageRange>> runs = swapped_runs(pagemap.get(), rb->ranges);
+        if (!runs) return runs.error();
+        unused = std::move(*runs);
+        for (const PageRange& r : unused) out.unused_pages += r.pages;
+        if (Status s = map_again(pid, unused, cancel); !s) return s.error();
+      }
+    }
+    // Only what is resident needs advice (the hot runs, and those).
+    for (const PageRange& r : unused) {
+      if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
+        if (s.error().kind() == ErrorKind::kConflict) return s.error();
+        if (::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0) break;  // gone
+        return s.error().with_context("page out process " + std::to_string(pid));
+      }
+    }
     for (const PageRange& r : hot.ranges) {
       if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
         if (s.error().kind() == ErrorKind::kConflict) return s.error();

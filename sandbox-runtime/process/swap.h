@@ -3,7 +3,9 @@
 // anonymous memory is pushed out to compressed swap with
 // process_madvise(MADV_PAGEOUT), and what it touched in its previous run
 // is read back with MADV_WILLNEED before the thaw; the rest faults back on
-// demand.
+// demand. What was read back and not touched is put back out at the next
+// page-out (it would sit in the swap cache, in RAM, out of MADV_PAGEOUT's
+// reach).
 //
 // SwapDevice is the swap it goes to: a zram device sandgate makes (the
 // kernel's zram, its best compressor, swapped on above the host's other
@@ -90,6 +92,8 @@ struct PageOutResult {
   // them, so a page read back but not used is not resident at the next
   // page-out).
   std::vector<ProcessPages> hot;
+  // Pages of read_back not resident (not touched since), put back out.
+  uint64_t unused_pages = 0;
 };
 
 // Pushes the private anonymous memory of pids (a frozen sandbox's
@@ -98,8 +102,17 @@ struct PageOutResult {
 // faults back), other errors when a process cannot be read or advised.
 // observer (may be null) sees each process's resident runs before the
 // advice and which of their pages went out after it.
+//
+// read_back (may be null): what the last page_in asked for. A page read
+// back and never touched is in the swap cache, unmapped: in RAM and
+// charged to the sandbox, and MADV_PAGEOUT, which walks the page tables,
+// never sees it. Those of its pages that are not resident now are mapped
+// again by reading them (process_vm_readv: a minor fault on the swap
+// cache) and paged out with the rest; being clean copies of what swap
+// holds, they are freed without being written again.
 Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,
-                               runtime::SwapObserver* observer = nullptr);
+                               runtime::SwapObserver* observer = nullptr,
+                               const std::vector<ProcessPages>* read_back = nullptr);
 
 // The pages in both a and b: per process (pid in both), the overlap of its
 // runs (each list sorted by start, as page_out returns them). What was

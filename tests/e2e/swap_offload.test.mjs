@@ -167,6 +167,89 @@ test('a wait-paused sandbox goes out to zram and comes back whole', async () => 
   }
 });
 
+// A process holding 16 MiB that writes every page of it on each "t" line.
+const TOUCHER = `
+import hashlib, sys
+data = bytearray(b"".join(b"notes of the agent %d " % i for i in range(1 << 20))[: 16 << 20])
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() == "t":
+        for p in range(0, len(data), 4096):
+            data[p] = (data[p] + 1) % 256
+        print("touched", flush=True)
+    else:
+        print(hashlib.sha256(data).hexdigest(), flush=True)
+`;
+
+// The sandbox's memory cgroup (v1): usage without page cache, as sandgate
+// counts it. Pages in the swap cache are charged here and are not page cache.
+function cgroupCharged(id) {
+  const dir = `/sys/fs/cgroup/memory/${sg.cgroupParent}/${id}`;
+  const usage = Number(readFileSync(join(dir, 'memory.usage_in_bytes'), 'utf8'));
+  const cache = Number(readFileSync(join(dir, 'memory.stat'), 'utf8').match(/^total_cache (\d+)$/m)[1]);
+  return usage - cache;
+}
+
+test('pages read back before a thaw and not touched go back out at the next offload', async () => {
+  const sbx = await Sandbox.create('base', { ...sg.opts, timeoutMs: 300_000 });
+  try {
+    await sbx.files.write('/home/user/toucher.py', TOUCHER);
+    let out = '';
+    const h = await sbx.commands.run('python3 /home/user/toucher.py', {
+      background: true, stdin: true, onStdout: (d) => { out += d; },
+    });
+    await until('the toucher', () => out.includes('ready\n'));
+    const lines = () => out.split('\n').length;
+    const ask = async (what) => {
+      const n = lines();
+      await sbx.commands.sendStdin(h.pid, what + '\n');
+      await until(`the answer to ${what}`, () => lines() > n);
+      return out.split('\n').at(-2);
+    };
+    // Waits 1 and 2 with the 16 MiB written before each: after wait 3 they
+    // were resident at two page-outs in a row, so they are read back.
+    let prev = await metrics();
+    const wait = async (i) => {
+      await slowCall(sbx, 2500);
+      const m = await until(`offload ${i}`, async () => {
+        const x = await metrics();
+        return x.sandgate_swap_offloads_total > prev.sandgate_swap_offloads_total ? x : null;
+      });
+      prev = m;
+      return m;
+    };
+    await wait(1);
+    assert.equal(await ask('t'), 'touched');
+    await wait(2);
+    assert.equal(await ask('t'), 'touched');
+    const hash = await ask('h');
+    const before3 = prev;
+    await wait(3);
+    // Resumed with the 16 MiB read back (the read-back runs before the thaw,
+    // so it is counted once the call has returned).
+    const back = (await metrics()).sandgate_swap_in_pages_total - before3.sandgate_swap_in_pages_total;
+    assert.ok(back >= 4000, `read back after wait 3: ${back} pages`);
+    // Not touched this time: at the next offload they go back out, and the
+    // sandbox's charge during that wait holds none of them.
+    const before4 = prev;
+    const call = slowCall(sbx, 4000);
+    const m4 = await until('offload 4', async () => {
+      const x = await metrics();
+      return x.sandgate_swap_offloads_total > before4.sandgate_swap_offloads_total ? x : null;
+    });
+    const charged = cgroupCharged(sbx.sandboxId);
+    const unused = m4.sandgate_swap_unused_pages_total - before4.sandgate_swap_unused_pages_total;
+    console.log(`read back ${back} pages; ${unused} of them unused and put back; charged during wait 4: ` +
+      `${(charged / 1048576).toFixed(1)} MiB`);
+    assert.ok(unused >= 4000, `put back at offload 4: ${unused} pages`);
+    assert.ok(charged < 8 << 20, `charged during wait 4: ${charged} bytes (the 16 MiB read back stayed?)`);
+    await call;
+    assert.equal(await ask('h'), hash, 'the 16 MiB the same after four waits');
+  } finally {
+    await sbx.kill();
+  }
+});
+
 test('a sandbox killed while offloaded leaves nothing in the swap', async () => {
   const m0 = await metrics();
   const sbx = await Sandbox.create('base', { ...sg.opts, timeoutMs: 300_000 });
