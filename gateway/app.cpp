@@ -669,6 +669,9 @@ std::function<void(std::string&)> swap_device_metrics(const process::SwapDevice*
                           st->stored_bytes);
     metrics::render_count(out, "sandgate_swap_memory_bytes", "gauge", "RAM the zram device takes now (0 for host swap).",
                           st->memory_bytes);
+    metrics::render_count(out, "sandgate_swap_compacted_bytes_total", "counter",
+                          "RAM the zram device's compactions freed (its own count, since it was made).",
+                          st->compacted_pages * 4096);
   };
 }
 
@@ -751,6 +754,10 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, netw
   c.waits = wait_config(cfg, memory_offload || swap != nullptr, pressure);
   c.swap_offload = swap != nullptr;
   c.swap_device_metrics = swap_device_metrics(swap, audit);
+  if (swap)
+    c.swap_after_offload = [swap] {
+      if (Result<bool> r = swap->compact(); !r) LOG_WARN("swap compaction: " << r.error().message());
+    };
   c.record_event = [&rows](storage::EventRow e) { rows.add_event(std::move(e)); };
   c.start_ready_timeout = std::chrono::seconds(cfg.template_ready_timeout_s);
   c.warm_pool.per_key = static_cast<size_t>(cfg.warm_pool >= 0 ? cfg.warm_pool : use_kvm ? 0 : 2);

@@ -576,6 +576,14 @@ Status SandboxService::wait_resume(const std::string& id) {
 }
 
 Status SandboxService::wait_offload(const std::string& id, const std::atomic<bool>& cancel) {
+  Status s = offload_one(id, cancel);
+  // The swap device's upkeep, with the sandbox's lock released (its resume
+  // may be waiting for it).
+  if (s && !memory_ && cfg_.swap_after_offload) cfg_.swap_after_offload();
+  return s;
+}
+
+Status SandboxService::offload_one(const std::string& id, const std::atomic<bool>& cancel) {
   if (!memory_ && !cfg_.swap_offload) return Error(ErrorKind::kUnavailable, "memory offload is off");
   std::shared_ptr<Live> live = find_live(id);
   if (!live) return not_found(id);

@@ -95,6 +95,9 @@ struct ServiceConfig {
   // the device's own lines to render_swap_metrics (may be empty).
   bool swap_offload = false;
   std::function<void(std::string&)> swap_device_metrics;
+  // Called after each offload to swap, with no lock held (the device's
+  // upkeep: zram compaction). May be empty.
+  std::function<void()> swap_after_offload;
   // Model-wait pauses: the service owns the wait coordinator
   // (wait-engine/coordinator), whose actions are its own wait_pause,
   // wait_resume, wait_idle, wait_offload and kill_lost. Off unless enabled.
@@ -257,10 +260,11 @@ class SandboxService {
   Status kill_lost(const std::string& id, const std::string& reason);
 
   // Memory offload (the GuestMemoryStore): wait_offload moves a wait-paused
-  // microVM's RAM into the pool (kConflict when cancel was set or the
-  // sandbox is not wait-paused; kUnavailable on the process backend; kQuota
-  // when the CPU budget, max_concurrent offloads at once, is spent), and
-  // wait_resume installs the predicted pages before the vCPUs run.
+  // microVM's RAM into the pool, or a process sandbox's memory out to swap
+  // (kConflict when cancel was set or the sandbox is not wait-paused;
+  // kUnavailable with offload off; kQuota when the CPU budget,
+  // max_concurrent offloads at once, is spent), and wait_resume installs
+  // the predicted pages (reads them back) before the vCPUs (processes) run.
   Status wait_offload(const std::string& id, const std::atomic<bool>& cancel);
   // M(t) = resident memory + pool bytes, summed over live sandboxes, from
   // the readings tick() takes every second.
@@ -274,6 +278,8 @@ class SandboxService {
   void render_swap_metrics(std::string& out);
 
  private:
+  // wait_offload's work, under the sandbox's op_mu.
+  Status offload_one(const std::string& id, const std::atomic<bool>& cancel);
   struct Live {
     Mutex op_mu;  // serialises lifecycle operations on this sandbox
     std::unique_ptr<runtime::Sandbox> sb GUARDED_BY(op_mu);  // null once terminal

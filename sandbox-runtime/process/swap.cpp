@@ -399,7 +399,9 @@ Result<SwapStats> SwapDevice::stats() const {
     Result<std::string> mm = read_trimmed(zram_dir(zram_) + "/mm_stat");
     if (!mm) return mm.error();
     std::istringstream in(*mm);
-    in >> s.used_bytes >> s.stored_bytes >> s.memory_bytes;
+    // ... mem_limit mem_used_max same_pages pages_compacted ...
+    uint64_t limit = 0, max_used = 0, same = 0;
+    in >> s.used_bytes >> s.stored_bytes >> s.memory_bytes >> limit >> max_used >> same >> s.compacted_pages;
     return s;
   }
   Result<std::string> swaps = sys::read_file(proc_swaps_);
@@ -415,6 +417,21 @@ Result<SwapStats> SwapDevice::stats() const {
   }
   s.stored_bytes = s.used_bytes;
   return s;
+}
+
+Result<bool> SwapDevice::compact(uint64_t min_waste) const {
+  if (zram_ < 0) return false;
+  if (compacting_.exchange(true)) return false;
+  struct Done {
+    std::atomic<bool>& f;
+    ~Done() { f.store(false); }
+  } done{compacting_};
+  Result<SwapStats> st = stats();
+  if (!st) return st.error();
+  uint64_t waste = st->memory_bytes > st->stored_bytes ? st->memory_bytes - st->stored_bytes : 0;
+  if (waste < min_waste || waste < st->memory_bytes / 8) return false;
+  if (Status s = sys::write_file(zram_dir(zram_) + "/compact", "1"); !s) return s.error();
+  return true;
 }
 
 Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<bool>& cancel,

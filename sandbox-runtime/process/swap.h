@@ -14,7 +14,7 @@
 // never follow anything a sandbox could name.
 //
 // Thread safety: SwapDevice is immutable after open(); stats() reads
-// sysfs. page_out/page_in may run for different sandboxes at once.
+// sysfs; compact() runs one call at a time and skips the others. page_out/page_in may run for different sandboxes at once.
 #pragma once
 
 #include <atomic>
@@ -48,6 +48,7 @@ struct SwapStats {
   uint64_t used_bytes = 0;    // data swapped out (uncompressed), every user of the swap
   uint64_t stored_bytes = 0;  // zram: compressed size; host swap: used_bytes
   uint64_t memory_bytes = 0;  // zram: RAM it takes now; host swap: 0
+  uint64_t compacted_pages = 0;  // zram: pages its compactions have freed
 };
 
 class SwapDevice {
@@ -65,6 +66,15 @@ class SwapDevice {
   const std::string& describe() const { return describe_; }
   Result<SwapStats> stats() const;
 
+  // zram keeps compressed pages in pages of its own and frees one only
+  // when every object in it is gone: as sandboxes fault their pages back,
+  // it keeps the RAM they freed (the kernel compacts it only under memory
+  // pressure). compact() moves the objects together and frees the rest
+  // when more than an eighth of its RAM, and at least min_waste, is
+  // free space. Returns whether it compacted; false for host swap or while
+  // another call compacts.
+  Result<bool> compact(uint64_t min_waste = 4u << 20) const;
+
  private:
   SwapDevice() = default;
   std::string describe_;
@@ -72,6 +82,7 @@ class SwapDevice {
   std::string node_;   // zram: the block device swapped on
   std::string record_;
   std::string proc_swaps_;  // host swap: the table stats() reads
+  mutable std::atomic<bool> compacting_{false};
 };
 
 // A page-aligned address range in one process.
