@@ -32,6 +32,7 @@ import { createHash } from 'node:crypto';
 const HERE = dirname(fileURLToPath(import.meta.url));
 const ROOT = resolve(HERE, '../../..');
 const { Sandbox } = await import(pathToFileURL(join(ROOT, 'tests/e2e/node_modules/e2b/dist/index.mjs')).href);
+const { Sandbox: CodeSandbox } = await import(pathToFileURL(join(ROOT, 'tests/e2e/node_modules/@e2b/code-interpreter/dist/index.mjs')).href);
 const { startSandgate } = await import(pathToFileURL(join(ROOT, 'tests/e2e/server.mjs')).href);
 const { startMockModelServer } = await import(pathToFileURL(join(ROOT, 'tests/e2e/fixtures/mock_model_server.mjs')).href);
 
@@ -86,9 +87,12 @@ function loadTrajectory(name) {
   const t = JSON.parse(readFileSync(join(HERE, 'trajectories', `${name}.json`), 'utf8'));
   if (!t.name || !Array.isArray(t.steps) || !Array.isArray(t.setup)) throw new Error(`${name}.json: not a trajectory`);
   for (const [i, s] of t.steps.entries()) {
-    if (typeof s.tool !== 'string' && !(s.model && Number.isFinite(s.model.latency_ms)))
-      throw new Error(`${name}.json: step ${i} is neither a tool nor a model step`);
+    if (typeof s.tool !== 'string' && typeof s.cell !== 'string' && !(s.model && Number.isFinite(s.model.latency_ms)))
+      throw new Error(`${name}.json: step ${i} is neither a tool, a cell nor a model step`);
+    if (typeof s.cell === 'string' && !t.template) throw new Error(`${name}.json: step ${i} is a cell, and no template has a kernel`);
   }
+  for (const [i, s] of t.setup.entries())
+    if (typeof s !== 'string' && typeof s?.cell !== 'string') throw new Error(`${name}.json: setup ${i} is neither a command nor a cell`);
   return t;
 }
 
@@ -154,12 +158,21 @@ async function runPolicy(args, policy, trajectories, progress) {
       for (let i = 0; i < args.n; i++) tasks.push({ traj: t, index: i, seed: args.mode === 'group' ? i + 1 : 1 });
     const opts = { ...sg.opts, requestTimeoutMs: 300_000 };
     for (const task of tasks) {
-      const sbx = await Sandbox.create('base', { ...opts, timeoutMs: 3_600_000 });
+      // A trajectory with cells runs in a template with a Jupyter kernel
+      // (the code interpreter's); its cells go to the kernel's default
+      // context, as an agent's runCode calls do.
+      const Kind = task.traj.template ? CodeSandbox : Sandbox;
+      const sbx = await Kind.create(task.traj.template ?? 'base', { ...opts, timeoutMs: 3_600_000 });
       boxes.push(sbx);
       task.sbx = sbx;
-      for (const cmd of task.traj.setup) {
-        const r = await sbx.commands.run(subst(cmd, task.seed), { timeoutMs: 120_000 });
-        if (r.exitCode !== 0) throw new Error(`${task.traj.name} setup failed: ${r.stderr}`);
+      for (const step of task.traj.setup) {
+        if (typeof step === 'string') {
+          const r = await sbx.commands.run(subst(step, task.seed), { timeoutMs: 120_000 });
+          if (r.exitCode !== 0) throw new Error(`${task.traj.name} setup failed: ${r.stderr}`);
+        } else {
+          const e = await sbx.runCode(subst(step.cell, task.seed), { timeoutMs: 120_000 });
+          if (e.error) throw new Error(`${task.traj.name} setup cell failed: ${e.error.name}: ${e.error.value}`);
+        }
       }
     }
     // sandgate reads each sandbox's memory once a second: start the clock
@@ -223,6 +236,17 @@ async function runPolicy(args, policy, trajectories, progress) {
           if (status !== 200) throw new Error(`${task.traj.name}#${task.index} step ${i}: model call ${status}: ${text.slice(0, 200)}`);
           rec.model_ms += took;
           rec.model_added_ms.push(took - latency);
+        } else if (step.cell) {
+          // A cell in the kernel: its result, output and error are the
+          // step's output.
+          const s0 = performance.now();
+          const e = await task.sbx.runCode(subst(step.cell, task.seed), { timeoutMs: 300_000 }).catch((err) => ({ error: { name: 'client', value: err.message } }));
+          if (e.error) result.errors.push(`${task.traj.name}#${task.index} step ${i}: ${e.error.name}: ${String(e.error.value).slice(0, 200)}`);
+          const out = JSON.stringify([e.text ?? null, e.logs?.stdout ?? [], e.error?.name ?? null]);
+          rec.outputs.push({ step: i, exit: e.error ? 1 : 0, sha256: createHash('sha256').update(out).digest('hex').slice(0, 16) });
+          const left = (step.tool_ms ?? task.traj.tool_ms ?? 0) * args.timeScale - (performance.now() - s0);
+          if (left > 20) await sleep(left);  // the kernel idles meanwhile, as while an agent reads its output
+          rec.tool_ms += performance.now() - s0;
         } else {
           const s0 = performance.now();
           const r = await task.sbx.commands.run(subst(step.tool, task.seed), { timeoutMs: 300_000 }).catch((e) => e);
