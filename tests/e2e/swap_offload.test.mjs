@@ -3,8 +3,9 @@
 // a sandbox waiting on a model (the mock upstream, a slow answer) is
 // frozen and its memory goes out to the zram device; the cgroup's
 // resident memory drops during the wait, and after it a background
-// process's 64 MiB hash the same. A sandbox killed while offloaded leaves
-// nothing in the device. With --memory-offload off no device is made.
+// process's 64 MiB hash the same. Pages read back before a thaw and not
+// touched go back out at the next offload. A sandbox killed while
+// offloaded leaves nothing in the device. With --memory-offload off no device is made.
 // The server runs with --swap-codec-audit: the engine's codecs see the
 // same pages the device stores, and both figures are in /metrics.
 import { test, before, after } from 'node:test';
