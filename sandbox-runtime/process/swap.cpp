@@ -325,6 +325,14 @@ Result<std::unique_ptr<SwapDevice>> SwapDevice::open(const SwapConfig& cfg) {
   remove_recorded(cfg.record);
   if (!sys::path_exists("/sys/class/zram-control/hot_add"))
     return Error(ErrorKind::kUnavailable, "this kernel has no zram (no /sys/class/zram-control; load the zram module)");
+  // Reading hot_add makes a device even where sysfs is read-only (a
+  // container's, unless it is privileged), and then nothing could set it up
+  // or remove it again: each start would leave a device on the host.
+  if (::access("/sys/class/zram-control/hot_remove", W_OK) != 0)
+    return Error(ErrorKind::kUnavailable, std::string("cannot make a zram device: /sys/class/zram-control is not writable here (") +
+                                              std::strerror(errno) +
+                                              "; a container's /sys is read-only unless it is privileged); "
+                                              "--process-swap host uses the host's swap");
   uint64_t bytes = cfg.zram_bytes;
   if (bytes == 0) {
     Result<uint64_t> total = mem_total_bytes();
