@@ -300,6 +300,18 @@ Status advise(int pidfd, uint64_t start, uint64_t pages, int advice, const std::
   return Status::Ok();
 }
 
+// MADV_PAGEOUT over runs of one process; a process gone meanwhile is done.
+Status advise_out(int pidfd, int pid, const std::vector<PageRange>& runs, const std::atomic<bool>& cancel) {
+  for (const PageRange& r : runs) {
+    if (Status s = advise(pidfd, r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
+      if (s.error().kind() == ErrorKind::kConflict) return s.error();
+      if (::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) != 0) return Status::Ok();  // gone
+      return s.error().with_context("page out process " + std::to_string(pid));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<std::unique_ptr<SwapDevice>> SwapDevice::open(const SwapConfig& cfg) {
@@ -495,20 +507,8 @@ Result<PageOutResult> page_out(const std::vector<int>& pids, const std::atomic<b
       }
     }
     // Only what is resident needs advice (the hot runs, and those).
-    for (const PageRange& r : unused) {
-      if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
-        if (s.error().kind() == ErrorKind::kConflict) return s.error();
-        if (::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0) break;  // gone
-        return s.error().with_context("page out process " + std::to_string(pid));
-      }
-    }
-    for (const PageRange& r : hot.ranges) {
-      if (Status s = advise(pidfd.get(), r.start, r.pages, MADV_PAGEOUT, &cancel); !s) {
-        if (s.error().kind() == ErrorKind::kConflict) return s.error();
-        if (::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) != 0) break;  // gone
-        return s.error().with_context("page out process " + std::to_string(pid));
-      }
-    }
+    if (Status st = advise_out(pidfd.get(), pid, unused, cancel); !st) return st.error();
+    if (Status st = advise_out(pidfd.get(), pid, hot.ranges, cancel); !st) return st.error();
     // What went out: the hot runs now in swap.
     std::vector<std::vector<bool>> gone;
     for (const PageRange& r : hot.ranges) {
