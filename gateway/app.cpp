@@ -753,6 +753,7 @@ lifecycle::ServiceConfig service_config(const AppConfig& cfg, bool use_kvm, netw
   c.offload_concurrency = static_cast<size_t>(std::max<int64_t>(1, cfg.offload_concurrency));
   c.waits = wait_config(cfg, memory_offload || swap != nullptr, pressure);
   c.swap_offload = swap != nullptr;
+  if (swap && cfg.idle_offload_ms > 0) c.idle_offload_after = std::chrono::milliseconds(cfg.idle_offload_ms);
   c.swap_device_metrics = swap_device_metrics(swap, audit);
   if (swap)
     c.swap_after_offload = [swap] {

@@ -129,6 +129,9 @@ struct AppConfig {
   std::string vmm_jail = "auto";
   uint32_t first_sandbox_uid = 1u << 30;
   int64_t offload_min_wait_ms = 2000;  // 0: offload every pause
+  // A process sandbox idle this long (no traffic, under 1 % of a CPU) goes
+  // out to swap without a pause, where memory offload applies; 0: never.
+  int64_t idle_offload_ms = 30000;
   int64_t memory_pool_mb = 1024;
   int64_t offload_concurrency = 1;
 

@@ -133,6 +133,10 @@ serve options:
                                 costs CPU on every offload)
   --offload-min-wait-ms N       offload only when the expected remaining wait
                                 is at least N ms (0: every pause; default 2000)
+  --idle-offload-ms N           a process sandbox with no traffic and under 1%
+                                of a CPU for N ms goes out to swap as it runs,
+                                where --memory-offload applies (0: never;
+                                default 30000)
   --memory-pool-mb N            RAM for offloaded pages before they spill to
                                 DATA_DIR/memory-pool (default 1024)
   --offload-concurrency N       offloads encoding at once (CPU budget; default 1)
@@ -721,6 +725,7 @@ bool serve_ints(Args& a, AppConfig& cfg, std::ostream& err) {
       {"llm-grace-ms", 0, 10000, [&](int64_t v) { cfg.llm_grace_ms = v; }},
       {"llm-cooldown-ms", 0, 600000, [&](int64_t v) { cfg.llm_cooldown_ms = v; }},
       {"offload-min-wait-ms", 0, 3600000, [&](int64_t v) { cfg.offload_min_wait_ms = v; }},
+      {"idle-offload-ms", 0, 86400000, [&](int64_t v) { cfg.idle_offload_ms = v; }},
       {"memory-pool-mb", 0, 1 << 20, [&](int64_t v) { cfg.memory_pool_mb = v; }},
       {"zram-mb", 16, 1 << 24, [&](int64_t v) { cfg.zram_mb = v; }},
       {"offload-concurrency", 1, 64, [&](int64_t v) { cfg.offload_concurrency = v; }},
@@ -884,7 +889,7 @@ int run_cli(const std::vector<std::string>& argv, std::ostream& out, std::ostrea
       "body-limit", "max-connections", "max-connections-per-address", "tick-ms", "drain-timeout-ms", "rate", "create-rate", "log-level", "max-sandboxes", "max-memory-mb", "public-url",
       "no-local-tenant", "domain", "tls-cert", "tls-key", "openai-base-url", "openai-key-file",
       "anthropic-base-url", "anthropic-key-file", "llm-body-limit", "llm-rate", "llm-tokens-per-min",
-      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "network", "network-range", "dns-upstream", "sandbox-bandwidth-mbit", "sandbox-connections", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "memory-pool-mb", "process-swap", "zram-mb",
+      "llm-grace-ms", "llm-cooldown-ms", "no-llm-pause", "egress", "egress-allow-private", "network", "network-range", "dns-upstream", "sandbox-bandwidth-mbit", "sandbox-connections", "memory-offload", "disk-limit", "keep-sandboxes", "code-interpreter", "user-namespaces", "vmm-jail", "sandbox-uid-base", "sandbox-disk-mb", "offload-min-wait-ms", "idle-offload-ms", "memory-pool-mb", "process-swap", "zram-mb",
       "swap-codec-audit", "template-builds", "template-storage-mb", "template-build-timeout", "template-ready-timeout", "warm-pool",
       "offload-concurrency", "metrics-token-file", "name", "base-url", "key-file", "tenant", "sandbox",
       "cluster", "cluster-secret-file", "node-id", "advertise", "cluster-listen", "cluster-lease-ttl", "cluster-lost-grace"};

@@ -295,8 +295,12 @@ class Sandbox {
   // (kConflict when cancel was set first: what went out faults back);
   // swap_in, before resume(), reads back what it touched in its previous
   // run and returns the pages asked for. The rest faults back on use.
-  virtual Result<SwapOutAccount> swap_out(const std::atomic<bool>& cancel) {
+  // kIdle: the sandbox runs (an idle one, nothing in it using the CPU):
+  // its processes fault back whatever they touch, nothing stops.
+  enum class SwapOutOf { kPaused, kIdle };
+  virtual Result<SwapOutAccount> swap_out(const std::atomic<bool>& cancel, SwapOutOf of) {
     (void)cancel;
+    (void)of;
     return Error(ErrorKind::kUnavailable, "offload to swap needs the process backend with a swap device");
   }
   virtual Result<uint64_t> swap_in() {

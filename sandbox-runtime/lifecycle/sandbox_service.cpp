@@ -56,6 +56,7 @@ SandboxService::SandboxService(storage::Store& store, runtime::Runtime& rt, Serv
   if (cfg_.waits.enabled)
     waits_ = std::make_unique<wait::WaitCoordinator>(cfg_.waits.coordinator, wait_actions(),
                                                      [] { return sys::monotonic_ns(); });
+  if (idle_enabled()) idle_thread_ = std::thread([this] { idle_loop(); });
 }
 
 // The coordinator acts through this service. Its action threads call
@@ -92,6 +93,28 @@ wait::CoordinatorHooks SandboxService::wait_actions() {
 }
 
 void SandboxService::before_traffic(const std::string& id) {
+  if (idle_enabled()) {
+    if (std::shared_ptr<Live> live = find_live(id)) {
+      live->traffic_ns.store(sys::monotonic_ns());
+      live->idle_cancel.store(true);  // an idle page-out in progress stops within a piece
+      if (live->idle_out.load()) {
+        // Out while idle: what it touched in its last run back first, as
+        // before a wait offload's thaw; the rest faults back on use.
+        MutexLock g(live->op_mu);
+        if (live->sb && live->idle_out.exchange(false)) {
+          uint64_t t0 = sys::monotonic_ns();
+          Result<uint64_t> n = live->sb->swap_in();
+          swap_in_ns_ += sys::monotonic_ns() - t0;
+          if (!n) {
+            LOG_WARN("sandbox " << id << ": swap-in after an idle offload: " << n.error().message());
+          } else {
+            live->swap_in_pages += *n;
+            swap_in_pages_ += *n;
+          }
+        }
+      }
+    }
+  }
   if (!waits_) return;
   if (Status s = waits_->ensure_running(id, std::chrono::milliseconds(10000)); !s)
     LOG_WARN("sandbox " << id << ": " << s.error().message());
@@ -99,7 +122,103 @@ void SandboxService::before_traffic(const std::string& id) {
 
 void SandboxService::stop_waits() { waits_.reset(); }
 
-SandboxService::~SandboxService() = default;
+SandboxService::~SandboxService() { stop_idle(); }
+
+void SandboxService::stop_idle() {
+  {
+    std::lock_guard<std::mutex> l(idle_mu_);
+    idle_stopping_ = true;
+  }
+  idle_cv_.notify_all();
+  if (idle_thread_.joinable()) idle_thread_.join();
+}
+
+// Called by the liveness sweep each second for each running sandbox, with
+// its CPU time so far. The window restarts at traffic, at a state other
+// than running, and when the sandbox used over 1 % of one CPU since it
+// began (its agent's own upkeep stays under that).
+void SandboxService::watch_idle(const std::string& id, Live& live, uint64_t cpu_ns) {
+  uint64_t now = sys::monotonic_ns();
+  bool busy = live.idle_since_ns == 0 || live.state != State::kRunning ||
+              live.traffic_ns.load() >= live.idle_since_ns || cpu_ns < live.idle_cpu_ns ||
+              cpu_ns - live.idle_cpu_ns > (now - live.idle_since_ns) / 100;
+  if (busy) {
+    // Running again after an idle offload, it faults back what it uses; it
+    // may go out again after the next idle window.
+    if (live.idle_since_ns != 0 && live.state == State::kRunning) live.idle_out.store(false);
+    live.idle_since_ns = now;
+    live.idle_cpu_ns = cpu_ns;
+    return;
+  }
+  if (live.idle_out.load() || live.idle_queued ||
+      now - live.idle_since_ns < static_cast<uint64_t>(cfg_.idle_offload_after.count()) * 1000000ull)
+    return;
+  live.idle_queued = true;
+  {
+    std::lock_guard<std::mutex> l(idle_mu_);
+    idle_queue_.push_back(id);
+  }
+  idle_cv_.notify_one();
+}
+
+void SandboxService::idle_loop() {
+  for (;;) {
+    std::string id;
+    {
+      std::unique_lock<std::mutex> l(idle_mu_);
+      idle_cv_.wait(l, [this] { return idle_stopping_ || !idle_queue_.empty(); });
+      if (idle_stopping_) return;
+      id = std::move(idle_queue_.front());
+      idle_queue_.pop_front();
+    }
+    Status s = idle_offload(id);
+    if (!s && s.error().kind() != ErrorKind::kConflict && s.error().kind() != ErrorKind::kNotFound &&
+        s.error().kind() != ErrorKind::kQuota)
+      LOG_WARN("sandbox " << id << ": idle offload: " << s.error().message());
+    if (s && cfg_.swap_after_offload) cfg_.swap_after_offload();
+  }
+}
+
+Status SandboxService::idle_offload(const std::string& id) {
+  std::shared_ptr<Live> live = find_live(id);
+  if (!live) return not_found_error("sandbox \"" + id + "\" not found");
+  // Whatever happens here, the sweep may queue it again.
+  struct Unqueue {
+    Live& l;
+    ~Unqueue() {
+      MutexLock g(l.op_mu);
+      l.idle_queued = false;
+    }
+  } unqueue{*live};
+  if (cfg_.waits.offload_wanted && !cfg_.waits.offload_wanted()) return Error(ErrorKind::kQuota, "no memory pressure");
+  if (offloads_running_.fetch_add(1) >= offload_slots_) {
+    offloads_running_.fetch_sub(1);
+    return Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
+  }
+  struct Slot {
+    std::atomic<size_t>& n;
+    ~Slot() { n.fetch_sub(1); }
+  } slot{offloads_running_};
+  MutexLock g(live->op_mu);
+  if (!live->sb) return not_found_error("sandbox \"" + id + "\" not found");
+  // Traffic, a wait or a pause since it was queued: no longer idle.
+  if (live->state != State::kRunning || live->idle_out.load() || live->traffic_ns.load() >= live->idle_since_ns)
+    return Error(ErrorKind::kConflict, "sandbox " + id + " is no longer idle");
+  live->idle_cancel.store(false);
+  uint64_t t0 = sys::monotonic_ns();
+  Result<runtime::SwapOutAccount> out = live->sb->swap_out(live->idle_cancel, runtime::Sandbox::SwapOutOf::kIdle);
+  swap_out_ns_ += sys::monotonic_ns() - t0;
+  if (!out) return out.error().with_context("idle offload of sandbox " + id);
+  live->idle_out.store(true);
+  ++idle_outs_;
+  live->swap_out_pages = out->out_pages;
+  swap_out_pages_ += out->out_pages;
+  swap_unused_pages_ += out->unused_pages;
+  LOG_INFO("sandbox " << id << ": idle " << (t0 - live->idle_since_ns) / 1000000 << " ms; " << out->out_pages << " of "
+                      << out->resident_pages << " resident pages out to swap in " << (sys::monotonic_ns() - t0) / 1000000
+                      << " ms; " << out->hot_pages << " to read back at its next traffic");
+  return Status::Ok();
+}
 
 void SandboxService::event(const std::string& tenant_id, const std::string& id, const std::string& kind,
                            const std::string& detail) {
@@ -604,7 +723,7 @@ Status SandboxService::offload_one(const std::string& id, const std::atomic<bool
     // Offload to swap: its private memory out, the kernel compressing it.
     enter(*live, State::kOffloading);
     uint64_t t0 = sys::monotonic_ns();
-    Result<runtime::SwapOutAccount> out = live->sb->swap_out(cancel);
+    Result<runtime::SwapOutAccount> out = live->sb->swap_out(cancel, runtime::Sandbox::SwapOutOf::kPaused);
     swap_out_ns_ += sys::monotonic_ns() - t0;
     // Cancelled part-way, what went out faults back: resumed alike.
     enter(*live, out ? State::kOffloaded : State::kWaitPaused);
@@ -641,6 +760,8 @@ void SandboxService::render_swap_metrics(std::string& out) {
   if (!cfg_.swap_offload) return;
   metrics::render_count(out, "sandgate_swap_offloads_total", "counter",
                         "Wait-paused process sandboxes whose memory went out to swap.", swap_outs_.load());
+  metrics::render_count(out, "sandgate_swap_idle_offloads_total", "counter",
+                        "Idle process sandboxes whose memory went out to swap as they ran.", idle_outs_.load());
   metrics::render_count(out, "sandgate_swap_out_pages_total", "counter",
                         "4 KiB pages process sandboxes put out to swap.", swap_out_pages_.load());
   metrics::render_count(out, "sandgate_swap_in_pages_total", "counter",
@@ -1343,6 +1464,7 @@ void SandboxService::sweep_liveness(const std::vector<std::pair<std::string, std
     if (!u) continue;
     uint64_t pool = memory_ ? memory_->pool_bytes(id) : 0;
     live->mem_now.store(u->mem_used_bytes + pool, std::memory_order_relaxed);
+    if (idle_enabled()) watch_idle(id, *live, u->cpu_usage_ns);
     if (take_samples) {
       MetricSample m = sample(*live, *u, pool);
       MutexLock sg(live->samples_mu);
@@ -1410,8 +1532,10 @@ Status SandboxService::hand_over(runtime::Sandbox& sb, const SandboxRow& row, co
 WarmPool::Stats SandboxService::warm_pool_stats() { return pool_ ? pool_->stats() : WarmPool::Stats{}; }
 
 void SandboxService::shutdown() {
-  // The pool first: its thread starts sandboxes through this service.
+  // The pool first: its thread starts sandboxes through this service. The
+  // idle offloads' thread pages out through it.
   if (pool_) pool_->stop();
+  stop_idle();
   std::vector<std::pair<std::string, std::shared_ptr<Live>>> all;
   {
     MutexLock g(mu_);

@@ -19,6 +19,8 @@
 //   wait-paused -> offloading -> offloaded   wait_offload() (stored: running)
 //   wait-paused|offloaded -> running         wait_resume()
 //   wait-paused|offloaded -> paused          a client's pause during a wait
+// An idle offload (idle_offload()) leaves the state running: the sandbox
+// runs on with its memory in swap.
 //   any live -> killed             kill(), timeout with on_timeout=kill, revoked tenant
 //   any live -> lost               its processes died, memory lost, sandgate stopped
 //
@@ -32,6 +34,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -40,6 +43,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -98,6 +102,12 @@ struct ServiceConfig {
   // Called after each offload to swap, with no lock held (the device's
   // upkeep: zram compaction). May be empty.
   std::function<void()> swap_after_offload;
+  // Idle offload (with swap_offload): a running sandbox with no traffic
+  // and under 1 % of a CPU for this long goes out to swap as it runs (no
+  // pause: what it touches faults back); its next traffic reads back what
+  // it touched before. 0: off. Gated by waits.offload_wanted, as a wait
+  // offload is.
+  std::chrono::milliseconds idle_offload_after{0};
   // Model-wait pauses: the service owns the wait coordinator
   // (wait-engine/coordinator), whose actions are its own wait_pause,
   // wait_resume, wait_idle, wait_offload and kill_lost. Off unless enabled.
@@ -300,6 +310,16 @@ class SandboxService {
     std::atomic<uint64_t> swap_out_pages{0};
     std::atomic<uint64_t> swap_in_pages{0};
     uint32_t cpu_count = 1;
+    // Idle offload: when traffic last came (before_traffic), whether its
+    // memory went out while idle (read back at the next traffic), the
+    // cancel of a page-out in progress; the idle window as the liveness
+    // sweep measures it.
+    std::atomic<uint64_t> traffic_ns{0};
+    std::atomic<bool> idle_out{false};
+    std::atomic<bool> idle_cancel{false};
+    uint64_t idle_since_ns GUARDED_BY(op_mu) = 0;
+    uint64_t idle_cpu_ns GUARDED_BY(op_mu) = 0;
+    bool idle_queued GUARDED_BY(op_mu) = false;
     Mutex net_mu;
     NetworkParams network GUARDED_BY(net_mu);  // the egress policy, from create or an update
     Mutex samples_mu;
@@ -374,6 +394,14 @@ class SandboxService {
   void retry_deferred();
   void sweep_revoked(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all);
   void sweep_liveness(const std::vector<std::pair<std::string, std::shared_ptr<Live>>>& all, int64_t now);
+  // Idle offload: the liveness sweep measures each running sandbox's idle
+  // window and queues it once the window is long enough; one thread pages
+  // the queued out (a page-out takes its op_mu for up to seconds).
+  void watch_idle(const std::string& id, Live& live, uint64_t cpu_ns) REQUIRES(live.op_mu);
+  void idle_loop();
+  Status idle_offload(const std::string& id);
+  void stop_idle();
+  bool idle_enabled() const { return cfg_.swap_offload && cfg_.idle_offload_after.count() > 0; }
   // A metric sample from a usage reading (cpu percent since the last one).
   MetricSample sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes) EXCLUDES(live.samples_mu);
   void event(const std::string& tenant_id, const std::string& id, const std::string& kind,
@@ -396,6 +424,12 @@ class SandboxService {
   std::atomic<uint64_t> swap_unused_pages_{0};
   std::atomic<uint64_t> swap_out_ns_{0};
   std::atomic<uint64_t> swap_in_ns_{0};
+  std::atomic<uint64_t> idle_outs_{0};
+  std::mutex idle_mu_;
+  std::condition_variable idle_cv_;
+  std::deque<std::string> idle_queue_;  // GUARDED_BY(idle_mu_)
+  bool idle_stopping_ = false;          // GUARDED_BY(idle_mu_)
+  std::thread idle_thread_;             // runs idle_loop() with idle offload on
   Mutex lost_mu_;
   // Sandboxes killed while their end could not be written (a full disk);
   // tick() writes it.

@@ -140,26 +140,30 @@ class ProcessSandbox final : public runtime::Sandbox {
     return kill_locked();
   }
 
-  // Offload to swap (swap.h). The sandbox stays frozen throughout; mu_ is
-  // held, so a kill waits for the page-out's current piece.
-  Result<runtime::SwapOutAccount> swap_out(const std::atomic<bool>& cancel) override {
+  // Offload to swap (swap.h). A paused sandbox stays frozen throughout;
+  // an idle one runs on and faults back what it touches. mu_ is held, so a
+  // kill waits for the page-out's current piece.
+  Result<runtime::SwapOutAccount> swap_out(const std::atomic<bool>& cancel, SwapOutOf of) override {
     std::lock_guard<std::mutex> l(mu_);
-    if (!swap_offload_) return runtime::Sandbox::swap_out(cancel);
+    if (!swap_offload_) return runtime::Sandbox::swap_out(cancel, of);
     if (killed_ || !has_cgroup_) return conflict_error("swap out sandbox " + id_ + ": it has been killed");
     Result<bool> frozen = cgroup_.frozen();
     if (!frozen) return frozen.error().with_context("swap out sandbox " + id_);
-    if (!*frozen) return conflict_error("swap out sandbox " + id_ + ": it is not paused");
+    if (of == SwapOutOf::kPaused && !*frozen) return conflict_error("swap out sandbox " + id_ + ": it is not paused");
     Result<std::vector<int>> pids = cgroup_.pids();
     if (!pids) return pids.error().with_context("swap out sandbox " + id_);
     // The observer's begin and end bracket the page-out, whatever happens.
+    // It sees a frozen sandbox's pages only: a running one's may change
+    // between its reading and the page-out.
+    runtime::SwapObserver* observer = of == SwapOutOf::kPaused ? swap_observer_ : nullptr;
     struct Observing {
       runtime::SwapObserver* o;
       ~Observing() {
         if (o) o->end();
       }
-    } observing{swap_observer_};
-    if (swap_observer_) swap_observer_->begin(id_, cohort_);
-    Result<PageOutResult> r = page_out(*pids, cancel, swap_observer_, &read_back_);
+    } observing{observer};
+    if (observer) observer->begin(id_, cohort_);
+    Result<PageOutResult> r = page_out(*pids, cancel, observer, &read_back_);
     if (!r) return r.error().with_context("swap out sandbox " + id_);
     // What was resident at a page-out is what the sandbox touched since the
     // previous one, except at the first: then it is everything it ever

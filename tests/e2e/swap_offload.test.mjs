@@ -4,7 +4,8 @@
 // frozen and its memory goes out to the zram device; the cgroup's
 // resident memory drops during the wait, and after it a background
 // process's 64 MiB hash the same. Pages read back before a thaw and not
-// touched go back out at the next offload. A sandbox killed while
+// touched go back out at the next offload. An idle sandbox (no traffic,
+// no CPU) goes out too, as it runs. A sandbox killed while
 // offloaded leaves nothing in the device. With --memory-offload off no device is made.
 // The server runs with --swap-codec-audit: the engine's codecs see the
 // same pages the device stores, and both figures are in /metrics.
@@ -266,6 +267,81 @@ test('a sandbox killed while offloaded leaves nothing in the swap', async () => 
   void keeper;
   // Its swapped pages are freed with its processes.
   await until('the swap to empty', async () => (await metrics()).sandgate_swap_used_bytes < 4 << 20);
+});
+
+// A process that appends a line to a file twice a second: next to nothing
+// of a CPU, but it runs only if the sandbox does.
+const TICKER = `
+import time
+n = 0
+while True:
+    n += 1
+    with open("/home/user/ticks", "a") as f:
+        f.write("%d\\n" % n)
+    time.sleep(0.5)
+`;
+
+test('an idle sandbox goes out to swap as it runs; its next command finds it whole', async () => {
+  // A second server on the first one's device (--process-swap host): two
+  // zram devices at one priority would share the pages between them.
+  const idle = await startSandgate(['--memory-offload', 'always', '--process-swap', 'host',
+    '--idle-offload-ms', '1500', '--tick-ms', '200']);
+  try {
+    const m = async () => {
+      const text = await (await fetch(idle.url + '/metrics')).text();
+      const out = {};
+      for (const line of text.split('\n')) {
+        const x = line.match(/^([a-z_]+(?:\{[^}]*\})?) ([0-9.e+-]+)$/);
+        if (x) out[x[1]] = Number(x[2]);
+      }
+      return out;
+    };
+    const rss = (id) => {
+      const stat = readFileSync(`/sys/fs/cgroup/memory/${idle.cgroupParent}/${id}/memory.stat`, 'utf8');
+      return Number(stat.match(/^total_rss (\d+)$/m)[1]);
+    };
+    // A sandbox with no traffic either but a process using a CPU: it stays in.
+    const busy = await Sandbox.create('base', { ...idle.opts, timeoutMs: 300_000 });
+    await busy.commands.run('sh -c "while :; do :; done"', { background: true });
+    const sbx = await Sandbox.create('base', { ...idle.opts, timeoutMs: 300_000 });
+    try {
+      assert.equal((await m()).sandgate_swap_idle_offloads_total, 0);
+      const keeper = await startKeeper(sbx);
+      await sbx.files.write('/home/user/ticker.py', TICKER);
+      await sbx.commands.run('python3 /home/user/ticker.py', { background: true });
+      const before = rss(sbx.sandboxId);
+      assert.ok(before > 64 << 20, `resident before: ${before}`);
+      // No traffic now: out after 1.5 s of it, while the ticker ticks on.
+      const m1 = await until('the idle offload', async () => {
+        const x = await m();
+        return x.sandgate_swap_idle_offloads_total >= 1 ? x : null;
+      });
+      const during = rss(sbx.sandboxId);
+      const out = m1[`sandgate_sandbox_swap_out_pages{sandbox="${sbx.sandboxId}"}`];
+      console.log(`idle: resident ${(before / 1048576).toFixed(1)} MiB before, ${(during / 1048576).toFixed(1)} MiB ` +
+        `after ${out} pages went out`);
+      assert.ok(out * 4096 > 48 << 20, `pages out: ${out}`);
+      assert.ok(during < before / 4, `resident while idle ${during} vs ${before} before`);
+      assert.equal(m1.sandgate_swap_offloads_total, 0, 'no wait offload: nothing waited on a model');
+      assert.equal(m1.sandgate_swap_idle_offloads_total, 1, 'the busy sandbox stayed in');
+      assert.equal(m1[`sandgate_sandbox_swap_out_pages{sandbox="${busy.sandboxId}"}`] ?? 0, 0);
+      // Not paused: the ticker went on writing while the sandbox was out.
+      const tick = async () => Number((await sbx.files.read('/home/user/ticks')).trim().split('\n').at(-1));
+      const t0 = await tick();
+      await until('ticks while out', async () => (await tick()) >= t0 + 3);
+      // The keeper's 64 MiB come back whole.
+      await sbx.commands.sendStdin(keeper.h.pid, 'go\n');
+      const done = await keeper.h.wait();
+      assert.equal(done.stdout.trim().split('\n')[1], keeper.hash, 'the 64 MiB hash the same after the idle offload');
+      const info = await (await fetch(`${idle.url}/sandboxes/${sbx.sandboxId}`, { headers: { 'X-API-KEY': idle.key } })).json();
+      assert.equal(info.state, 'running');
+    } finally {
+      await sbx.kill();
+      await busy.kill();
+    }
+  } finally {
+    assert.deepEqual(await idle.stop(), { code: 0, signal: null });
+  }
 });
 
 test("with --memory-offload off no swap device is made; the first server's device is in /proc/swaps", async () => {
