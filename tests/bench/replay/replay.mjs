@@ -70,10 +70,14 @@ function parseArgs(argv) {
 const POLICIES = {
   none: ['--no-llm-pause'],
   pause: ['--memory-offload', 'off'],
-  offload: ['--memory-offload', 'always', '--offload-min-wait-ms', '0'],
-  // offload, and the engine's codecs on every page that goes to zram
+  // Every wait pause offloaded; a process sandbox idle 5 s (no traffic, no
+  // CPU: a task that ended) goes out too.
+  offload: ['--memory-offload', 'always', '--offload-min-wait-ms', '0', '--idle-offload-ms', '5000'],
+  // offload without the idle offload: the waits only (the A/B of the idle offload).
+  offload_waits: ['--memory-offload', 'always', '--offload-min-wait-ms', '0', '--idle-offload-ms', '0'],
+  // offload, and the engine's codecs on every page a wait puts out to zram
   // (--swap-codec-audit, process backend): a measurement, not a timing run.
-  audit: ['--memory-offload', 'always', '--offload-min-wait-ms', '0', '--swap-codec-audit'],
+  audit: ['--memory-offload', 'always', '--offload-min-wait-ms', '0', '--idle-offload-ms', '5000', '--swap-codec-audit'],
 };
 const AUDIT_CODECS = ['raw', 'device_uncompressed', 'device', 'engine_plain', 'engine_cohort'];
 
@@ -298,7 +302,7 @@ async function runPolicy(args, policy, trajectories, progress) {
     const metrics = await (await fetch(sg.url + '/metrics')).text();
     result.final_metrics = Object.fromEntries(['sandgate_wait_pauses_total', 'sandgate_memory_offloads_total',
       'sandgate_memory_pages_stored_total', 'sandgate_memory_faults_total', 'sandgate_memory_offloads_cancelled_total',
-      'sandgate_memory_offload_seconds_total', 'sandgate_wait_offloads_total{result="skipped"}', 'sandgate_swap_offloads_total',
+      'sandgate_memory_offload_seconds_total', 'sandgate_wait_offloads_total{result="skipped"}', 'sandgate_swap_offloads_total', 'sandgate_swap_idle_offloads_total',
       'sandgate_swap_out_pages_total', 'sandgate_swap_in_pages_total', 'sandgate_swap_audit_pages_total',
       'sandgate_swap_audit_unread_pages_total', ...AUDIT_CODECS.map((c) => `sandgate_swap_audit_bytes{codec="${c}"}`),
       'sandgate_swap_audit_pages_by_kind{codec="engine_plain",kind="zero"}']
@@ -370,7 +374,7 @@ function compare(runs) {
 
 function svg(runs, title) {
   const W = 760, H = 360, L = 70, R = 20, T = 40, B = 50;
-  const colors = { none: '#d62728', pause: '#1f77b4', offload: '#2ca02c', audit: '#9467bd' };
+  const colors = { none: '#d62728', pause: '#1f77b4', offload: '#2ca02c', audit: '#9467bd', offload_waits: '#ff7f0e' };
   const all = Object.values(runs).flatMap((r) => r.samples);
   const tmax = Math.max(1, ...all.map((s) => s[0]));
   const mmax = Math.max(1, ...all.map((s) => s[1])) * 1.1;
