@@ -23,6 +23,32 @@ namespace sg::lifecycle {
 
 using storage::SandboxRow;
 
+namespace {
+
+// One of the offloads' CPU slots (ServiceConfig::offload_concurrency),
+// held while it lives; held() is false when every slot was in use.
+class OffloadSlot {
+ public:
+  OffloadSlot(std::atomic<size_t>& running, size_t slots)
+      : running_(running), held_(running.fetch_add(1) < slots) {
+    if (!held_) running_.fetch_sub(1);
+  }
+  ~OffloadSlot() {
+    if (held_) running_.fetch_sub(1);
+  }
+  OffloadSlot(const OffloadSlot&) = delete;
+  OffloadSlot& operator=(const OffloadSlot&) = delete;
+  bool held() const { return held_; }
+
+ private:
+  std::atomic<size_t>& running_;
+  const bool held_;
+};
+
+Error no_offload_slot() { return Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads"); }
+
+}  // namespace
+
 std::string new_sandbox_id() {
   static const char kAlphabet[] = "abcdefghijklmnopqrstuvwxyz0123456789";
   unsigned char raw[20];
@@ -191,14 +217,8 @@ Status SandboxService::idle_offload(const std::string& id) {
     }
   } unqueue{*live};
   if (cfg_.waits.offload_wanted && !cfg_.waits.offload_wanted()) return Error(ErrorKind::kQuota, "no memory pressure");
-  if (offloads_running_.fetch_add(1) >= offload_slots_) {
-    offloads_running_.fetch_sub(1);
-    return Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
-  }
-  struct Slot {
-    std::atomic<size_t>& n;
-    ~Slot() { n.fetch_sub(1); }
-  } slot{offloads_running_};
+  OffloadSlot slot(offloads_running_, offload_slots_);
+  if (!slot.held()) return no_offload_slot();
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found_error("sandbox \"" + id + "\" not found");
   // Traffic, a wait or a pause since it was queued: no longer idle.
@@ -708,14 +728,8 @@ Status SandboxService::offload_one(const std::string& id, const std::atomic<bool
   if (!live) return not_found(id);
   // The CPU budget: at most offload_slots_ encoders at once; a sandbox
   // that finds none stays paused (whole) for this wait.
-  if (offloads_running_.fetch_add(1) >= offload_slots_) {
-    offloads_running_.fetch_sub(1);
-    return Error(ErrorKind::kQuota, "memory offload: CPU budget in use by other offloads");
-  }
-  struct Slot {
-    std::atomic<size_t>& n;
-    ~Slot() { n.fetch_sub(1); }
-  } slot{offloads_running_};
+  OffloadSlot slot(offloads_running_, offload_slots_);
+  if (!slot.held()) return no_offload_slot();
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found(id);
   if (live->state != State::kWaitPaused) return Error(ErrorKind::kConflict, "sandbox " + id + " is not wait-paused");
