@@ -127,23 +127,25 @@ void SandboxService::before_traffic(const std::string& id) {
         // Out while idle: what it touched in its last run back first, as
         // before a wait offload's thaw; the rest faults back on use.
         MutexLock g(live->op_mu);
-        if (live->sb && live->idle_out.exchange(false)) {
-          uint64_t t0 = sys::monotonic_ns();
-          Result<uint64_t> n = live->sb->swap_in();
-          swap_in_ns_ += sys::monotonic_ns() - t0;
-          if (!n) {
-            LOG_WARN("sandbox " << id << ": swap-in after an idle offload: " << n.error().message());
-          } else {
-            live->swap_in_pages += *n;
-            swap_in_pages_ += *n;
-          }
-        }
+        if (live->sb && live->idle_out.exchange(false)) swap_in(id, *live, "after an idle offload");
       }
     }
   }
   if (!waits_) return;
   if (Status s = waits_->ensure_running(id, std::chrono::milliseconds(10000)); !s)
     LOG_WARN("sandbox " << id << ": " << s.error().message());
+}
+
+void SandboxService::swap_in(const std::string& id, Live& live, const char* when) {
+  uint64_t t0 = sys::monotonic_ns();
+  Result<uint64_t> n = live.sb->swap_in();
+  swap_in_ns_ += sys::monotonic_ns() - t0;
+  if (!n) {
+    LOG_WARN("sandbox " << id << ": swap-in " << when << ": " << n.error().message());
+    return;
+  }
+  live.swap_in_pages += *n;
+  swap_in_pages_ += *n;
 }
 
 void SandboxService::stop_waits() { waits_.reset(); }
@@ -699,15 +701,7 @@ Status SandboxService::wait_resume(const std::string& id) {
       LOG_WARN("sandbox " << id << ": prefetch before resume: " << n.error().message());
   } else if (cfg_.swap_offload && live->state == State::kOffloaded) {
     // What it touched in its previous run back from swap before the thaw.
-    uint64_t t0 = sys::monotonic_ns();
-    Result<uint64_t> n = live->sb->swap_in();
-    swap_in_ns_ += sys::monotonic_ns() - t0;
-    if (!n) {
-      LOG_WARN("sandbox " << id << ": swap-in before resume: " << n.error().message());
-    } else {
-      live->swap_in_pages += *n;
-      swap_in_pages_ += *n;
-    }
+    swap_in(id, *live, "before resume");
   }
   if (Status s = live->sb->resume(); !s) return s.error().with_context("wait resume of sandbox " + id);
   enter(*live, State::kRunning);

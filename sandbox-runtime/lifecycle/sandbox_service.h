@@ -401,6 +401,10 @@ class SandboxService {
   void idle_loop();
   Status idle_offload(const std::string& id);
   void stop_idle();
+  // Reads back from swap what the sandbox touched in its last run (the
+  // process backend's swap_in), counted; a failure is logged (what was
+  // not read back faults back on use).
+  void swap_in(const std::string& id, Live& live, const char* when) REQUIRES(live.op_mu);
   bool idle_enabled() const { return cfg_.swap_offload && cfg_.idle_offload_after.count() > 0; }
   // A metric sample from a usage reading (cpu percent since the last one).
   MetricSample sample(Live& live, const runtime::Usage& u, uint64_t pool_bytes) EXCLUDES(live.samples_mu);
