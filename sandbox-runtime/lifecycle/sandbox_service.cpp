@@ -223,10 +223,12 @@ Status SandboxService::idle_offload(const std::string& id) {
   if (!slot.held()) return no_offload_slot();
   MutexLock g(live->op_mu);
   if (!live->sb) return not_found_error("sandbox \"" + id + "\" not found");
-  // Traffic, a wait or a pause since it was queued: no longer idle.
+  // Traffic, a wait or a pause since it was queued: no longer idle. The
+  // cancel is cleared before traffic is looked at: traffic that comes
+  // after the look sets it again (before_traffic: the time, then the cancel).
+  live->idle_cancel.store(false);
   if (live->state != State::kRunning || live->idle_out.load() || live->traffic_ns.load() >= live->idle_since_ns)
     return Error(ErrorKind::kConflict, "sandbox " + id + " is no longer idle");
-  live->idle_cancel.store(false);
   uint64_t t0 = sys::monotonic_ns();
   Result<runtime::SwapOutAccount> out = live->sb->swap_out(live->idle_cancel, runtime::Sandbox::SwapOutOf::kIdle);
   swap_out_ns_ += sys::monotonic_ns() - t0;
