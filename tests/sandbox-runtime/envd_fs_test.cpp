@@ -11,6 +11,7 @@
 
 #include "sandbox-runtime/agent/envd/files.h"
 #include "sandbox-runtime/agent/envd/filesystem.h"
+#include "sandbox-runtime/agent/envd/watch.h"
 #include "tests/sandbox-runtime/envd_harness.h"
 
 using namespace envd_test;
@@ -190,6 +191,22 @@ TEST_CASE("envd WatchDir streams a file creation; watchers poll") {
   CHECK(r.status == 200);
   r = env.unary("filesystem.Filesystem/GetWatcherEvents", {{"watcherId", id}});
   CHECK(r.j()["code"] == "not_found");
+}
+
+TEST_CASE("WatchHub: take() answers with a change made before it, whether or not the dispatcher ran") {
+  TempDir dir;
+  sg::envd::WatchHub hub(sg::envd::WatchLimits{}, nullptr);
+  REQUIRE(hub.start());
+  auto w = hub.watch(dir.path, false, false);
+  REQUIRE(w);
+  // No dispatcher from here on: only take() reads the kernel's queue.
+  hub.stop();
+  REQUIRE(sg::sys::write_file(dir.path + "/made.txt", "x"));
+  std::vector<json> evs;
+  REQUIRE((*w)->take(&evs, 100));
+  bool seen = false;
+  for (auto& ev : evs) seen |= ev["name"] == "made.txt" && ev["type"] == "EVENT_TYPE_CREATE";
+  CHECK_MESSAGE(seen, json(evs).dump());
 }
 
 TEST_CASE("envd /files: multipart with nested paths, binary round trip, errors") {

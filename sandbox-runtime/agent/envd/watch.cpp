@@ -50,6 +50,9 @@ RpcStatus Watcher::take(std::vector<json>* out, size_t max) {
   std::optional<RpcError> err;
   {
     std::lock_guard<std::mutex> g(hub_->mu_);
+    // What the kernel has queued so far first: a change made before this
+    // call is in its answer, whether or not the dispatcher has run since.
+    if (hub_->ino_) hub_->drain_locked();
     uint64_t v;
     [[maybe_unused]] ssize_t n = ::read(wake_.get(), &v, sizeof v);
     while (!queue_.empty() && raws.size() < max) {

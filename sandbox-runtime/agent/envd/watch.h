@@ -62,7 +62,9 @@ class Watcher {
   Watcher& operator=(const Watcher&) = delete;
   // Readable (an eventfd) while events or an error are queued.
   int event_fd() const { return wake_.get(); }
-  // Appends the queued events as FilesystemEvent JSON (at most max). Once
+  // Appends the queued events as FilesystemEvent JSON (at most max), the
+  // kernel's pending ones read first: a change made before the call is in
+  // its answer, whether or not the dispatcher has run since. Once
   // they are taken: the error that ended the watcher, if any (events lost
   // to a full queue, or the watch limit reached by a new subdirectory).
   RpcStatus take(std::vector<json>* out, size_t max);
@@ -95,8 +97,9 @@ class WatchHub {
   // Starts the dispatcher thread (at envd start-up, so no sandbox user can
   // have exhausted threads yet). On an error watch() refuses (unavailable).
   Status start();
-  // Joins the dispatcher. Existing watchers stay valid (they get no more
-  // events) and may still be destroyed.
+  // Joins the dispatcher. Existing watchers stay valid (their event fds no
+  // longer wake for new events; take() still reads them) and may still be
+  // destroyed.
   void stop();
   // A watcher of root (a directory), and with recursive of every directory
   // below it (and those created later). resource_exhausted at a limit.
