@@ -195,6 +195,10 @@ TEST_CASE("serve options: bad model-proxy values exit 2 before anything starts")
   CHECK(swap.err.find("--process-swap wants zram, host or off") != std::string::npos);
   CHECK(cli(dir, {"serve", "--zram-mb", "8"}).rc == 2);
   CHECK(cli(dir, {"serve", "--zram-mb", "x"}).rc == 2);
+  Run idle = cli(dir, {"serve", "--idle-offload-ms", "-1"});
+  CHECK(idle.rc == 2);
+  CHECK(idle.err.find("--idle-offload-ms") != std::string::npos);
+  CHECK(cli(dir, {"serve", "--idle-offload-ms", "soon"}).rc == 2);
   Run disk = cli(dir, {"serve", "--disk-limit", "maybe"});
   CHECK(disk.rc == 2);
   CHECK(disk.err.find("--disk-limit wants auto, on or off") != std::string::npos);
